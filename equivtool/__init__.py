@@ -1,0 +1,69 @@
+"""equivtool: prove that a TF1 model migrated to TF2 computes the same numbers.
+
+Importing equivtool applies one documented environment fix (see
+``equivtool._env``): it selects legacy Keras (``TF_USE_LEGACY_KERAS=1``) when
+TensorFlow is not imported yet, and lets tf-slim find tf-keras' moved legacy
+layer modules. Public names are loaded lazily, so ``import equivtool`` itself
+does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from equivtool import _env
+
+_env.apply()
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "EquivtoolEnvironmentError": "_env",
+    # step 1 and 2: variables
+    "VariableCreationError": "variables",
+    "assert_no_variable_creations": "variables",
+    "catch_and_raise_created_variables": "variables",
+    "creates_variables_once": "variables",
+    "VariableInfo": "variables",
+    "VariableSet": "variables",
+    "VariableParity": "variables",
+    "tf1_variables": "variables",
+    "tf2_variables": "variables",
+    "compare_variables": "variables",
+    "assert_variable_parity": "variables",
+    # random numbers
+    "DeterministicRandomTestTool": "seeding",
+    "RandomOpRecord": "seeding",
+    "TraceDivergence": "seeding",
+    "compare_random_traces": "seeding",
+    # comparison and report
+    "Tolerance": "compare",
+    "Comparison": "compare",
+    "LeafComparison": "compare",
+    "compare": "compare",
+    "StepResult": "report",
+    "EquivalenceReport": "report",
+    # the engine
+    "check_equivalence": "equivalence",
+    "STEPS": "equivalence",
+    # reproducibility
+    "audit_determinism": "determinism",
+    "DeterminismReport": "determinism",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'equivtool' has no attribute {name!r}")
+    module = importlib.import_module(f"equivtool.{module_name}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
