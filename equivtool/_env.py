@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -47,14 +48,21 @@ class _AliasLoader(importlib.abc.Loader):
 class _LegacyLayersAliasFinder(importlib.abc.MetaPathFinder):
     """Resolves ``tf_keras.legacy_tf_layers[.x]`` to ``tf_keras.src.legacy_tf_layers[.x]``.
 
-    It sits at the end of ``sys.meta_path``, so it is only asked when the
-    regular finders could not find the old name: a tf-keras that still ships
-    the old layout is left untouched.
+    It sits first in ``sys.meta_path`` so that a submodule is served as the
+    very module object tf-keras itself uses (the regular path finder would
+    otherwise execute ``normalization.py`` a second time under the old name,
+    duplicating its classes). It steps aside when the old package resolves by
+    itself, so a tf-keras that still ships the old layout is left untouched.
     """
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != _OLD_PREFIX and not fullname.startswith(_OLD_PREFIX + "."):
             return None
+        if fullname == _OLD_PREFIX:
+            if importlib.machinery.PathFinder.find_spec(fullname, path) is not None:
+                return None  # the old layout exists natively
+        elif sys.modules.get(_OLD_PREFIX) is not sys.modules.get(_NEW_PREFIX):
+            return None  # the parent is the native package, not our alias
         new_name = _NEW_PREFIX + fullname[len(_OLD_PREFIX):]
         try:
             new_spec = importlib.util.find_spec(new_name)
@@ -62,10 +70,9 @@ class _LegacyLayersAliasFinder(importlib.abc.MetaPathFinder):
             return None
         if new_spec is None:
             return None
-        spec = importlib.util.spec_from_loader(
+        return importlib.util.spec_from_loader(
             fullname, _AliasLoader(new_name),
             is_package=new_spec.submodule_search_locations is not None)
-        return spec
 
 
 _FINDER = _LegacyLayersAliasFinder()
@@ -102,7 +109,7 @@ def apply() -> None:
                 "starting Python, or put `import equivtool` before "
                 "`import tensorflow`.")
     if _FINDER not in sys.meta_path:
-        sys.meta_path.append(_FINDER)
+        sys.meta_path.insert(0, _FINDER)
 
 
 @dataclass(frozen=True)
@@ -159,20 +166,13 @@ def legacy_keras_active() -> bool:
 
 
 def slim_fix_state() -> str:
-    """``"native"`` if the old names resolve by themselves, ``"aliased"`` if via equivtool, else ``"broken"``."""
+    """``"native"`` if tf-keras still ships the old layer modules, ``"aliased"``
+    if they resolve through equivtool's alias, ``"broken"`` if neither."""
     try:
-        spec = None
-        for finder in sys.meta_path:
-            if finder is _FINDER:
-                continue
-            find = getattr(finder, "find_spec", None)
-            if find is None:
-                continue
-            parent = importlib.import_module("tf_keras")
-            spec = find(_OLD_PREFIX, parent.__path__)
-            if spec is not None:
-                return "native"
-        importlib.import_module(_OLD_PREFIX + ".normalization")
-        return "aliased"
+        parent = importlib.import_module("tf_keras")
+        if importlib.machinery.PathFinder.find_spec(_OLD_PREFIX, parent.__path__) is not None:
+            return "native"
+        module = importlib.import_module(_OLD_PREFIX + ".normalization")
     except ImportError:
         return "broken"
+    return "aliased" if module is sys.modules.get(_NEW_PREFIX + ".normalization") else "broken"

@@ -1,0 +1,571 @@
+"""Steps 1 and 2 of the equivalence workflow: variables are created once, and they match.
+
+TensorFlow's migration guide asks for two hand-written checks before any
+number is compared: calling the migrated layer a second time must not create
+new variables (a shim layer whose ``get_variable`` calls do not reuse would
+silently train fresh weights on every step), and the TF1 graph and the TF2
+layer must hold the same variables (count, names, shapes, trainability).
+
+This module provides both as library calls:
+
+* :func:`assert_no_variable_creations` fails at the moment a variable is
+  created, naming it and the user's line that created it;
+* :func:`catch_and_raise_created_variables` lets creation happen and lists
+  every created variable at the end, grouped by scope;
+* :func:`creates_variables_once` guards a layer method per instance;
+* :func:`tf1_variables`, :func:`tf2_variables`, :func:`compare_variables` and
+  :func:`assert_variable_parity` capture and compare the two sides.
+
+All guards use ``tf.variable_creator_scope``, so they see ``tf.Variable``,
+``tf.compat.v1.get_variable`` (and so tf-slim and ``tf.compat.v1.layers``) and
+Keras ``add_weight``, eagerly and while a ``tf.function`` is traced.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import re
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
+
+import equivtool  # noqa: F401  (environment fix before TensorFlow)
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.util import tf_decorator
+
+from equivtool._stack import user_frame_location
+
+__all__ = [
+    "VariableCreationError", "assert_no_variable_creations",
+    "catch_and_raise_created_variables", "creates_variables_once",
+    "VariableInfo", "VariableSet", "VariableParity", "tf1_variables",
+    "tf2_variables", "compare_variables", "assert_variable_parity",
+]
+
+
+class VariableCreationError(ValueError):
+    """A variable was created where the workflow expects every variable to be reused."""
+
+    # tf.function's autograph re-raises an error from traced code as the same
+    # type only when its constructor is Exception's; otherwise users would see a
+    # StagingError instead of this class.
+    __init__ = Exception.__init__
+
+
+# --------------------------------------------------------------------------
+# What a creation request looks like
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CreatedVariable:
+    """One variable creation seen by a guard: what was asked for, and from where."""
+
+    name: str
+    shape: str
+    dtype: str
+    trainable: bool
+    location: str
+
+    def __str__(self) -> str:
+        return (f"{self.name} (shape={self.shape}, dtype={self.dtype}, "
+                f"trainable={self.trainable}) created at {self.location}")
+
+
+def _requested_shape(kwargs: Mapping[str, Any]) -> str:
+    shape = kwargs.get("shape")
+    if shape is None:
+        initial_value = kwargs.get("initial_value")
+        if isinstance(initial_value, functools.partial):
+            shape = initial_value.keywords.get("shape")
+            if shape is None and initial_value.args:
+                shape = initial_value.args[0]
+        elif initial_value is not None and not callable(initial_value):
+            shape = getattr(initial_value, "shape", None)
+            if shape is None:
+                shape = np.shape(initial_value)
+    if shape is None:
+        return "?"
+    try:
+        return str(tuple(tf.TensorShape(shape).as_list()))
+    except (TypeError, ValueError):
+        return str(shape)
+
+
+def _requested_dtype(kwargs: Mapping[str, Any]) -> str:
+    dtype = kwargs.get("dtype")
+    if dtype is None:
+        initial_value = kwargs.get("initial_value")
+        dtype = getattr(initial_value, "dtype", None)
+    if dtype is None:
+        return "?"
+    try:
+        return tf.as_dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+def _requested_trainable(kwargs: Mapping[str, Any]) -> bool:
+    trainable = kwargs.get("trainable")
+    if trainable is None:
+        # TensorFlow's own default: ON_READ variables are not trainable.
+        return kwargs.get("synchronization") != tf.VariableSynchronization.ON_READ
+    return bool(trainable)
+
+
+def _requested_name(kwargs: Mapping[str, Any]) -> str:
+    name = kwargs.get("name") or "Variable"
+    name = str(name)
+    if "/" not in name:
+        scope = tf.get_current_name_scope()
+        if scope:
+            name = f"{scope.rstrip('/')}/{name}"
+    return name
+
+
+def _describe_request(kwargs: Mapping[str, Any]) -> CreatedVariable:
+    return CreatedVariable(
+        name=_requested_name(kwargs), shape=_requested_shape(kwargs),
+        dtype=_requested_dtype(kwargs), trainable=_requested_trainable(kwargs),
+        location=user_frame_location(skip=2))
+
+
+def _describe_variable(variable, location: str) -> CreatedVariable:
+    return CreatedVariable(
+        name=_strip_output_index(variable.name),
+        shape=str(tuple(variable.shape.as_list())) if variable.shape.rank is not None else "?",
+        dtype=variable.dtype.base_dtype.name, trainable=bool(variable.trainable),
+        location=location)
+
+
+def _strip_output_index(name: str) -> str:
+    return re.sub(r":\d+$", "", name)
+
+
+# --------------------------------------------------------------------------
+# Step 1: guards
+# --------------------------------------------------------------------------
+
+class _GuardBase(contextlib.ContextDecorator):
+    """A creator scope entered on the current default graph.
+
+    ``tf.variable_creator_scope`` is per graph and per thread; ``tf.function``
+    traces inherit the outer graph's creators, so a guard entered eagerly
+    also covers functions traced inside it.
+    """
+
+    def __init__(self) -> None:
+        self._scopes: list = []
+
+    def _creator(self, next_creator, **kwargs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __enter__(self):
+        scope = tf.variable_creator_scope(self._creator)
+        scope.__enter__()
+        self._scopes.append(scope)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        scope = self._scopes.pop()
+        scope.__exit__(exc_type, exc, tb)
+        return False
+
+
+class assert_no_variable_creations(_GuardBase):  # noqa: N801 (reads as a function)
+    """Fail at the moment a variable is created inside the block.
+
+    Use it as a context manager or a decorator::
+
+        layer(x)                      # first call creates the weights
+        with equivtool.assert_no_variable_creations():
+            layer(x)                  # must reuse them
+
+    Raises :class:`VariableCreationError` naming the variable (name, shape,
+    dtype, trainable) and the user's source line that asked for it.
+    """
+
+    def _creator(self, next_creator, **kwargs):
+        created = _describe_request(kwargs)
+        raise VariableCreationError(
+            f"Variable {created.name} was about to be created inside "
+            f"assert_no_variable_creations(): shape={created.shape}, "
+            f"dtype={created.dtype}, trainable={created.trainable}, requested at "
+            f"{created.location}. Every variable must be created on the first "
+            "call and reused afterwards; in a shim layer, create variables with "
+            "tf.compat.v1.get_variable or tf-slim inside the "
+            "track_tf1_style_variables-decorated method, or create Keras layers "
+            "once (in __init__ or via get_or_create_layer).")
+
+
+def _group_by_prefix(created: Sequence[CreatedVariable]) -> "collections.OrderedDict[str, list]":
+    groups: "collections.OrderedDict[str, list]" = collections.OrderedDict()
+    for item in created:
+        prefix = item.name.rsplit("/", 1)[0] if "/" in item.name else "(no scope)"
+        groups.setdefault(prefix, []).append(item)
+    return groups
+
+
+class catch_and_raise_created_variables(_GuardBase):  # noqa: N801
+    """Let variables be created inside the block, then raise listing all of them.
+
+    Unlike :func:`assert_no_variable_creations`, the block runs to its end, so
+    one run shows every offending variable, grouped by scope. An exception
+    raised inside the block propagates unchanged.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[CreatedVariable] = []
+
+    def _creator(self, next_creator, **kwargs):
+        location = user_frame_location(skip=2)
+        variable = next_creator(**kwargs)
+        self.created.append(_describe_variable(variable, location))
+        return variable
+
+    def __enter__(self):
+        self.created = []
+        return super().__enter__()
+
+    def __exit__(self, exc_type, exc, tb):
+        super().__exit__(exc_type, exc, tb)
+        if exc_type is None and self.created:
+            lines = [f"{len(self.created)} variable(s) were created inside "
+                     "catch_and_raise_created_variables(); expected none:"]
+            for prefix, items in _group_by_prefix(self.created).items():
+                lines.append(f"  {prefix}/ ({len(items)})")
+                lines.extend(f"    {item}" for item in items)
+            raise VariableCreationError("\n".join(lines))
+        return False
+
+
+def creates_variables_once(method: Callable) -> Callable:
+    """Decorate a layer method so that only each instance's first call may create variables.
+
+    Works stacked with ``track_tf1_style_variables`` in either order::
+
+        class MyLayer(tf.keras.layers.Layer):
+            @equivtool.creates_variables_once
+            @tf.compat.v1.keras.utils.track_tf1_style_variables
+            def call(self, inputs, training=None):
+                ...
+
+    A later call that creates a variable raises :class:`VariableCreationError`
+    naming it. The first call counts as done only when it returns; instances
+    are tracked separately (and weakly, so layers are not kept alive).
+    """
+    if not callable(method):
+        raise TypeError(
+            f"creates_variables_once expects a method to decorate, got {type(method).__name__}")
+    completed: "weakref.WeakSet" = weakref.WeakSet()
+    in_first_call: "weakref.WeakSet" = weakref.WeakSet()
+
+    def wrapper(self, *args, **kwargs):
+        if self in completed:
+            with assert_no_variable_creations():
+                return method(self, *args, **kwargs)
+        if self in in_first_call:  # a re-entrant call during the first call
+            return method(self, *args, **kwargs)
+        in_first_call.add(self)
+        try:
+            result = method(self, *args, **kwargs)
+        finally:
+            in_first_call.discard(self)
+        completed.add(self)
+        return result
+
+    # A TFDecorator (like track_tf1_style_variables uses) keeps the wrapped
+    # method's signature visible to Keras, which decides from it whether to
+    # pass `training` and `mask`.
+    decorated = tf_decorator.make_decorator(method, wrapper, decorator_name="creates_variables_once")
+    decorated._equivtool_creates_variables_once = True  # type: ignore[attr-defined]
+    return decorated
+
+
+# --------------------------------------------------------------------------
+# Step 2: capture and compare
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VariableInfo:
+    """A variable's identity for parity: name (without ``:0``), shape, dtype, trainability."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    trainable: bool
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape)) if None not in self.shape else -1
+
+    @classmethod
+    def of(cls, variable) -> "VariableInfo":
+        shape = tuple(variable.shape.as_list()) if variable.shape.rank is not None else ()
+        return cls(_strip_output_index(variable.name), shape,
+                   variable.dtype.base_dtype.name, bool(variable.trainable))
+
+
+@dataclass(frozen=True)
+class VariableSet:
+    """Variables captured from one side, in creation order (duplicates kept)."""
+
+    variables: tuple
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.variables)
+
+    def __iter__(self) -> Iterator[VariableInfo]:
+        return iter(self.variables)
+
+    @property
+    def names(self) -> tuple:
+        return tuple(v.name for v in self.variables)
+
+    @property
+    def trainable(self) -> tuple:
+        return tuple(v for v in self.variables if v.trainable)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(v.size for v in self.variables)
+
+    @property
+    def num_trainable_parameters(self) -> int:
+        return sum(v.size for v in self.variables if v.trainable)
+
+    def by_name(self) -> "collections.OrderedDict[str, list]":
+        grouped: "collections.OrderedDict[str, list]" = collections.OrderedDict()
+        for info in self.variables:
+            grouped.setdefault(info.name, []).append(info)
+        return grouped
+
+    @classmethod
+    def from_variables(cls, variables: Iterable, source: str = "") -> "VariableSet":
+        return cls(tuple(VariableInfo.of(v) for v in variables), source)
+
+    @classmethod
+    def from_layer(cls, layer, source: str = "tf2") -> "VariableSet":
+        """Capture ``layer.variables``; the layer must have been called (built)."""
+        if not hasattr(layer, "variables"):
+            raise TypeError(
+                f"layer: expected a Keras layer or tf.Module with .variables, got "
+                f"{type(layer).__name__}")
+        if getattr(layer, "built", True) is False:
+            raise ValueError(
+                f"layer: {getattr(layer, 'name', layer)!r} has never been called, so it "
+                "has no variables yet; call it on an input (or use "
+                "equivtool.tf2_variables(layer, inputs)) before capturing its variables")
+        return cls.from_variables(layer.variables, source)
+
+    def __str__(self) -> str:
+        lines = [f"{len(self)} variables ({len(self.trainable)} trainable, "
+                 f"{self.num_trainable_parameters:,} trainable parameters)"
+                 + (f" from {self.source}" if self.source else "")]
+        for info in self.variables:
+            lines.append(f"  {info.name:<60} {str(info.shape):<20} {info.dtype:<8}"
+                         f" {'trainable' if info.trainable else 'frozen'}")
+        return "\n".join(lines)
+
+
+def _check_callable(value, argument: str) -> None:
+    if not callable(value):
+        raise TypeError(f"{argument}: expected a callable, got {type(value).__name__} ({value!r})")
+
+
+def tf1_variables(build_fn: Callable, *args, **kwargs) -> VariableSet:
+    """Build ``build_fn(*args, **kwargs)`` in a fresh ``tf.Graph`` and capture its global variables.
+
+    Trainability is read from the graph's ``TRAINABLE_VARIABLES`` collection,
+    exactly as a TF1 optimizer would see it.
+    """
+    _check_callable(build_fn, "build_fn")
+    graph = tf.Graph()
+    with graph.as_default():
+        build_fn(*args, **kwargs)
+        global_vars = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        trainable_ids = {id(v) for v in graph.get_collection(
+            tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+        infos = []
+        for variable in global_vars:
+            info = VariableInfo.of(variable)
+            infos.append(VariableInfo(info.name, info.shape, info.dtype,
+                                      id(variable) in trainable_ids))
+    return VariableSet(tuple(infos), source="tf1")
+
+
+def tf2_variables(layer: Callable, *args, calls: int = 2, **kwargs) -> VariableSet:
+    """Call ``layer(*args, **kwargs)`` ``calls`` times and capture ``layer.variables``.
+
+    The first call may create variables; the later ones run under
+    :func:`assert_no_variable_creations`, so step 1 is checked on the way.
+    """
+    _check_callable(layer, "layer")
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls: expected an int >= 1 (the first call creates the variables), got {calls!r}")
+    if not hasattr(layer, "variables"):
+        raise TypeError(f"layer: expected a Keras layer or tf.Module with .variables, got {type(layer).__name__}")
+    layer(*args, **kwargs)
+    for _ in range(calls - 1):
+        with assert_no_variable_creations():
+            layer(*args, **kwargs)
+    return VariableSet.from_variables(layer.variables, source="tf2")
+
+
+RenameRules = Union[None, Callable[[str], str], Mapping[str, str], Sequence[tuple]]
+
+
+def _make_renamer(rename: RenameRules) -> Callable[[str], str]:
+    if rename is None:
+        return lambda name: name
+    if callable(rename):
+        return rename
+    if isinstance(rename, Mapping):
+        rules = list(rename.items())
+    elif isinstance(rename, (list, tuple)):
+        rules = list(rename)
+        for rule in rules:
+            if not (isinstance(rule, (list, tuple)) and len(rule) == 2):
+                raise TypeError(
+                    "rename: expected a callable, a {pattern: replacement} dict or a "
+                    f"sequence of (pattern, replacement) pairs; got the item {rule!r}")
+    else:
+        raise TypeError(
+            "rename: expected a callable, a {pattern: replacement} dict or a sequence "
+            f"of (pattern, replacement) pairs, got {type(rename).__name__}")
+    compiled = []
+    for pattern, replacement in rules:
+        try:
+            compiled.append((re.compile(pattern), replacement))
+        except re.error as exc:
+            raise ValueError(f"rename: invalid regular expression {pattern!r}: {exc}") from exc
+
+    def apply(name: str) -> str:
+        for regex, replacement in compiled:
+            name = regex.sub(replacement, name)
+        return name
+
+    return apply
+
+
+def _as_variable_set(value, argument: str) -> VariableSet:
+    if isinstance(value, VariableSet):
+        return value
+    if hasattr(value, "variables") and not isinstance(value, (list, tuple)):
+        return VariableSet.from_layer(value)
+    if isinstance(value, (list, tuple)):
+        items = []
+        for item in value:
+            if isinstance(item, VariableInfo):
+                items.append(item)
+            elif isinstance(item, tf.Variable) or hasattr(item, "trainable"):
+                items.append(VariableInfo.of(item))
+            else:
+                raise TypeError(f"{argument}: cannot read a variable from {type(item).__name__}")
+        return VariableSet(tuple(items))
+    raise TypeError(
+        f"{argument}: expected a VariableSet (from tf1_variables/tf2_variables), a "
+        f"layer, or a list of variables; got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class VariableParity:
+    """The result of comparing two variable sets, matched by (renamed) name."""
+
+    expected_count: int
+    actual_count: int
+    missing: tuple = ()
+    extra: tuple = ()
+    shape_mismatches: tuple = ()      # (name, expected shape, actual shape)
+    dtype_mismatches: tuple = ()      # (name, expected dtype, actual dtype)
+    trainable_mismatches: tuple = ()  # (name, expected trainable, actual trainable)
+    duplicates: tuple = ()            # (side, name, count)
+    matched: tuple = field(default=(), repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.shape_mismatches or self.dtype_mismatches
+                    or self.trainable_mismatches or self.duplicates)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        head = (f"Variable parity: {'OK' if self.ok else 'MISMATCH'} - expected (TF1) "
+                f"{self.expected_count}, actual (TF2) {self.actual_count}, matched "
+                f"{len(self.matched)}")
+        rows = []
+        rows += [("missing in TF2", name, "present", "absent") for name in self.missing]
+        rows += [("extra in TF2", name, "absent", "present") for name in self.extra]
+        rows += [("shape", n, str(e), str(a)) for n, e, a in self.shape_mismatches]
+        rows += [("dtype", n, e, a) for n, e, a in self.dtype_mismatches]
+        rows += [("trainable", n, str(e), str(a)) for n, e, a in self.trainable_mismatches]
+        rows += [(f"duplicate ({side})", n, f"{count} variables", "names must be unique")
+                 for side, n, count in self.duplicates]
+        if not rows:
+            return head
+        widths = [max(len(r[i]) for r in rows + [("problem", "variable", "TF1", "TF2")])
+                  for i in range(4)]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        lines = [head, fmt.format("problem", "variable", "TF1", "TF2"),
+                 fmt.format(*("-" * w for w in widths))]
+        lines += [fmt.format(*row) for row in rows]
+        return "\n".join(lines)
+
+
+def compare_variables(expected, actual, rename: RenameRules = None) -> VariableParity:
+    """Match two variable sets by name and report every difference.
+
+    ``expected`` is usually :func:`tf1_variables`' result, ``actual``
+    :func:`tf2_variables`'. ``:N`` output suffixes are always ignored;
+    ``rename`` normalises names on both sides first: a callable, or regex rules
+    as ``{pattern: replacement}`` or ``[(pattern, replacement), ...]`` applied
+    in order (e.g. ``{r"^my_layer/": ""}`` strips an outer scope).
+    """
+    expected_set = _as_variable_set(expected, "expected")
+    actual_set = _as_variable_set(actual, "actual")
+    renamer = _make_renamer(rename)
+
+    def index(varset: VariableSet, side: str):
+        grouped: "collections.OrderedDict[str, list]" = collections.OrderedDict()
+        for info in varset:
+            new_name = renamer(info.name)
+            if not isinstance(new_name, str):
+                raise TypeError(f"rename: must return a str, returned {type(new_name).__name__} for {info.name!r}")
+            grouped.setdefault(new_name, []).append(info)
+        dups = tuple((side, name, len(items)) for name, items in grouped.items() if len(items) > 1)
+        return grouped, dups
+
+    exp, exp_dups = index(expected_set, "TF1")
+    act, act_dups = index(actual_set, "TF2")
+    missing = tuple(name for name in exp if name not in act)
+    extra = tuple(name for name in act if name not in exp)
+    shapes, dtypes, trainables, matched = [], [], [], []
+    for name, items in exp.items():
+        if name not in act:
+            continue
+        e, a = items[0], act[name][0]
+        matched.append(name)
+        if e.shape != a.shape:
+            shapes.append((name, e.shape, a.shape))
+        if e.dtype != a.dtype:
+            dtypes.append((name, e.dtype, a.dtype))
+        if e.trainable != a.trainable:
+            trainables.append((name, e.trainable, a.trainable))
+    return VariableParity(
+        expected_count=len(expected_set), actual_count=len(actual_set), missing=missing,
+        extra=extra, shape_mismatches=tuple(shapes), dtype_mismatches=tuple(dtypes),
+        trainable_mismatches=tuple(trainables), duplicates=exp_dups + act_dups,
+        matched=tuple(matched))
+
+
+def assert_variable_parity(expected, actual, rename: RenameRules = None) -> VariableParity:
+    """Like :func:`compare_variables`, raising ``AssertionError`` with the table on any difference."""
+    parity = compare_variables(expected, actual, rename)
+    if not parity.ok:
+        raise AssertionError(str(parity))
+    return parity
