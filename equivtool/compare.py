@@ -272,7 +272,7 @@ def _close_mask(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> tupl
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(a64 - e64)
         abs_e = np.abs(e64)
-        close = diff <= tol.atol + tol.rtol * abs_e
+        close = np.asarray(diff <= tol.atol + tol.rtol * abs_e)
     stats = {"diff": diff, "abs_e": abs_e, "finite": None, "nan": 0, "inf": 0}
     finite = np.isfinite(e64)
     finite &= np.isfinite(a64)
@@ -283,7 +283,7 @@ def _close_mask(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> tupl
         # arithmetic above got these positions wrong (inf - inf is NaN,
         # inf <= atol + rtol * inf is True).
         same_special = (nan_e & nan_a) | (~nan_e & ~nan_a & (e64 == a64))
-        close[nonfinite] = same_special[nonfinite]
+        close = np.where(finite, close, same_special)
         stats["finite"] = finite
         stats["nan"] = int(np.count_nonzero(nan_e ^ nan_a))
         stats["inf"] = int(np.count_nonzero(nonfinite & ~nan_e & ~nan_a & (e64 != a64)))
