@@ -49,7 +49,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
