@@ -33,20 +33,23 @@ BATCH_NORM_LAYERS = (PUBLISHED_GLOBAL_VARIABLES - PUBLISHED_TRAINABLE_VARIABLES)
 HEAD_ENDPOINTS = ("AuxLogits", "global_pool", "PreLogitsFlatten", "Logits",
                   "Predictions")
 
-# Spatial size of each base end point, 299x299 input, VALID padding, stride 16
-# (the reference test's table).
-SIZES_299 = {
-    "Conv2d_1a_3x3": (149, 32), "Conv2d_2a_3x3": (147, 32),
-    "Conv2d_2b_3x3": (147, 64), "MaxPool_3a_3x3": (73, 64),
-    "Conv2d_3b_1x1": (73, 80), "Conv2d_4a_3x3": (71, 192),
-    "MaxPool_5a_3x3": (35, 192), "Mixed_5b": (35, 320),
-    "Mixed_6a": (17, 1088), "PreAuxLogits": (17, 1088),
-    "Mixed_7a": (8, 2080), "Conv2d_7b_1x1": (8, 1536),
-}
+# Channels of each base end point, whatever the image size.
+DEPTHS = dict(zip(ENDPOINTS, (32, 32, 64, 64, 80, 192, 192, 320, 1088, 1088, 2080, 1536)))
+
+# Spatial size of each base end point for a 299x299 input, VALID padding,
+# output stride 16 (the reference test's table).
+SIZES_299 = dict(zip(ENDPOINTS, (149, 147, 147, 73, 73, 71, 35, 35, 17, 17, 8, 8)))
 
 
 def _image_shapes(sizes, batch=BATCH):
-    return {name: [batch, size, size, depth] for name, (size, depth) in sizes.items()}
+    """{end point: spatial size} -> {end point: [batch, size, size, depth]}."""
+    return {name: [batch, size, size, DEPTHS[name]] for name, size in sizes.items()}
+
+
+def _head_shapes(classes, batch=BATCH):
+    return {"AuxLogits": [batch, classes], "global_pool": [batch, 1, 1, 1536],
+            "PreLogitsFlatten": [batch, 1536], "Logits": [batch, classes],
+            "Predictions": [batch, classes]}
 
 
 def _static_shapes(end_points):
@@ -111,14 +114,7 @@ def test_published_config_has_59211120_trainable_parameters(published):
 @pytest.mark.slow
 def test_every_end_point_has_the_reference_shape_at_299(published):
     _, _, end_points = published
-    expected = _image_shapes(SIZES_299)
-    expected.update({
-        "AuxLogits": [BATCH, CLASSES],
-        "global_pool": [BATCH, 1, 1, 1536],
-        "PreLogitsFlatten": [BATCH, 1536],
-        "Logits": [BATCH, CLASSES],
-        "Predictions": [BATCH, CLASSES],
-    })
+    expected = {**_image_shapes(SIZES_299), **_head_shapes(CLASSES)}
     assert _static_shapes(end_points) == expected
 
 
@@ -148,6 +144,8 @@ def test_variables_follow_the_checkpoint_layout(published):
     assert variables[-1].op.name == "InceptionResnetV2/Logits/Logits/biases"
     assert shapes["InceptionResnetV2/Repeat/block35_10/Branch_2/Conv2d_0c_3x3/weights"] \
         == (3, 3, 48, 64)
+    assert shapes["InceptionResnetV2/Repeat_1/block17_1/Branch_1/Conv2d_0b_1x7/weights"] \
+        == (1, 7, 128, 160)
     assert shapes["InceptionResnetV2/Repeat_1/block17_20/Conv2d_1x1/biases"] == (1088,)
     assert shapes["InceptionResnetV2/Repeat_2/block8_9/Branch_1/Conv2d_0c_3x1/weights"] \
         == (3, 1, 224, 256)
@@ -231,13 +229,8 @@ def test_weights_are_glorot_uniform_and_batch_norm_starts_at_identity(published)
 def test_aligned_feature_maps_use_same_padding_throughout():
     _, _, end_points = _ungated_base(299, final_endpoint="PreAuxLogits",
                                      align_feature_maps=True)
-    expected = _image_shapes({
-        "Conv2d_1a_3x3": (150, 32), "Conv2d_2a_3x3": (150, 32),
-        "Conv2d_2b_3x3": (150, 64), "MaxPool_3a_3x3": (75, 64),
-        "Conv2d_3b_1x1": (75, 80), "Conv2d_4a_3x3": (75, 192),
-        "MaxPool_5a_3x3": (38, 192), "Mixed_5b": (38, 320),
-        "Mixed_6a": (19, 1088), "PreAuxLogits": (19, 1088),
-    })
+    expected = _image_shapes(dict(zip(ENDPOINTS[:10],
+                                      (150, 150, 150, 75, 75, 75, 38, 38, 19, 19))))
     assert _static_shapes(end_points) == expected
 
 
@@ -249,7 +242,7 @@ def output_stride_8():
 def test_output_stride_8_keeps_mixed_6a_at_33x33(output_stride_8):
     _, _, end_points = output_stride_8
     sizes = dict(SIZES_299)
-    sizes.update({"Mixed_6a": (33, 1088), "PreAuxLogits": (33, 1088)})
+    sizes.update(Mixed_6a=33, PreAuxLogits=33)
     del sizes["Mixed_7a"], sizes["Conv2d_7b_1x1"]
     assert _static_shapes(end_points) == _image_shapes(sizes)
 
@@ -302,17 +295,9 @@ def test_every_end_point_has_the_expected_shape_at_107():
     with tf.Graph().as_default():
         _, end_points = tf1_model.inception_resnet_v2(
             tf.zeros([BATCH, SMALL, SMALL, 3]), 10)
-    expected = _image_shapes({
-        "Conv2d_1a_3x3": (53, 32), "Conv2d_2a_3x3": (51, 32),
-        "Conv2d_2b_3x3": (51, 64), "MaxPool_3a_3x3": (25, 64),
-        "Conv2d_3b_1x1": (25, 80), "Conv2d_4a_3x3": (23, 192),
-        "MaxPool_5a_3x3": (11, 192), "Mixed_5b": (11, 320),
-        "Mixed_6a": (5, 1088), "PreAuxLogits": (5, 1088),
-        "Mixed_7a": (2, 2080), "Conv2d_7b_1x1": (2, 1536),
-    })
-    expected.update({"AuxLogits": [BATCH, 10], "global_pool": [BATCH, 1, 1, 1536],
-                     "PreLogitsFlatten": [BATCH, 1536], "Logits": [BATCH, 10],
-                     "Predictions": [BATCH, 10]})
+    # VALID 3x3 convolutions take 2 pixels off, stride-2 ones halve (n-3)//2+1.
+    sizes = dict(zip(ENDPOINTS, (53, 51, 51, 25, 25, 23, 11, 11, 5, 5, 2, 2)))
+    expected = {**_image_shapes(sizes), **_head_shapes(10)}
     assert _static_shapes(end_points) == expected
 
 

@@ -168,3 +168,10 @@ def test_synthetic_labels_are_learnable_from_images():
 def test_synthetic_batch_rejects_negative_size():
     with pytest.raises(ValueError, match="batch_size"):
         tf1_model.synthetic_batch(-1, seed=0)
+
+
+def test_shim_under_tf_function_matches_eager_inference(shim):
+    model, images, logits_none = shim
+    traced = tf.function(lambda batch: model(batch, training=False))
+    with equivtool.assert_no_variable_creations():
+        np.testing.assert_array_equal(traced(images).numpy(), logits_none.numpy())

@@ -60,65 +60,73 @@ ENDPOINTS = (
 _v1 = tf.compat.v1
 
 
-def _residual_update(net, mixed, scale, activation_fn):
-    """Adds the scaled 1x1 projection of ``mixed`` to ``net`` and activates.
+# Branch layouts of the residual blocks: one tuple per branch (Branch_0,
+# Branch_1, ...), each a chain of (depth, kernel, scope) convolutions applied
+# to the block input. Branches are built, and their variables created, in
+# this order.
+_BLOCK35_BRANCHES = (
+    ((32, 1, "Conv2d_1x1"),),
+    ((32, 1, "Conv2d_0a_1x1"), (32, 3, "Conv2d_0b_3x3")),
+    ((32, 1, "Conv2d_0a_1x1"), (48, 3, "Conv2d_0b_3x3"), (64, 3, "Conv2d_0c_3x3")),
+)
+_BLOCK17_BRANCHES = (
+    ((192, 1, "Conv2d_1x1"),),
+    ((128, 1, "Conv2d_0a_1x1"), (160, [1, 7], "Conv2d_0b_1x7"),
+     (192, [7, 1], "Conv2d_0c_7x1")),
+)
+_BLOCK8_BRANCHES = (
+    ((192, 1, "Conv2d_1x1"),),
+    ((192, 1, "Conv2d_0a_1x1"), (224, [1, 3], "Conv2d_0b_1x3"),
+     (256, [3, 1], "Conv2d_0c_3x1")),
+)
 
-    The projection (scope ``Conv2d_1x1``, directly in the block's scope) has
+
+def _residual_block(net, branches, scale, activation_fn, scope, default_scope,
+                    reuse):
+    """Concatenates the branches, projects back to the input depth, adds.
+
+    The projection (scope ``Conv2d_1x1`` directly in the block's scope) has
     biases and neither normalizer nor activation. For relu6 the scaled update
-    is clipped to [-6, 6] first, as in the reference.
+    is clipped to [-6, 6] before the addition, as in the reference.
     """
-    depth = net.get_shape()[3]
-    up = slim.conv2d(mixed, depth, 1, normalizer_fn=None, activation_fn=None,
-                     scope="Conv2d_1x1")
-    scaled_up = up * scale
-    if activation_fn == tf.nn.relu6:
-        scaled_up = tf.clip_by_value(scaled_up, -6.0, 6.0)
-    net += scaled_up
-    if activation_fn:
-        net = activation_fn(net)
-    return net
+    with _v1.variable_scope(scope, default_scope, [net], reuse=reuse):
+        outputs = []
+        for index, chain in enumerate(branches):
+            with _v1.variable_scope(f"Branch_{index}"):
+                tower = net
+                for depth, kernel, name in chain:
+                    tower = slim.conv2d(tower, depth, kernel, scope=name)
+                outputs.append(tower)
+        mixed = tf.concat(axis=3, values=outputs)
+        up = slim.conv2d(mixed, net.get_shape()[3], 1, normalizer_fn=None,
+                         activation_fn=None, scope="Conv2d_1x1")
+        scaled_up = up * scale
+        if activation_fn == tf.nn.relu6:
+            scaled_up = tf.clip_by_value(scaled_up, -6.0, 6.0)
+        net += scaled_up
+        if activation_fn:
+            net = activation_fn(net)
+        return net
 
 
+# slim.repeat names its scopes after these functions (Repeat/block35_1, ...),
+# so their names are part of the checkpoint layout.
 def block35(net, scale=1.0, activation_fn=tf.nn.relu, scope=None, reuse=None):
     """The 35x35 residual block (Inception-ResNet-A); default scope Block35."""
-    with _v1.variable_scope(scope, "Block35", [net], reuse=reuse):
-        with _v1.variable_scope("Branch_0"):
-            b0 = slim.conv2d(net, 32, 1, scope="Conv2d_1x1")
-        with _v1.variable_scope("Branch_1"):
-            b1 = slim.conv2d(net, 32, 1, scope="Conv2d_0a_1x1")
-            b1 = slim.conv2d(b1, 32, 3, scope="Conv2d_0b_3x3")
-        with _v1.variable_scope("Branch_2"):
-            b2 = slim.conv2d(net, 32, 1, scope="Conv2d_0a_1x1")
-            b2 = slim.conv2d(b2, 48, 3, scope="Conv2d_0b_3x3")
-            b2 = slim.conv2d(b2, 64, 3, scope="Conv2d_0c_3x3")
-        mixed = tf.concat(axis=3, values=[b0, b1, b2])
-        return _residual_update(net, mixed, scale, activation_fn)
+    return _residual_block(net, _BLOCK35_BRANCHES, scale, activation_fn,
+                           scope, "Block35", reuse)
 
 
 def block17(net, scale=1.0, activation_fn=tf.nn.relu, scope=None, reuse=None):
     """The 17x17 residual block (Inception-ResNet-B); default scope Block17."""
-    with _v1.variable_scope(scope, "Block17", [net], reuse=reuse):
-        with _v1.variable_scope("Branch_0"):
-            b0 = slim.conv2d(net, 192, 1, scope="Conv2d_1x1")
-        with _v1.variable_scope("Branch_1"):
-            b1 = slim.conv2d(net, 128, 1, scope="Conv2d_0a_1x1")
-            b1 = slim.conv2d(b1, 160, [1, 7], scope="Conv2d_0b_1x7")
-            b1 = slim.conv2d(b1, 192, [7, 1], scope="Conv2d_0c_7x1")
-        mixed = tf.concat(axis=3, values=[b0, b1])
-        return _residual_update(net, mixed, scale, activation_fn)
+    return _residual_block(net, _BLOCK17_BRANCHES, scale, activation_fn,
+                           scope, "Block17", reuse)
 
 
 def block8(net, scale=1.0, activation_fn=tf.nn.relu, scope=None, reuse=None):
     """The 8x8 residual block (Inception-ResNet-C); default scope Block8."""
-    with _v1.variable_scope(scope, "Block8", [net], reuse=reuse):
-        with _v1.variable_scope("Branch_0"):
-            b0 = slim.conv2d(net, 192, 1, scope="Conv2d_1x1")
-        with _v1.variable_scope("Branch_1"):
-            b1 = slim.conv2d(net, 192, 1, scope="Conv2d_0a_1x1")
-            b1 = slim.conv2d(b1, 224, [1, 3], scope="Conv2d_0b_1x3")
-            b1 = slim.conv2d(b1, 256, [3, 1], scope="Conv2d_0c_3x1")
-        mixed = tf.concat(axis=3, values=[b0, b1])
-        return _residual_update(net, mixed, scale, activation_fn)
+    return _residual_block(net, _BLOCK8_BRANCHES, scale, activation_fn,
+                           scope, "Block8", reuse)
 
 
 def _check_base_arguments(final_endpoint, output_stride):
@@ -167,117 +175,117 @@ def inception_resnet_v2_base(inputs,
     _check_base_arguments(final_endpoint, output_stride)
 
     padding = "SAME" if align_feature_maps else "VALID"
+    # With output stride 8, Mixed_6a does not reduce and the 17x17 blocks
+    # dilate instead.
     atrous = output_stride == 8
     reduce_stride = 1 if atrous else 2
+
+    # Each stage maps the previous end point to the next; sizes are for a
+    # 299x299 input with VALID padding.
+    def conv(depth, kernel, name, **kwargs):
+        return lambda net: slim.conv2d(net, depth, kernel, scope=name, **kwargs)
+
+    def max_pool(name):
+        return lambda net: slim.max_pool2d(net, 3, stride=2, padding=padding,
+                                           scope=name)
+
+    def blocks35_then_mixed_6a(net):  # 17x17x1088 (33x33 with output stride 8)
+        net = slim.repeat(net, 10, block35, scale=0.17,
+                          activation_fn=activation_fn)
+        return _mixed_6a(net, padding, reduce_stride)
+
+    def blocks17(net):  # 17x17x1088
+        with slim.arg_scope([slim.conv2d], rate=2 if atrous else 1):
+            return slim.repeat(net, 20, block17, scale=0.10,
+                               activation_fn=activation_fn)
+
+    def blocks8_then_conv(net):  # 8x8x1536
+        net = slim.repeat(net, 9, block8, scale=0.20,
+                          activation_fn=activation_fn)
+        net = block8(net, activation_fn=None)
+        return slim.conv2d(net, 1536, 1, scope="Conv2d_7b_1x1")
+
+    stages = (
+        conv(32, 3, "Conv2d_1a_3x3", stride=2, padding=padding),  # 149x149x32
+        conv(32, 3, "Conv2d_2a_3x3", padding=padding),  # 147x147x32
+        conv(64, 3, "Conv2d_2b_3x3"),  # 147x147x64
+        max_pool("MaxPool_3a_3x3"),  # 73x73x64
+        conv(80, 1, "Conv2d_3b_1x1", padding=padding),  # 73x73x80
+        conv(192, 3, "Conv2d_4a_3x3", padding=padding),  # 71x71x192
+        max_pool("MaxPool_5a_3x3"),  # 35x35x192
+        _mixed_5b,  # 35x35x320
+        blocks35_then_mixed_6a,
+        blocks17,  # PreAuxLogits
+        lambda net: _mixed_7a(net, padding),  # 8x8x2080
+        blocks8_then_conv,
+    )
+
     end_points = {}
-
-    def done(name, net):
-        end_points[name] = net
-        return name == final_endpoint
-
     with _v1.variable_scope(scope, "InceptionResnetV2", [inputs]):
         with slim.arg_scope([slim.conv2d, slim.max_pool2d, slim.avg_pool2d],
                             stride=1, padding="SAME"):
-            # Stem. Sizes in comments are for a 299x299 input, VALID padding.
-            net = slim.conv2d(inputs, 32, 3, stride=2, padding=padding,
-                              scope="Conv2d_1a_3x3")  # 149x149x32
-            if done("Conv2d_1a_3x3", net):
-                return net, end_points
-            net = slim.conv2d(net, 32, 3, padding=padding,
-                              scope="Conv2d_2a_3x3")  # 147x147x32
-            if done("Conv2d_2a_3x3", net):
-                return net, end_points
-            net = slim.conv2d(net, 64, 3, scope="Conv2d_2b_3x3")  # 147x147x64
-            if done("Conv2d_2b_3x3", net):
-                return net, end_points
-            net = slim.max_pool2d(net, 3, stride=2, padding=padding,
-                                  scope="MaxPool_3a_3x3")  # 73x73x64
-            if done("MaxPool_3a_3x3", net):
-                return net, end_points
-            net = slim.conv2d(net, 80, 1, padding=padding,
-                              scope="Conv2d_3b_1x1")  # 73x73x80
-            if done("Conv2d_3b_1x1", net):
-                return net, end_points
-            net = slim.conv2d(net, 192, 3, padding=padding,
-                              scope="Conv2d_4a_3x3")  # 71x71x192
-            if done("Conv2d_4a_3x3", net):
-                return net, end_points
-            net = slim.max_pool2d(net, 3, stride=2, padding=padding,
-                                  scope="MaxPool_5a_3x3")  # 35x35x192
-            if done("MaxPool_5a_3x3", net):
-                return net, end_points
+            net = inputs
+            for name, stage in zip(ENDPOINTS, stages):
+                net = stage(net)
+                end_points[name] = net
+                if name == final_endpoint:
+                    break
+    return net, end_points
 
-            with _v1.variable_scope("Mixed_5b"):  # 35x35x320
-                with _v1.variable_scope("Branch_0"):
-                    b0 = slim.conv2d(net, 96, 1, scope="Conv2d_1x1")
-                with _v1.variable_scope("Branch_1"):
-                    b1 = slim.conv2d(net, 48, 1, scope="Conv2d_0a_1x1")
-                    b1 = slim.conv2d(b1, 64, 5, scope="Conv2d_0b_5x5")
-                with _v1.variable_scope("Branch_2"):
-                    b2 = slim.conv2d(net, 64, 1, scope="Conv2d_0a_1x1")
-                    b2 = slim.conv2d(b2, 96, 3, scope="Conv2d_0b_3x3")
-                    b2 = slim.conv2d(b2, 96, 3, scope="Conv2d_0c_3x3")
-                with _v1.variable_scope("Branch_3"):
-                    b3 = slim.avg_pool2d(net, 3, stride=1, padding="SAME",
-                                         scope="AvgPool_0a_3x3")
-                    b3 = slim.conv2d(b3, 64, 1, scope="Conv2d_0b_1x1")
-                net = tf.concat([b0, b1, b2, b3], 3)
-            if done("Mixed_5b", net):
-                return net, end_points
 
-            net = slim.repeat(net, 10, block35, scale=0.17,
-                              activation_fn=activation_fn)
+def _mixed_5b(net):
+    with _v1.variable_scope("Mixed_5b"):
+        with _v1.variable_scope("Branch_0"):
+            b0 = slim.conv2d(net, 96, 1, scope="Conv2d_1x1")
+        with _v1.variable_scope("Branch_1"):
+            b1 = slim.conv2d(net, 48, 1, scope="Conv2d_0a_1x1")
+            b1 = slim.conv2d(b1, 64, 5, scope="Conv2d_0b_5x5")
+        with _v1.variable_scope("Branch_2"):
+            b2 = slim.conv2d(net, 64, 1, scope="Conv2d_0a_1x1")
+            b2 = slim.conv2d(b2, 96, 3, scope="Conv2d_0b_3x3")
+            b2 = slim.conv2d(b2, 96, 3, scope="Conv2d_0c_3x3")
+        with _v1.variable_scope("Branch_3"):
+            b3 = slim.avg_pool2d(net, 3, stride=1, padding="SAME",
+                                 scope="AvgPool_0a_3x3")
+            b3 = slim.conv2d(b3, 64, 1, scope="Conv2d_0b_1x1")
+        return tf.concat([b0, b1, b2, b3], 3)
 
-            with _v1.variable_scope("Mixed_6a"):  # 17x17x1088 (33x33 atrous)
-                with _v1.variable_scope("Branch_0"):
-                    b0 = slim.conv2d(net, 384, 3, stride=reduce_stride,
-                                     padding=padding, scope="Conv2d_1a_3x3")
-                with _v1.variable_scope("Branch_1"):
-                    b1 = slim.conv2d(net, 256, 1, scope="Conv2d_0a_1x1")
-                    b1 = slim.conv2d(b1, 256, 3, scope="Conv2d_0b_3x3")
-                    b1 = slim.conv2d(b1, 384, 3, stride=reduce_stride,
-                                     padding=padding, scope="Conv2d_1a_3x3")
-                with _v1.variable_scope("Branch_2"):
-                    b2 = slim.max_pool2d(net, 3, stride=reduce_stride,
-                                         padding=padding,
-                                         scope="MaxPool_1a_3x3")
-                net = tf.concat([b0, b1, b2], 3)
-            if done("Mixed_6a", net):
-                return net, end_points
 
-            with slim.arg_scope([slim.conv2d], rate=2 if atrous else 1):
-                net = slim.repeat(net, 20, block17, scale=0.10,
-                                  activation_fn=activation_fn)
-            if done("PreAuxLogits", net):
-                return net, end_points
+def _mixed_6a(net, padding, stride):
+    with _v1.variable_scope("Mixed_6a"):
+        with _v1.variable_scope("Branch_0"):
+            b0 = slim.conv2d(net, 384, 3, stride=stride, padding=padding,
+                             scope="Conv2d_1a_3x3")
+        with _v1.variable_scope("Branch_1"):
+            b1 = slim.conv2d(net, 256, 1, scope="Conv2d_0a_1x1")
+            b1 = slim.conv2d(b1, 256, 3, scope="Conv2d_0b_3x3")
+            b1 = slim.conv2d(b1, 384, 3, stride=stride, padding=padding,
+                             scope="Conv2d_1a_3x3")
+        with _v1.variable_scope("Branch_2"):
+            b2 = slim.max_pool2d(net, 3, stride=stride, padding=padding,
+                                 scope="MaxPool_1a_3x3")
+        return tf.concat([b0, b1, b2], 3)
 
-            with _v1.variable_scope("Mixed_7a"):  # 8x8x2080
-                with _v1.variable_scope("Branch_0"):
-                    b0 = slim.conv2d(net, 256, 1, scope="Conv2d_0a_1x1")
-                    b0 = slim.conv2d(b0, 384, 3, stride=2, padding=padding,
-                                     scope="Conv2d_1a_3x3")
-                with _v1.variable_scope("Branch_1"):
-                    b1 = slim.conv2d(net, 256, 1, scope="Conv2d_0a_1x1")
-                    b1 = slim.conv2d(b1, 288, 3, stride=2, padding=padding,
-                                     scope="Conv2d_1a_3x3")
-                with _v1.variable_scope("Branch_2"):
-                    b2 = slim.conv2d(net, 256, 1, scope="Conv2d_0a_1x1")
-                    b2 = slim.conv2d(b2, 288, 3, scope="Conv2d_0b_3x3")
-                    b2 = slim.conv2d(b2, 320, 3, stride=2, padding=padding,
-                                     scope="Conv2d_1a_3x3")
-                with _v1.variable_scope("Branch_3"):
-                    b3 = slim.max_pool2d(net, 3, stride=2, padding=padding,
-                                         scope="MaxPool_1a_3x3")
-                net = tf.concat([b0, b1, b2, b3], 3)
-            if done("Mixed_7a", net):
-                return net, end_points
 
-            net = slim.repeat(net, 9, block8, scale=0.20,
-                              activation_fn=activation_fn)
-            net = block8(net, activation_fn=None)
-            net = slim.conv2d(net, 1536, 1, scope="Conv2d_7b_1x1")  # 8x8x1536
-            done("Conv2d_7b_1x1", net)
-            return net, end_points
+def _mixed_7a(net, padding):
+    with _v1.variable_scope("Mixed_7a"):
+        with _v1.variable_scope("Branch_0"):
+            b0 = slim.conv2d(net, 256, 1, scope="Conv2d_0a_1x1")
+            b0 = slim.conv2d(b0, 384, 3, stride=2, padding=padding,
+                             scope="Conv2d_1a_3x3")
+        with _v1.variable_scope("Branch_1"):
+            b1 = slim.conv2d(net, 256, 1, scope="Conv2d_0a_1x1")
+            b1 = slim.conv2d(b1, 288, 3, stride=2, padding=padding,
+                             scope="Conv2d_1a_3x3")
+        with _v1.variable_scope("Branch_2"):
+            b2 = slim.conv2d(net, 256, 1, scope="Conv2d_0a_1x1")
+            b2 = slim.conv2d(b2, 288, 3, scope="Conv2d_0b_3x3")
+            b2 = slim.conv2d(b2, 320, 3, stride=2, padding=padding,
+                             scope="Conv2d_1a_3x3")
+        with _v1.variable_scope("Branch_3"):
+            b3 = slim.max_pool2d(net, 3, stride=2, padding=padding,
+                                 scope="MaxPool_1a_3x3")
+        return tf.concat([b0, b1, b2, b3], 3)
 
 
 def inception_resnet_v2(inputs, num_classes=1001, is_training=True,
