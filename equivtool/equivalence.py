@@ -1,0 +1,707 @@
+"""The equivalence engine: TensorFlow's validation workflow as one call.
+
+``check_equivalence(tf1_fn, tf2_layer, inputs)`` runs the steps of the guide
+"Validating correctness & numerical equivalence" and returns an
+:class:`~equivtool.report.EquivalenceReport`:
+
+=====================  ==========================================================
+``variables_once``     the TF2 layer's second call creates no variable
+``parity``             same variable names, shapes, dtypes and trainability
+``fixed_weights``      every variable set to a fixed non-random value: inference
+                       outputs and regularization losses match
+``random``             under :class:`DeterministicRandomTestTool` in each mode
+                       (``constant``, ``num_random_ops``): inference and training
+                       outputs and regularization losses match
+``gradients``          gradients of a scalar loss w.r.t. every trainable variable,
+                       matched by name (training mode, constant random mode)
+``optimizer``          N optimizer steps (``tf.compat.v1.train`` optimizer against
+                       its TF2 counterpart): per-step loss and every variable
+``checkpoint``         a TF1 name-based checkpoint loaded into both sides:
+                       inference outputs match
+=====================  ==========================================================
+
+How work is shared between steps, and why it changes no number:
+
+* In ``constant`` mode every random op gets the same seeds whatever the order,
+  so one TF1 graph holds the inference pass and, reusing its variables, the
+  training pass with its gradients; one TF2 layer serves both calls. Its
+  second call is the ``variables_once`` check; its variables serve ``parity``.
+* ``fixed_weights``, ``optimizer`` and ``checkpoint`` run on that same pair,
+  after the random-mode comparisons, and put the variables back afterwards.
+* ``num_random_ops`` seeds depend on program order, so each of its inference
+  and training comparisons gets a fresh graph and a fresh layer, as in the guide.
+
+A stateful random op in a TF1 session moves along its random stream on every
+``Session.run``, while an eager TF2 call creates a new op that starts at the
+first draw. Optimizer steps therefore run in constant mode, each TF1 step in a
+new session (variables carried over) and each TF2 step as a new eager call (or
+a new trace with ``tf_function=True``): step *k* sees each random op's first
+draw on both sides, and only the weights carry state from step to step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import equivtool  # noqa: F401  (environment fix before TensorFlow)
+import numpy as np
+import tensorflow as tf
+
+from equivtool.compare import Tolerance, compare
+from equivtool.report import EquivalenceReport, StepResult
+from equivtool.runners import (TF1Side, TF2Side, fixed_value, flatten_tensors,
+                               restore_snapshot, snapshot_layer, variable_key)
+from equivtool.seeding import DeterministicRandomTestTool
+from equivtool.variables import (VariableCreationError, VariableInfo, VariableSet,
+                                 _make_renamer, assert_no_variable_creations,
+                                 compare_variables)
+
+__all__ = ["check_equivalence", "STEPS", "MODES", "DEFAULT_STEPS"]
+
+STEPS = ("variables_once", "parity", "fixed_weights", "random", "gradients", "optimizer",
+         "checkpoint")
+DEFAULT_STEPS = ("variables_once", "parity", "fixed_weights", "random", "gradients")
+MODES = ("constant", "num_random_ops")
+
+_TITLES = {
+    "variables_once": "Variables are created once",
+    "parity": "Variable parity (names, shapes, dtypes, trainability)",
+    "fixed_weights": "Fixed weights: inference outputs and regularization losses",
+    "random/constant/inference": "Random tool, constant mode: inference",
+    "random/constant/training": "Random tool, constant mode: training",
+    "random/num_random_ops/inference": "Random tool, num_random_ops mode: inference",
+    "random/num_random_ops/training": "Random tool, num_random_ops mode: training",
+    "gradients": "Gradients of the loss w.r.t. every trainable variable",
+    "optimizer": "Optimizer steps: losses and updated variables",
+    "checkpoint": "TF1 name-based checkpoint loaded into both sides",
+}
+
+
+# --------------------------------------------------------------------------
+# Argument checking
+# --------------------------------------------------------------------------
+
+def _select(values, allowed: Sequence[str], argument: str) -> tuple:
+    if values is None:
+        return None
+    if isinstance(values, str):
+        values = (values,)
+    try:
+        values = tuple(values)
+    except TypeError:
+        raise TypeError(f"{argument}: expected a sequence of names from {list(allowed)}, got {values!r}") from None
+    unknown = [v for v in values if v not in allowed]
+    if unknown:
+        raise ValueError(f"{argument}: unknown name(s) {unknown}; choose from {list(allowed)}")
+    return values
+
+
+def _check_inputs(inputs) -> None:
+    leaves = flatten_tensors(inputs)
+    if not leaves:
+        raise ValueError("inputs: expected an array (or a nested structure of arrays), got an empty structure")
+    for leaf in leaves:
+        array = np.asarray(leaf)
+        if array.dtype == object:
+            raise TypeError(f"inputs: expected numeric arrays, got a leaf of type {type(leaf).__name__}")
+
+
+class _StepTolerances:
+    """``tolerance`` for every step, overridden per step by ``step_tolerances``."""
+
+    def __init__(self, default, per_step: Mapping | None):
+        self.default = Tolerance() if default is None else default
+        if not isinstance(self.default, (Tolerance, Mapping)):
+            raise TypeError(f"tolerance: expected an equivtool.Tolerance or a {{output name: Tolerance}} mapping, "
+                            f"got {type(default).__name__}")
+        self.per_step = dict(per_step or {})
+        for key in self.per_step:
+            if not any(key == s or key.startswith(s + "/") for s in STEPS):
+                raise ValueError(f"step_tolerances: unknown step {key!r}; use one of {list(STEPS)} or a "
+                                 "sub-step such as 'random/constant/training'")
+
+    def get(self, step: str, index: int | None = None):
+        spec = None
+        parts = step.split("/")
+        for depth in range(len(parts), 0, -1):
+            key = "/".join(parts[:depth])
+            if key in self.per_step:
+                spec = self.per_step[key]
+                break
+        if spec is None:
+            spec = self.default
+        if callable(spec) and not isinstance(spec, (Tolerance, Mapping)):
+            spec = spec(index if index is not None else 0)
+        return spec
+
+
+# --------------------------------------------------------------------------
+# The shared pair (constant random mode)
+# --------------------------------------------------------------------------
+
+class _ConstantPair:
+    """One TF1 graph and one TF2 layer under ``constant`` mode, built lazily."""
+
+    def __init__(self, engine: "_Engine"):
+        self.engine = engine
+        e = engine
+        self.tf1_tool = DeterministicRandomTestTool(seed=e.seed, mode="constant")
+        self.tf2_tool = DeterministicRandomTestTool(seed=e.seed, mode="constant")
+        self.tf1 = TF1Side(e.tf1_fn, e.inputs, renamer=e.renamer, loss_fn=e.loss_fn,
+                           disable_arithmetic_optimization=e.disable_arithmetic_optimization,
+                           random_tool=self.tf1_tool)
+        self.inference = self.tf1.forward(training=False)
+        self.training = self.tf1.forward(training=True, with_gradients=e.want_gradients)
+        with self.tf2_tool.scope():
+            self.layer = e.new_layer()
+        self.tf2 = TF2Side(self.layer, renamer=e.renamer, loss_fn=e.loss_fn,
+                           use_tf_function=e.tf_function)
+        self.tf2_first = None
+        self.second_call_error: BaseException | None = None
+        self._tf1_results: dict = {}
+        self._tf2_results: dict = {}
+
+    def tf2_inference(self):
+        if "inference" not in self._tf2_results:
+            with self.tf2_tool.scope():
+                self._tf2_results["inference"] = self.tf2.forward(self.engine.inputs, training=False)
+        return self._tf2_results["inference"]
+
+    def tf2_training(self):
+        """The layer's second call; it must create no variable (step 1)."""
+        if "training" not in self._tf2_results:
+            self.tf2_inference()
+            with self.tf2_tool.scope():
+                try:
+                    with assert_no_variable_creations():
+                        result = self.tf2.forward(self.engine.inputs, training=True,
+                                                  with_gradients=self.engine.want_gradients)
+                except VariableCreationError as exc:
+                    self.second_call_error = exc
+                    raise
+            self._tf2_results["training"] = result
+        return self._tf2_results["training"]
+
+    def tf1_inference(self):
+        if "inference" not in self._tf1_results:
+            f = self.inference
+            self._tf1_results["inference"] = self.tf1.run((f.outputs, f.regularization))
+        return self._tf1_results["inference"]
+
+    def tf1_training(self):
+        if "training" not in self._tf1_results:
+            self.tf1_inference()
+            f = self.training
+            fetches = (f.outputs, f.regularization, f.loss, f.gradients)
+            wanted = tuple(x for x in fetches if x is not None)
+            # Eager training calls update batch-norm statistics as they run; the
+            # TF1 pass runs its UPDATE_OPS alongside so both sides stay equal.
+            values = iter(self.tf1.run(wanted, update_ops=f.update_ops))
+            self._tf1_results["training"] = tuple(None if x is None else next(values) for x in fetches)
+        return self._tf1_results["training"]
+
+    def snapshot(self) -> tuple:
+        return self.tf1.read_variables(), self.tf2.read_variables()
+
+    def restore(self, snapshot: tuple) -> None:
+        tf1_values, tf2_values = snapshot
+        self.tf1.assign_variables(tf1_values)
+        self.tf2.assign_variables(tf2_values)
+
+    def close(self) -> None:
+        self.tf1.close()
+
+
+# --------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------
+
+class _Engine:
+    def __init__(self, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances,
+                 loss_fn, optimizers, train_steps, checkpoint, rename, tf_function,
+                 disable_arithmetic_optimization, seed, progress):
+        self.tf1_fn = tf1_fn
+        self.inputs = inputs
+        self.steps = steps
+        self.modes = modes
+        self.tolerances = _StepTolerances(tolerance, step_tolerances)
+        self.loss_fn = loss_fn
+        self.optimizers = optimizers
+        self.train_steps = train_steps
+        self.checkpoint = checkpoint
+        self.renamer = _make_renamer(rename)
+        self.tf_function = tf_function
+        self.disable_arithmetic_optimization = disable_arithmetic_optimization
+        self.seed = seed
+        self.progress = progress
+        self.want_gradients = "gradients" in steps
+        if isinstance(tf2_layer, tf.Module):
+            self.user_layer = tf2_layer
+            self.factory = None
+        else:
+            self.user_layer = None
+            self.factory = tf2_layer
+        self._user_layer_used = False
+        self._pair: _ConstantPair | None = None
+        self._pair_error: str | None = None
+        self.results: dict[str, StepResult] = {}
+
+    # -- layers ------------------------------------------------------------
+
+    def new_layer(self):
+        if self.factory is not None:
+            layer = self.factory()
+            if not callable(layer):
+                raise TypeError(f"tf2_layer: the factory returned {type(layer).__name__}, expected a Keras layer")
+            return layer
+        if self._user_layer_used:
+            raise _SkipStep("tf2_layer is a layer instance, which can be created only once; pass a "
+                            "zero-argument factory (e.g. lambda: MyLayer()) to run this step on a fresh layer")
+        self._user_layer_used = True
+        return self.user_layer
+
+    @property
+    def pair(self) -> _ConstantPair:
+        """The constant-mode pair; a failure to build it is reported once, by the first step."""
+        if self._pair_error is not None:
+            raise _SkipStep(f"not run: building the models failed in an earlier step ({self._pair_error})")
+        if self._pair is None:
+            try:
+                self._pair = _ConstantPair(self)
+            except Exception as exc:
+                self._pair_error = f"{type(exc).__name__}: {exc}"[:300]
+                raise
+        return self._pair
+
+    # -- bookkeeping -------------------------------------------------------
+
+    def record(self, result: StepResult) -> None:
+        self.results[result.name] = result
+        if self.progress is not None:
+            self.progress(result)
+
+    def run_step(self, name: str, fn: Callable[[], StepResult]) -> None:
+        start = time.perf_counter()
+        try:
+            result = fn()
+        except _SkipStep as skip:
+            result = StepResult(name, _TITLES[name], "skipped", time.perf_counter() - start, message=str(skip))
+        except Exception as exc:  # a step that crashes is reported, the others still run
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            result = StepResult(name, _TITLES[name], "error", time.perf_counter() - start,
+                                message=detail, data={"traceback": traceback.format_exc(limit=8)})
+        else:
+            result = _with_seconds(result, time.perf_counter() - start)
+        self.record(result)
+
+    def compare_step(self, name, pairs: Iterable[tuple], notes=(), data=None) -> StepResult:
+        spec = self.tolerances.get(name)
+        comparisons = []
+        for label, expected, actual in pairs:
+            if label == "outputs":
+                for sub_label, sub_expected, sub_actual in _split_outputs(expected, actual):
+                    comparisons.append(compare(sub_expected, sub_actual, spec, name=sub_label))
+            else:
+                comparisons.append(compare(expected, actual, spec, name=label))
+        return StepResult.from_comparisons(name, _TITLES[name], comparisons, notes=notes, data=data)
+
+    # -- steps -------------------------------------------------------------
+
+    def step_variables_once(self) -> StepResult:
+        pair = self.pair
+        try:
+            pair.tf2_training()
+        except VariableCreationError as exc:
+            return StepResult("variables_once", _TITLES["variables_once"], "failed", 0.0,
+                              message=str(exc))
+        return StepResult("variables_once", _TITLES["variables_once"], "passed", 0.0,
+                          message="the second call (training=True) created no variable",
+                          data={"variables": len(pair.layer.variables)})
+
+    def step_parity(self) -> StepResult:
+        pair = self.pair
+        pair.tf2_inference()
+        expected = VariableSet.from_variables(pair.tf1.variables, "tf1")
+        trainable = pair.tf1.trainable_keys
+        expected = VariableSet(tuple(
+            VariableInfo(v.name, v.shape, v.dtype, variable_key(v.name, self.renamer) in trainable)
+            for v in expected), "tf1")
+        actual = VariableSet.from_variables(pair.layer.variables, "tf2")
+        parity = compare_variables(expected, actual, rename=self.renamer)
+        status = "passed" if parity.ok else "failed"
+        return StepResult("parity", _TITLES["parity"], status, 0.0,
+                          message="" if parity.ok else str(parity),
+                          data={"tf1_variables": len(expected), "tf2_variables": len(actual),
+                                "trainable": len(expected.trainable),
+                                "trainable_parameters": expected.num_trainable_parameters})
+
+    def step_random_constant(self) -> None:
+        pair = self.pair
+
+        def inference():
+            tf1_out, tf1_reg = pair.tf1_inference()
+            tf2_out, tf2_reg, _, _ = pair.tf2_inference()
+            return self.compare_step("random/constant/inference",
+                                     [("outputs", tf1_out, tf2_out),
+                                      ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))])
+        self.run_step("random/constant/inference", inference)
+
+        def training():
+            tf1_out, tf1_reg, _, _ = pair.tf1_training()
+            tf2_out, tf2_reg, _, _ = pair.tf2_training()
+            return self.compare_step("random/constant/training",
+                                     [("outputs", tf1_out, tf2_out),
+                                      ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))])
+        self.run_step("random/constant/training", training)
+
+    def step_gradients(self) -> StepResult:
+        pair = self.pair
+        _, _, tf1_loss, tf1_grads = pair.tf1_training()
+        _, _, tf2_loss, tf2_grads = pair.tf2_training()
+        missing = sorted(set(tf1_grads) ^ set(tf2_grads))
+        notes = [f"loss: TF1 {float(tf1_loss):.9g}, TF2 {float(tf2_loss):.9g}"]
+        if missing:
+            notes.append("gradients present on one side only: " + ", ".join(missing[:10]))
+        tf1_ordered = {k: tf1_grads[k] for k in pair.tf1.keys if k in tf1_grads}
+        return self.compare_step("gradients",
+                                 [("loss", np.float32(tf1_loss), np.float32(tf2_loss)),
+                                  ("gradients", tf1_ordered, tf2_grads)],
+                                 notes=notes, data={"variables": len(tf1_grads)})
+
+    def step_fixed_weights(self) -> StepResult:
+        pair = self.pair
+        pair.tf1_inference()
+        pair.tf2_inference()
+        saved = pair.snapshot()
+        try:
+            values = {key: fixed_value(key, v.shape, v.dtype.base_dtype)
+                      for key, v in zip(pair.tf1.keys, pair.tf1.variables)}
+            pair.tf1.assign_variables(values)
+            pair.tf2.assign_variables(values)
+            unassigned = [k for k in pair.tf2.keys() if k not in values]
+            tf1_out, tf1_reg = pair.tf1.run((pair.inference.outputs, pair.inference.regularization))
+            with pair.tf2_tool.scope():
+                tf2_out, tf2_reg, _, _ = pair.tf2.forward(self.inputs, training=False)
+        finally:
+            pair.restore(saved)
+        notes = [f"TF2 variables without a TF1 counterpart kept their values: {unassigned[:5]}"] if unassigned else []
+        return self.compare_step("fixed_weights",
+                                 [("outputs", tf1_out, tf2_out),
+                                  ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))], notes=notes)
+
+    def step_optimizer(self) -> StepResult:
+        if self.optimizers is None:
+            raise _SkipStep("no optimizers given: pass optimizers=(make_tf1_optimizer, make_tf2_optimizer)")
+        make_tf1, make_tf2 = self.optimizers
+        pair = self.pair
+        pair.tf1_training()  # both sides' batch-norm statistics have seen one training pass
+        pair.tf2_training()
+        saved = pair.snapshot()
+        try:
+            # A forward pass of its own, so that its random ops start fresh like
+            # the tf.function below.
+            forward = pair.tf1.forward(training=True, with_gradients=False)
+            with pair.tf1.graph.as_default():
+                loss = pair.tf1.loss_fn(forward.outputs, forward.regularization)
+                optimizer = make_tf1()
+                with tf.control_dependencies(forward.update_ops):
+                    train_op = optimizer.minimize(loss, var_list=pair.tf1.trainable_variables())
+                known = set(pair.tf1.variables)
+                new_vars = [v for v in tf.compat.v1.global_variables() if v not in known]
+                pair.tf1.session.run(tf.compat.v1.variables_initializer(new_vars))
+            tf2_optimizer = make_tf2()
+            layer, loss_fn = pair.layer, pair.tf2.loss_fn
+            # Slot variables made inside a traced step would make it trace twice.
+            _build_optimizer(tf2_optimizer, layer.trainable_variables)
+
+            def tf2_step(x):
+                with tf.GradientTape() as tape:
+                    outputs = layer(x, training=True)
+                    losses = layer.losses
+                    step_loss = loss_fn(outputs, tf.add_n(losses) if losses else None)
+                grads = tape.gradient(step_loss, layer.trainable_variables)
+                tf2_optimizer.apply_gradients(
+                    [(g, v) for g, v in zip(grads, layer.trainable_variables) if g is not None])
+                return step_loss
+
+            comparisons, failed_at = [], None
+            x = tf.nest.map_structure(tf.convert_to_tensor, self.inputs)
+            for step in range(self.train_steps):
+                # Every step sees each random op's first draw on both sides: a
+                # new TF1 session, and a new op per eager call (or per trace).
+                pair.tf1.renew_session()
+                tf1_loss, _ = pair.tf1.run((loss, train_op))
+                with pair.tf2_tool.scope():
+                    step_fn = tf.function(tf2_step) if self.tf_function else tf2_step
+                    tf2_loss = step_fn(x).numpy()
+                tf1_vars = {k: v for k, v in pair.tf1.read_variables().items()
+                            if k in set(pair.tf2.keys())}
+                spec = self.tolerances.get("optimizer", step)
+                comparison = compare({"loss": np.float32(tf1_loss), "variables": tf1_vars},
+                                     {"loss": np.float32(tf2_loss), "variables": pair.tf2.read_variables()},
+                                     spec, name=f"step_{step + 1}")
+                comparisons.append(comparison)
+                if not comparison.ok and failed_at is None:
+                    failed_at = step + 1
+        finally:
+            pair.restore(saved)
+        notes = [f"{self.train_steps} steps of {type(optimizer).__name__} (TF1) vs "
+                 f"{type(tf2_optimizer).__name__} (TF2)"]
+        if failed_at is not None:
+            notes.append(f"first step that exceeds tolerance: {failed_at}")
+        return StepResult.from_comparisons("optimizer", _TITLES["optimizer"], comparisons, notes=notes,
+                                           data={"steps": self.train_steps, "first_failing_step": failed_at})
+
+    def step_checkpoint(self) -> StepResult:
+        pair = self.pair
+        pair.tf1_inference()
+        pair.tf2_inference()
+        saved = pair.snapshot()
+        workdir = None
+        try:
+            with pair.tf1.graph.as_default():
+                saver = tf.compat.v1.train.Saver(var_list=pair.tf1.variables)
+            path = self.checkpoint if isinstance(self.checkpoint, (str, os.PathLike)) else None
+            notes = []
+            if path is None:
+                workdir = tempfile.TemporaryDirectory(prefix="equivtool-ckpt-")
+                # The checkpoint holds fixed values, so that loading it visibly
+                # changes both sides' (random) variables.
+                values = {key: fixed_value("ckpt/" + key, v.shape, v.dtype.base_dtype)
+                          for key, v in zip(pair.tf1.keys, pair.tf1.variables)}
+                pair.tf1.assign_variables(values)
+                with pair.tf1.graph.as_default():
+                    path = saver.save(pair.tf1.session, os.path.join(workdir.name, "model.ckpt"))
+                pair.restore(saved)
+                notes.append("checkpoint written by the TF1 side with tf.compat.v1.train.Saver")
+            with pair.tf1.graph.as_default():
+                saver.restore(pair.tf1.session, os.fspath(path))
+            reader = tf.train.load_checkpoint(os.fspath(path))
+            names = {variable_key(v.name, self.renamer): v.op.name
+                     for v in pair.tf1.variables}
+            loaded, absent = 0, []
+            for variable in pair.layer.variables:
+                key = variable_key(variable.name, self.renamer)
+                name = names.get(key, key)
+                if reader.has_tensor(name):
+                    variable.assign(reader.get_tensor(name))
+                    loaded += 1
+                else:
+                    absent.append(name)
+            if absent:
+                notes.append(f"{len(absent)} TF2 variables not in the checkpoint: {absent[:5]}")
+            tf1_out, _ = pair.tf1.run((pair.inference.outputs, pair.inference.regularization))
+            with pair.tf2_tool.scope():
+                tf2_out, _, _, _ = pair.tf2.forward(self.inputs, training=False)
+        finally:
+            pair.restore(saved)
+            if workdir is not None:
+                workdir.cleanup()
+        return self.compare_step("checkpoint", [("outputs", tf1_out, tf2_out)], notes=notes,
+                                 data={"loaded_variables": loaded, "missing": len(absent)})
+
+    def step_random_fresh(self, mode: str, training: bool) -> StepResult:
+        name = f"random/{mode}/{'training' if training else 'inference'}"
+        tf1_tool = DeterministicRandomTestTool(seed=self.seed, mode=mode)
+        tf1 = TF1Side(self.tf1_fn, self.inputs, renamer=self.renamer, loss_fn=self.loss_fn,
+                      disable_arithmetic_optimization=self.disable_arithmetic_optimization,
+                      random_tool=tf1_tool)
+        try:
+            forward = tf1.forward(training=training)
+            tf1_out, tf1_reg = tf1.run((forward.outputs, forward.regularization), update_ops=forward.update_ops)
+        finally:
+            tf1.close()
+        tf2_tool = DeterministicRandomTestTool(seed=self.seed, mode=mode)
+        with tf2_tool.scope():
+            layer = self.new_layer()
+            tf2 = TF2Side(layer, renamer=self.renamer, loss_fn=self.loss_fn, use_tf_function=self.tf_function)
+            tf2_out, tf2_reg, _, _ = tf2.forward(self.inputs, training=training)
+        return self.compare_step(name, [("outputs", tf1_out, tf2_out),
+                                        ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))])
+
+    # -- the loop ----------------------------------------------------------
+
+    def run(self) -> list[StepResult]:
+        snapshot = None
+        if self.user_layer is not None and getattr(self.user_layer, "built", False):
+            snapshot = snapshot_layer(self.user_layer)
+        try:
+            self._run_selected()
+        finally:
+            if self._pair is not None:
+                self._pair.close()
+            if snapshot is not None:
+                restore_snapshot(snapshot)
+        return self._ordered()
+
+    def _run_selected(self) -> None:
+        steps, modes = self.steps, self.modes
+        if "variables_once" in steps:
+            self.run_step("variables_once", self.step_variables_once)
+        if "parity" in steps:
+            self.run_step("parity", self.step_parity)
+        if "random" in steps and "constant" in modes:
+            self.step_random_constant()
+        if "gradients" in steps:
+            self.run_step("gradients", self.step_gradients)
+        if "fixed_weights" in steps:
+            self.run_step("fixed_weights", self.step_fixed_weights)
+        if "optimizer" in steps:
+            self.run_step("optimizer", self.step_optimizer)
+        if "checkpoint" in steps:
+            self.run_step("checkpoint", self.step_checkpoint)
+        if "random" in steps and "num_random_ops" in modes:
+            for training in (False, True):
+                name = f"random/num_random_ops/{'training' if training else 'inference'}"
+                self.run_step(name, lambda t=training: self.step_random_fresh("num_random_ops", t))
+
+    def _ordered(self) -> list[StepResult]:
+        order = ["variables_once", "parity", "fixed_weights", "random/constant/inference",
+                 "random/constant/training", "random/num_random_ops/inference",
+                 "random/num_random_ops/training", "gradients", "optimizer", "checkpoint"]
+        return [self.results[name] for name in order if name in self.results]
+
+
+class _SkipStep(Exception):
+    """Raised inside a step that cannot run with the given arguments."""
+
+
+def _build_optimizer(optimizer, variables) -> None:
+    """Create a Keras optimizer's slot variables now (new and legacy optimizers)."""
+    if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
+        optimizer.build(variables)
+    elif hasattr(optimizer, "_create_all_weights"):
+        optimizer._create_all_weights(variables)
+
+
+def _split_outputs(expected, actual) -> list[tuple]:
+    """Dicts of end points first (they are in forward order), then the other outputs.
+
+    A slim model returns ``(logits, end_points)``; comparing ``end_points``
+    first makes the first failing leaf the layer where divergence begins.
+    """
+    if isinstance(expected, Mapping):
+        return [("end_points", expected, actual)]
+    if (isinstance(expected, (tuple, list)) and isinstance(actual, (tuple, list))
+            and len(expected) == len(actual)
+            and any(isinstance(item, Mapping) for item in expected)):
+        mappings = [i for i, item in enumerate(expected) if isinstance(item, Mapping)]
+        others = [i for i in range(len(expected)) if i not in mappings]
+        single = len(mappings) == 1
+        parts = [("end_points" if single else f"end_points_{i}", expected[i], actual[i]) for i in mappings]
+        parts += [(f"outputs/{i}", expected[i], actual[i]) for i in others]
+        return parts
+    return [("outputs", expected, actual)]
+
+
+def _reg(value):
+    """Regularization loss as a comparable scalar (0 when a side has none)."""
+    return np.float32(0.0) if value is None else np.float32(value)
+
+
+def _with_seconds(result: StepResult, seconds: float) -> StepResult:
+    return dataclasses.replace(result, seconds=seconds)
+
+
+def check_equivalence(
+    tf1_fn: Callable,
+    tf2_layer,
+    inputs,
+    *,
+    steps: Sequence[str] | None = None,
+    modes: Sequence[str] = MODES,
+    tolerance: Tolerance | Mapping | None = None,
+    step_tolerances: Mapping[str, Any] | None = None,
+    loss_fn: Callable | None = None,
+    optimizers: tuple | None = None,
+    train_steps: int = 3,
+    checkpoint: str | os.PathLike | bool | None = None,
+    rename=None,
+    tf_function: bool = False,
+    disable_arithmetic_optimization: bool = True,
+    seed: int = 42,
+    progress: Callable[[StepResult], None] | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> EquivalenceReport:
+    """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
+
+    Args:
+      tf1_fn: ``tf1_fn(inputs, training) -> outputs`` building the TF1 forward
+        pass in the current graph (tf-slim, ``tf.compat.v1.layers``,
+        ``get_variable``); outputs may be a tensor or a nested structure
+        (a dict of end points in forward order localises divergence).
+      tf2_layer: a zero-argument factory returning a fresh Keras layer (typically
+        with a ``track_tf1_style_variables`` method), or a layer instance (then
+        the ``num_random_ops`` steps, which need fresh layers, are skipped; its
+        variable values are restored at the end). Called as
+        ``layer(inputs, training=...)``; must return the same structure.
+      inputs: a NumPy array (or nested structure of arrays) fed to both sides.
+      steps: which of :data:`STEPS` to run (default :data:`DEFAULT_STEPS`, plus
+        ``optimizer`` when ``optimizers`` is given and ``checkpoint`` when
+        ``checkpoint`` is given).
+      modes: random-tool modes for the ``random`` step.
+      tolerance: default :class:`Tolerance` (the guide's ``rtol=1e-6,
+        atol=1e-5``) or a ``{output name or pattern: Tolerance}`` mapping.
+      step_tolerances: per-step overrides, e.g. ``{"gradients": Tolerance(atol=1e-4),
+        "optimizer": lambda step: Tolerance(atol=1e-5 * 2 ** step)}``.
+      loss_fn: ``loss_fn(outputs, regularization_loss) -> scalar`` built with
+        TensorFlow ops (used on both sides); default: mean of squares of the first
+        output plus the regularization loss.
+      optimizers: ``(make_tf1_optimizer, make_tf2_optimizer)`` factories, e.g.
+        ``(lambda: tf.compat.v1.train.AdamOptimizer(1e-3), lambda: tf.keras.optimizers.Adam(1e-3))``.
+      train_steps: number of optimizer steps.
+      checkpoint: a TF1 checkpoint path to load into both sides, or ``True`` to
+        have the TF1 side write one.
+      rename: rules mapping TF2 and TF1 variable names to one key (see
+        :func:`equivtool.compare_variables`).
+      tf_function: call the TF2 layer inside ``tf.function`` instead of eagerly.
+      disable_arithmetic_optimization: turn Grappler's arithmetic optimizer off
+        in the TF1 session, as the guide suggests for tighter matches.
+      seed: the random tool's seed.
+      progress: called with each :class:`StepResult` as soon as it is known.
+      meta: extra information stored in the report (model name, ...).
+    """
+    if not callable(tf1_fn):
+        raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}")
+    if not callable(tf2_layer):
+        raise TypeError("tf2_layer: expected a Keras layer or a zero-argument factory returning one, "
+                        f"got {type(tf2_layer).__name__}")
+    _check_inputs(inputs)
+    selected = _select(steps, STEPS, "steps")
+    if selected is None:
+        selected = DEFAULT_STEPS + (("optimizer",) if optimizers is not None else ()) \
+            + (("checkpoint",) if checkpoint else ())
+    selected_modes = _select(modes, MODES, "modes") or ()
+    if "random" in selected and not selected_modes:
+        raise ValueError(f"modes: the random step needs at least one mode from {list(MODES)}")
+    if isinstance(train_steps, bool) or not isinstance(train_steps, int) or train_steps < 1:
+        raise ValueError(f"train_steps: expected an int >= 1, got {train_steps!r}")
+    if optimizers is not None and not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2
+                                       and all(callable(o) for o in optimizers)):
+        raise TypeError("optimizers: expected a pair (make_tf1_optimizer, make_tf2_optimizer) of "
+                        "zero-argument callables")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn: expected a callable loss_fn(outputs, regularization_loss), got {loss_fn!r}")
+    engine = _Engine(tf1_fn, tf2_layer, inputs, steps=selected, modes=selected_modes,
+                     tolerance=tolerance, step_tolerances=step_tolerances, loss_fn=loss_fn,
+                     optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
+                     rename=rename, tf_function=tf_function,
+                     disable_arithmetic_optimization=disable_arithmetic_optimization,
+                     seed=seed, progress=progress)
+    results = engine.run()
+    info = {
+        "tensorflow": tf.__version__,
+        "steps": list(selected),
+        "modes": list(selected_modes),
+        "tf_function": tf_function,
+        "disable_arithmetic_optimization": disable_arithmetic_optimization,
+        "seed": seed,
+        "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(inputs)],
+    }
+    info.update(meta or {})
+    return EquivalenceReport(tuple(results), info)

@@ -1,0 +1,368 @@
+"""The two runners: the only part of equivtool that executes TensorFlow.
+
+``TF1Side`` builds the user's TF1 forward function in a fresh ``tf.Graph`` and
+runs it in a ``tf.compat.v1.Session``; ``TF2Side`` calls the user's Keras
+layer eagerly or inside ``tf.function``. Both return captures as NumPy values
+keyed by normalised variable names, so everything downstream is plain data.
+
+To save graph builds (a large model takes seconds per build), one TF1 graph
+holds the inference forward pass and, reusing its variables, the training
+forward pass with its gradients: this is only done where it cannot change a
+number (see ``equivalence``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import equivtool  # noqa: F401  (environment fix before TensorFlow)
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
+
+_OUTPUT_INDEX = re.compile(r":\d+$")
+
+
+def variable_key(name: str, renamer: Callable[[str], str]) -> str:
+    """The name both sides are matched by: no ``:N`` suffix, then the user's rename rules."""
+    return renamer(_OUTPUT_INDEX.sub("", name))
+
+
+# --------------------------------------------------------------------------
+# Deterministic, non-random variable values (workflow step 3)
+# --------------------------------------------------------------------------
+
+_ONE_CENTRED = ("variance", "gamma", "scale")
+_ZERO_CENTRED = ("mean", "beta", "bias", "biases")
+
+
+def fixed_value(name: str, shape, dtype) -> np.ndarray:
+    """A value that depends only on the variable's (normalised) name and shape.
+
+    The pattern varies along every element, so a transposed or permuted
+    kernel is caught; its scale keeps activations of deep networks bounded:
+    kernels get amplitude ``sqrt(3 / fan_in)``, batch-norm variances and
+    scales stay near one (and positive), means, offsets and biases near zero.
+    """
+    shape = tuple(int(d) for d in shape)
+    dtype = tf.as_dtype(dtype)
+    size = int(np.prod(shape)) if shape else 1
+    if not (dtype.is_floating or dtype.is_complex):
+        return np.zeros(shape, dtype.as_numpy_dtype)
+    phase = (zlib.crc32(name.encode("utf-8")) % 10007) / 10007.0 * 2.0 * math.pi
+    pattern = np.sin(np.arange(size, dtype=np.float64) * 0.61803398875 * 2.0 + phase)
+    leaf = name.rsplit("/", 1)[-1].lower()
+    if any(key in leaf for key in _ONE_CENTRED):
+        values = 1.0 + 0.25 * pattern
+    elif any(leaf == key or leaf.endswith(key) for key in _ZERO_CENTRED):
+        values = 0.1 * pattern
+    else:
+        fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else max(size, 1)
+        values = pattern * math.sqrt(3.0 / max(fan_in, 1))
+    return values.reshape(shape).astype(dtype.as_numpy_dtype)
+
+
+# --------------------------------------------------------------------------
+# Structures
+# --------------------------------------------------------------------------
+
+def _rebuild_mapping(original: Mapping, items: list):
+    return dict(items) if type(original) is dict else type(original)(items)
+
+
+def to_numpy(structure):
+    """Tensors (eager) to NumPy, keeping dict insertion order and containers."""
+    if isinstance(structure, Mapping):
+        return _rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        return type(structure)(*(to_numpy(v) for v in structure))
+    if isinstance(structure, (list, tuple)):
+        return type(structure)(to_numpy(v) for v in structure)
+    if structure is None:
+        return None
+    if hasattr(structure, "numpy"):
+        return structure.numpy()
+    return np.asarray(structure)
+
+
+def flatten_tensors(structure) -> list:
+    """Leaves in insertion order (``tf.nest`` would sort dict keys)."""
+    if isinstance(structure, Mapping):
+        return [leaf for value in structure.values() for leaf in flatten_tensors(value)]
+    if isinstance(structure, (list, tuple)):
+        return [leaf for value in structure for leaf in flatten_tensors(value)]
+    return [structure]
+
+
+def pack_like(structure, leaves: list):
+    """Inverse of :func:`flatten_tensors`."""
+    iterator = iter(leaves)
+
+    def build(node):
+        if isinstance(node, Mapping):
+            return _rebuild_mapping(node, [(k, build(v)) for k, v in node.items()])
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            return type(node)(*(build(v) for v in node))
+        if isinstance(node, (list, tuple)):
+            return type(node)(build(v) for v in node)
+        return next(iterator)
+
+    return build(structure)
+
+
+def primary_output(outputs):
+    """The model's main output: a tensor itself, the first element of a tuple or
+    list (slim's ``(logits, end_points)``), the last entry of a dict (end points
+    are in forward order)."""
+    while True:
+        if isinstance(outputs, Mapping):
+            outputs = list(outputs.values())[-1]
+        elif isinstance(outputs, (list, tuple)):
+            outputs = outputs[0]
+        else:
+            return outputs
+
+
+def default_loss(outputs, regularization_loss):
+    """Mean of squares of the primary output, plus the regularization losses.
+
+    A scalar loss that touches every weight feeding the primary output; pass
+    ``loss_fn`` to ``check_equivalence`` for anything more specific.
+    """
+    loss = tf.reduce_mean(tf.square(tf.cast(primary_output(outputs), tf.float32)))
+    if regularization_loss is not None:
+        loss = loss + tf.cast(regularization_loss, tf.float32)
+    return loss
+
+
+def session_config(disable_arithmetic_optimization: bool) -> tf.compat.v1.ConfigProto:
+    config = tf.compat.v1.ConfigProto()
+    if disable_arithmetic_optimization:
+        config.graph_options.rewrite_options.arithmetic_optimization = (
+            rewriter_config_pb2.RewriterConfig.OFF)
+    return config
+
+
+# --------------------------------------------------------------------------
+# TF1 side
+# --------------------------------------------------------------------------
+
+@dataclass
+class TF1Forward:
+    outputs: Any            # structure of tensors
+    regularization: Any     # scalar tensor (0 without regularizers)
+    gradients: dict | None  # key -> tensor
+    loss: Any               # scalar tensor or None
+    update_ops: list        # the UPDATE_OPS this pass added (batch-norm statistics)
+
+
+class TF1Side:
+    """The user's TF1 function in one graph and session.
+
+    ``forward(training, with_gradients)`` adds a forward pass; the second and
+    later ones reuse the first one's variables, so they add no variable and no
+    initializer.
+    """
+
+    def __init__(self, tf1_fn: Callable, inputs, *, renamer: Callable[[str], str],
+                 loss_fn: Callable | None, disable_arithmetic_optimization: bool = True,
+                 random_tool=None):
+        self.tf1_fn = tf1_fn
+        self.renamer = renamer
+        self.loss_fn = loss_fn or default_loss
+        self.random_tool = random_tool
+        self.graph = tf.Graph()
+        self._inputs_value = inputs
+        self._forwards: list[TF1Forward] = []
+        with self.graph.as_default():
+            self.placeholders = pack_like(inputs, [
+                tf.compat.v1.placeholder(tf.as_dtype(np.asarray(leaf).dtype), np.shape(leaf),
+                                         name=f"equivtool_input_{i}")
+                for i, leaf in enumerate(flatten_tensors(inputs))])
+        self._config = session_config(disable_arithmetic_optimization)
+        self.session = tf.compat.v1.Session(graph=self.graph, config=self._config)
+        self._initialized = False
+        self.variables: list = []
+        self.keys: list[str] = []
+        self.trainable_keys: set = set()
+
+    # -- building -----------------------------------------------------------
+
+    def _scoped(self, fn):
+        if self.random_tool is None:
+            return fn()
+        with self.random_tool.scope():
+            return fn()
+
+    def forward(self, training: bool, with_gradients: bool = False) -> TF1Forward:
+        def build():
+            with self.graph.as_default():
+                updates_before = len(self.graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+                reuse = tf.compat.v1.AUTO_REUSE if self._forwards else None
+                with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=reuse):
+                    outputs = self.tf1_fn(self.placeholders, training)
+                reg_list = tf.compat.v1.losses.get_regularization_losses()
+                # 0 without regularizers, like the TF2 side's empty `layer.losses`.
+                regularization = tf.add_n(reg_list) if reg_list else tf.constant(0.0)
+                loss = gradients = None
+                if with_gradients:
+                    loss = self.loss_fn(outputs, regularization)
+                    trainable = self.graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+                    grads = tf.gradients(loss, trainable)
+                    gradients = {variable_key(v.name, self.renamer): g
+                                 for v, g in zip(trainable, grads) if g is not None}
+                update_ops = self.graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)[updates_before:]
+                return TF1Forward(outputs, regularization, gradients, loss, update_ops)
+
+        result = self._scoped(build)
+        self._forwards.append(result)
+        self._collect_variables()
+        return result
+
+    def _collect_variables(self) -> None:
+        self.variables = list(self.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES))
+        self.keys = [variable_key(v.name, self.renamer) for v in self.variables]
+        self.trainable_keys = {variable_key(v.name, self.renamer) for v in
+                               self.graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+
+    def initialize(self) -> None:
+        with self.graph.as_default():
+            self.session.run(tf.compat.v1.global_variables_initializer())
+        self._initialized = True
+
+    def trainable_variables(self) -> list:
+        return self.graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+
+    # -- running ------------------------------------------------------------
+
+    def feed(self, inputs=None) -> dict:
+        values = flatten_tensors(self._inputs_value if inputs is None else inputs)
+        return dict(zip(flatten_tensors(self.placeholders), values))
+
+    def run(self, fetches, inputs=None, update_ops=()):
+        """Run ``fetches``; ``update_ops`` (a pass's batch-norm updates) run alongside."""
+        if not self._initialized:
+            self.initialize()
+        result, _ = self.session.run((fetches, list(update_ops)), feed_dict=self.feed(inputs))
+        return result
+
+    def read_variables(self) -> dict:
+        if not self._initialized:
+            self.initialize()
+        values = self.session.run(self.variables)
+        return dict(zip(self.keys, values))
+
+    def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
+        """Set variables in one ``Session.run`` by feeding their initializers' values."""
+        ops, feed = [], {}
+        for variable, key in zip(self.variables, self.keys):
+            if key in values_by_key:
+                initializer = variable.initializer
+                ops.append(initializer)
+                feed[initializer.inputs[1]] = values_by_key[key]
+        if ops:
+            self.session.run(ops, feed_dict=feed)
+        self._initialized = True
+
+    def renew_session(self) -> None:
+        """Move every variable's value into a new session.
+
+        A stateful random op keeps its position in its random stream inside
+        the session; a new session restarts every op at its first draw, which
+        is what an eager TF2 call (a new op each time) sees.
+        """
+        with self.graph.as_default():
+            everything = tf.compat.v1.global_variables()
+        values = self.session.run(everything)
+        self.session.close()
+        self.session = tf.compat.v1.Session(graph=self.graph, config=self._config)
+        self.session.run([v.initializer for v in everything],
+                         feed_dict={v.initializer.inputs[1]: value for v, value in zip(everything, values)})
+
+    def close(self) -> None:
+        self.session.close()
+
+
+# --------------------------------------------------------------------------
+# TF2 side
+# --------------------------------------------------------------------------
+
+class TF2Side:
+    """The user's TF2 layer, called eagerly or inside ``tf.function``."""
+
+    def __init__(self, layer, *, renamer: Callable[[str], str], loss_fn: Callable | None,
+                 use_tf_function: bool = False):
+        self.layer = layer
+        self.renamer = renamer
+        self.loss_fn = loss_fn or default_loss
+        self.use_tf_function = use_tf_function
+        self._functions: dict = {}
+
+    def _call(self, inputs, training: bool):
+        if not self.use_tf_function:
+            return self.layer(inputs, training=training)
+        fn = self._functions.get(training)
+        if fn is None:
+            layer = self.layer
+            fn = tf.function(lambda x: layer(x, training=training), autograph=True)
+            self._functions[training] = fn
+        return fn(inputs)
+
+    @staticmethod
+    def regularization(layer):
+        losses = layer.losses
+        return tf.add_n(losses) if losses else None
+
+    def forward(self, inputs, training: bool, with_gradients: bool = False):
+        """Return ``(outputs, regularization, loss, gradients_by_key)`` as NumPy."""
+        inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+        if not with_gradients:
+            outputs = self._call(inputs, training)
+            reg = self.regularization(self.layer)
+            return to_numpy(outputs), None if reg is None else reg.numpy(), None, None
+        with tf.GradientTape() as tape:
+            outputs = self._call(inputs, training)
+            reg = self.regularization(self.layer)
+            loss = self.loss_fn(outputs, reg)
+        trainable = self.layer.trainable_variables
+        grads = tape.gradient(loss, trainable)
+        gradients = {variable_key(v.name, self.renamer): g.numpy()
+                     for v, g in zip(trainable, grads) if g is not None}
+        return (to_numpy(outputs), None if reg is None else reg.numpy(), float(loss.numpy()),
+                gradients)
+
+    def train_step(self, inputs, optimizer, training: bool = True) -> float:
+        inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+        with tf.GradientTape() as tape:
+            outputs = self._call(inputs, training)
+            loss = self.loss_fn(outputs, self.regularization(self.layer))
+        trainable = self.layer.trainable_variables
+        grads = tape.gradient(loss, trainable)
+        optimizer.apply_gradients([(g, v) for g, v in zip(grads, trainable) if g is not None])
+        return float(loss.numpy())
+
+    def keys(self) -> list[str]:
+        return [variable_key(v.name, self.renamer) for v in self.layer.variables]
+
+    def read_variables(self) -> dict:
+        return {variable_key(v.name, self.renamer): v.numpy() for v in self.layer.variables}
+
+    def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
+        for variable in self.layer.variables:
+            key = variable_key(variable.name, self.renamer)
+            if key in values_by_key:
+                variable.assign(values_by_key[key])
+
+
+def snapshot_layer(layer) -> list:
+    """The layer's variables and their current values (for restoring later)."""
+    return [(v, v.numpy()) for v in layer.variables]
+
+
+def restore_snapshot(snapshot: list) -> None:
+    for variable, value in snapshot:
+        variable.assign(value)

@@ -1,0 +1,241 @@
+"""The equivalence engine on a small slim model and deliberately broken TF2 variants."""
+
+import functools
+
+import numpy as np
+import pytest
+
+import equivtool
+import tensorflow as tf
+from equivtool import runners
+from equivtool.testing import assert_equivalent
+
+from small_models import INPUT_SHAPE, SlimNetShim, slim_net
+
+X = np.random.RandomState(0).rand(*INPUT_SHAPE).astype(np.float32)
+SGD = (lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1), lambda: tf.keras.optimizers.SGD(0.1))
+ADAM = (lambda: tf.compat.v1.train.AdamOptimizer(1e-2, epsilon=1e-7),
+        lambda: tf.keras.optimizers.Adam(1e-2, epsilon=1e-7))
+
+
+def shim(**kwargs):
+    return functools.partial(SlimNetShim, **kwargs)
+
+
+def statuses(report):
+    return {step.name: step.status for step in report.steps}
+
+
+def test_small_slim_model_passes_every_step():
+    seen = []
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, optimizers=SGD, checkpoint=True,
+                                         progress=seen.append)
+    assert report.passed, str(report)
+    assert set(statuses(report)) == {
+        "variables_once", "parity", "fixed_weights", "random/constant/inference",
+        "random/constant/training", "random/num_random_ops/inference",
+        "random/num_random_ops/training", "gradients", "optimizer", "checkpoint"}
+    assert [s.name for s in seen][:2] == ["variables_once", "parity"]  # progress in run order
+    assert report.step("gradients").data["variables"] == 6
+
+
+def test_adam_steps_match_with_the_same_epsilon():
+    # conv1's biases feed batch norm, which removes their effect: their gradients
+    # are rounding noise that Adam normalises to full-size steps, so they get a
+    # looser per-key tolerance; every other variable is held to the default.
+    tolerances = {"optimizer": {"*/conv1/biases": equivtool.Tolerance(atol=5e-2), "*": equivtool.Tolerance()}}
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, steps=["optimizer"], optimizers=ADAM,
+                                         train_steps=3, step_tolerances=tolerances)
+    assert report.passed, str(report)
+    assert report.step("optimizer").data["steps"] == 3
+
+
+def test_adam_default_epsilons_differ_and_fail_at_step_one():
+    # tf.compat.v1.train.AdamOptimizer defaults to epsilon=1e-8, Keras Adam to 1e-7.
+    optimizers = (lambda: tf.compat.v1.train.AdamOptimizer(1e-2), lambda: tf.keras.optimizers.Adam(1e-2))
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, steps=["optimizer"],
+                                         optimizers=optimizers)
+    step = report.step("optimizer")
+    assert step.status == "failed"
+    assert step.data["first_failing_step"] == 1
+
+
+def test_tf_function_mode_passes():
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, tf_function=True,
+                                         steps=["variables_once", "random", "gradients"])
+    assert report.passed, str(report)
+
+
+def test_different_batch_norm_epsilon_fails_fixed_weights_at_bn1():
+    report = equivtool.check_equivalence(slim_net, shim(bn_epsilon=0.5), X)
+    step = report.step("fixed_weights")
+    assert step.status == "failed"
+    assert step.first_divergence == "end_points/bn1"
+    assert statuses(report)["parity"] == "passed"
+
+
+def test_missing_regularizer_fails_on_regularization_loss():
+    report = equivtool.check_equivalence(slim_net, shim(fc_regularizer=False), X,
+                                         steps=["parity", "fixed_weights"])
+    step = report.step("fixed_weights")
+    assert step.status == "failed"
+    assert step.first_divergence == "regularization_loss"
+    assert statuses(report)["parity"] == "passed"
+
+
+def test_dropout_in_another_place_fails_training_only():
+    report = equivtool.check_equivalence(slim_net, shim(dropout_after="bn"), X,
+                                         steps=["random"], modes=["constant"])
+    assert statuses(report)["random/constant/inference"] == "passed"
+    step = report.step("random/constant/training")
+    assert step.status == "failed"
+    assert step.first_divergence == "end_points/bn1"
+
+
+def test_different_initializer_fails_random_inference_at_conv1_but_not_fixed_weights():
+    glorot = tf.compat.v1.glorot_uniform_initializer()
+    report = equivtool.check_equivalence(slim_net, shim(weights_initializer=glorot), X,
+                                         steps=["fixed_weights", "random"], modes=["constant"])
+    assert statuses(report)["fixed_weights"] == "passed"
+    step = report.step("random/constant/inference")
+    assert step.status == "failed"
+    assert step.first_divergence == "end_points/conv1"
+
+
+def test_renamed_variable_fails_parity():
+    report = equivtool.check_equivalence(slim_net, shim(fc_scope="fc"), X, steps=["parity"])
+    step = report.step("parity")
+    assert step.status == "failed"
+    assert "small_net/logits/weights" in step.message and "small_net/fc/weights" in step.message
+
+
+def test_rename_rules_repair_a_renamed_variable():
+    report = equivtool.check_equivalence(slim_net, shim(fc_scope="fc"), X, rename={"/fc/": "/logits/"},
+                                         steps=["parity", "fixed_weights"])
+    assert report.passed, str(report)
+
+
+def test_extra_variable_fails_parity():
+    report = equivtool.check_equivalence(slim_net, shim(extra_variable=True), X, steps=["parity"])
+    step = report.step("parity")
+    assert step.status == "failed"
+    assert "extra in TF2" in step.message and "small_net/unexpected" in step.message
+
+
+def test_layer_creating_variables_every_call_fails_variables_once():
+    class Leaky(tf.keras.layers.Layer):
+        @tf.compat.v1.keras.utils.track_tf1_style_variables
+        def call(self, inputs, training=None):
+            out = slim_net(inputs, bool(training))
+            tf.Variable(1.0, name="leak")  # a new variable on every call
+            return out
+
+    report = equivtool.check_equivalence(slim_net, Leaky, X, steps=["variables_once"])
+    step = report.step("variables_once")
+    assert step.status == "failed" and "leak" in step.message
+
+
+def test_step_tolerance_override_accepts_a_small_difference():
+    broken = shim(bn_epsilon=1.001e-3)
+    strict = equivtool.check_equivalence(slim_net, broken, X, steps=["fixed_weights"])
+    assert strict.step("fixed_weights").status == "failed"
+    loose = equivtool.check_equivalence(slim_net, broken, X, steps=["fixed_weights"],
+                                        step_tolerances={"fixed_weights": equivtool.Tolerance(atol=1e-3)})
+    assert loose.passed, str(loose)
+
+
+def test_user_layer_instance_values_are_restored_after_a_failing_step():
+    layer = SlimNetShim(bn_epsilon=0.5)
+    layer(X)
+    before = [v.numpy().copy() for v in layer.variables]
+    report = equivtool.check_equivalence(slim_net, layer, X, steps=["fixed_weights", "random"])
+    assert report.step("fixed_weights").status == "failed"
+    assert report.step("random/num_random_ops/inference").status == "skipped"
+    for old, variable in zip(before, layer.variables):
+        np.testing.assert_array_equal(old, variable.numpy())
+
+
+def test_user_layer_instance_values_are_restored_when_a_step_raises(monkeypatch):
+    layer = SlimNetShim()
+    layer(X)
+    before = [v.numpy().copy() for v in layer.variables]
+    calls = {"n": 0}
+    original = runners.TF1Side.run
+
+    def failing_run(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] >= 2:  # after fixed values were assigned
+            raise RuntimeError("session died")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(runners.TF1Side, "run", failing_run)
+    report = equivtool.check_equivalence(slim_net, layer, X, steps=["fixed_weights"])
+    assert report.step("fixed_weights").status == "error"
+    assert "session died" in report.step("fixed_weights").message
+    for old, variable in zip(before, layer.variables):
+        np.testing.assert_array_equal(old, variable.numpy())
+
+
+def test_model_build_failure_is_reported_once_and_later_steps_skip():
+    def broken_tf1(inputs, training):
+        raise ValueError("cannot build")
+
+    report = equivtool.check_equivalence(broken_tf1, SlimNetShim, X, steps=["parity", "fixed_weights"])
+    assert report.step("parity").status == "error" and "cannot build" in report.step("parity").message
+    assert report.step("fixed_weights").status == "skipped"
+    assert not report.passed
+
+
+def test_fixed_values_depend_only_on_name_and_shape():
+    a = runners.fixed_value("net/conv/weights", (3, 3, 2, 4), tf.float32)
+    b = runners.fixed_value("net/conv/weights", (3, 3, 2, 4), tf.float32)
+    c = runners.fixed_value("net/conv2/weights", (3, 3, 2, 4), tf.float32)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert np.all(runners.fixed_value("bn/moving_variance", (16,), tf.float32) > 0)
+    assert len(np.unique(a)) > a.size // 2  # varies along elements: catches a transposed kernel
+
+
+@pytest.mark.parametrize("kwargs, argument", [
+    ({"steps": ["nope"]}, "steps"),
+    ({"modes": ["sometimes"]}, "modes"),
+    ({"train_steps": 0}, "train_steps"),
+    ({"optimizers": (1, 2)}, "optimizers"),
+    ({"step_tolerances": {"bogus": equivtool.Tolerance()}}, "step_tolerances"),
+    ({"tolerance": 0.1}, "tolerance"),
+])
+def test_bad_options_name_the_argument(kwargs, argument):
+    with pytest.raises((TypeError, ValueError), match=argument):
+        equivtool.check_equivalence(slim_net, SlimNetShim, X, **kwargs)
+
+
+def test_bad_positional_arguments_name_the_argument():
+    with pytest.raises(TypeError, match="tf1_fn"):
+        equivtool.check_equivalence("slim_net", SlimNetShim, X)
+    with pytest.raises(TypeError, match="tf2_layer"):
+        equivtool.check_equivalence(slim_net, 3, X)
+    with pytest.raises(ValueError, match="inputs"):
+        equivtool.check_equivalence(slim_net, SlimNetShim, ())
+
+
+def test_assert_equivalent_fails_with_the_table():
+    with pytest.raises(AssertionError, match=r"fixed_weights\s+FAILED"):
+        assert_equivalent(slim_net, shim(bn_epsilon=0.5), X, steps=["fixed_weights"])
+    report = assert_equivalent(slim_net, SlimNetShim, X, steps=["parity"])
+    assert report.passed
+
+
+def test_random_tool_fixture_makes_fresh_tools(random_tool):
+    first, second = random_tool(mode="num_random_ops"), random_tool(mode="num_random_ops")
+    assert first is not second
+    with first.scope():
+        a = tf.random.uniform([3])
+    with second.scope():
+        b = tf.random.uniform([3])
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_tf1_session_fixture_gives_a_graph_session(tf1_session):
+    x = tf.compat.v1.placeholder(tf.float32, [2])
+    assert tf1_session.graph is x.graph
+    np.testing.assert_array_equal(tf1_session.run(x * 2, {x: [1, 2]}), [2, 4])
