@@ -83,13 +83,13 @@ def test_missing_regularizer_fails_on_regularization_loss():
     assert statuses(report)["parity"] == "passed"
 
 
-def test_dropout_in_another_place_fails_training_only():
+def test_dropout_in_another_place_fails_training_only_at_the_next_end_point():
     report = equivtool.check_equivalence(slim_net, shim(dropout_after="bn"), X,
                                          steps=["random"], modes=["constant"])
     assert statuses(report)["random/constant/inference"] == "passed"
     step = report.step("random/constant/training")
     assert step.status == "failed"
-    assert step.first_divergence == "end_points/bn1"
+    assert step.first_divergence == "end_points/pool1"  # bn1 is recorded before the moved dropout
 
 
 def test_different_initializer_fails_random_inference_at_conv1_but_not_fixed_weights():
@@ -136,7 +136,7 @@ def test_layer_creating_variables_every_call_fails_variables_once():
 
 
 def test_step_tolerance_override_accepts_a_small_difference():
-    broken = shim(bn_epsilon=1.001e-3)
+    broken = shim(bn_epsilon=1.1e-3)
     strict = equivtool.check_equivalence(slim_net, broken, X, steps=["fixed_weights"])
     assert strict.step("fixed_weights").status == "failed"
     loose = equivtool.check_equivalence(slim_net, broken, X, steps=["fixed_weights"],
