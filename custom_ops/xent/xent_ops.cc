@@ -1,0 +1,681 @@
+// equivtool's softmax cross-entropy ops: registrations, CPU kernels, and the
+// host side of the GPU kernels (the CUDA code is in xent_kernels.cu.cc).
+//
+//   EquivtoolSparseXent(logits [B,C], labels [B])    -> loss [B], shift [B], log_norm [B]
+//   EquivtoolSparseXentGrad(logits, labels, shift, log_norm, grad_loss [B]) -> dlogits [B,C]
+//   EquivtoolXent(logits [B,C], labels [B,C])        -> loss [B], shift [B], log_norm [B]
+//   EquivtoolXentGrad(logits, labels, shift, log_norm, grad_loss [B])       -> dlogits [B,C]
+//   EquivtoolXentBuildInfo()                         -> build description (string)
+//
+// The forward ops read the logits once and allocate nothing of size B x C;
+// the gradient ops read the logits (and dense labels) once and write dlogits
+// once. shift and log_norm (see xent_row.h) are in Tacc: float for half,
+// bfloat16 and float logits, double for double logits.
+//
+// CPU: rows are sharded over the intra-op thread pool; every row is reduced
+// by xent_row.h in an order fixed by C alone, with denormals flushed in every
+// shard, so results are bitwise independent of the thread count and the
+// partition. Labels outside [0, C) are an InvalidArgument error on the CPU;
+// the GPU kernels write NaN for such rows instead, as TensorFlow's do.
+
+#include <cstdint>
+#include <string>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "absl/strings/str_cat.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+#if GOOGLE_CUDA
+#include "xla/stream_executor/stream.h"
+#endif
+
+#include "xent_row.h"
+
+// _build.py defines these; TensorFlow's headers carry no version string.
+#ifndef EQUIVTOOL_XENT_TF_VERSION
+#error "compile with -DEQUIVTOOL_XENT_TF_VERSION=\"<tf.__version__>\" (see equivtool/ops/_build.py)"
+#endif
+#ifndef EQUIVTOOL_XENT_NVCC_VERSION
+#define EQUIVTOOL_XENT_NVCC_VERSION ""
+#endif
+#ifndef EQUIVTOOL_XENT_CUDA_ARCHS
+#define EQUIVTOOL_XENT_CUDA_ARCHS ""
+#endif
+
+#if GOOGLE_CUDA
+#define EQUIVTOOL_XENT_CUDA_FIELDS \
+  "cuda=1;nvcc=" EQUIVTOOL_XENT_NVCC_VERSION ";cuda_archs=" EQUIVTOOL_XENT_CUDA_ARCHS
+#else
+#define EQUIVTOOL_XENT_CUDA_FIELDS "cuda=0"
+#endif
+
+// The build stamp: which TensorFlow this library was compiled against. equivtool/ops/_load.py finds it in the file's bytes *before*
+// loading the library (loading one built for another TensorFlow may fail or
+// crash), and the EquivtoolXentBuildInfo op returns the same text.
+extern "C" __attribute__((visibility("default"), used))
+const char equivtool_xent_build_stamp[] =
+    "EQUIVTOOL_XENT_BUILD{tensorflow=" EQUIVTOOL_XENT_TF_VERSION
+    ";" EQUIVTOOL_XENT_CUDA_FIELDS "}";
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+namespace ex = ::equivtool_xent;
+
+// ---------------------------------------------------------------------------
+// Registrations.
+
+Status ForwardShape(InferenceContext* c, bool dense) {
+  ShapeHandle logits;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &logits));
+  DimensionHandle batch = c->Dim(logits, 0);
+  if (dense) {
+    ShapeHandle labels;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &labels));
+    TF_RETURN_IF_ERROR(c->Merge(logits, labels, &logits));
+    batch = c->Dim(logits, 0);
+  } else {
+    ShapeHandle labels;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &labels));
+    TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(labels, 0), &batch));
+  }
+  for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(batch));
+  return OkStatus();
+}
+
+Status GradShape(InferenceContext* c, bool dense) {
+  ShapeHandle logits;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &logits));
+  DimensionHandle batch = c->Dim(logits, 0);
+  ShapeHandle labels;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), dense ? 2 : 1, &labels));
+  if (dense) {
+    TF_RETURN_IF_ERROR(c->Merge(logits, labels, &logits));
+    batch = c->Dim(logits, 0);
+  } else {
+    TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(labels, 0), &batch));
+  }
+  for (int i = 2; i < 5; ++i) {
+    ShapeHandle v;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &v));
+    TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(v, 0), &batch));
+  }
+  c->set_output(0, c->Matrix(batch, c->Dim(logits, 1)));
+  return OkStatus();
+}
+
+REGISTER_OP("EquivtoolSparseXent")
+    .Input("logits: T")
+    .Input("labels: Tlabels")
+    .Output("loss: T")
+    .Output("shift: Tacc")
+    .Output("log_norm: Tacc")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("Tlabels: {int32, int64} = DT_INT64")
+    .Attr("Tacc: {float, double}")
+    .SetShapeFn([](InferenceContext* c) { return ForwardShape(c, false); })
+    .Doc("Sparse softmax cross-entropy, loss only; deterministic.");
+
+REGISTER_OP("EquivtoolSparseXentGrad")
+    .Input("logits: T")
+    .Input("labels: Tlabels")
+    .Input("shift: Tacc")
+    .Input("log_norm: Tacc")
+    .Input("grad_loss: T")
+    .Output("dlogits: T")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("Tlabels: {int32, int64} = DT_INT64")
+    .Attr("Tacc: {float, double}")
+    .SetShapeFn([](InferenceContext* c) { return GradShape(c, false); })
+    .Doc("(softmax(logits) - onehot(labels)) * grad_loss; deterministic.");
+
+REGISTER_OP("EquivtoolXent")
+    .Input("logits: T")
+    .Input("labels: T")
+    .Output("loss: T")
+    .Output("shift: Tacc")
+    .Output("log_norm: Tacc")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("Tacc: {float, double}")
+    .SetShapeFn([](InferenceContext* c) { return ForwardShape(c, true); })
+    .Doc("Softmax cross-entropy with dense labels, loss only; deterministic.");
+
+REGISTER_OP("EquivtoolXentGrad")
+    .Input("logits: T")
+    .Input("labels: T")
+    .Input("shift: Tacc")
+    .Input("log_norm: Tacc")
+    .Input("grad_loss: T")
+    .Output("dlogits: T")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("Tacc: {float, double}")
+    .SetShapeFn([](InferenceContext* c) { return GradShape(c, true); })
+    .Doc("(sum(labels) * softmax(logits) - labels) * grad_loss; deterministic.");
+
+REGISTER_OP("EquivtoolXentBuildInfo")
+    .Output("info: string")
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc("The build stamp: TensorFlow version and CUDA build of this library.");
+
+// ---------------------------------------------------------------------------
+// Shared checks.
+
+template <typename T> struct StorageOf { typedef T type; };
+template <> struct StorageOf<Eigen::half> { typedef ex::half_bits type; };
+template <> struct StorageOf<bfloat16> { typedef ex::bf16_bits type; };
+
+template <typename T>
+const typename StorageOf<T>::type* AsStorage(const Tensor& t) {
+  return reinterpret_cast<const typename StorageOf<T>::type*>(t.flat<T>().data());
+}
+template <typename T>
+typename StorageOf<T>::type* AsStorage(Tensor* t) {
+  return reinterpret_cast<typename StorageOf<T>::type*>(t->flat<T>().data());
+}
+
+static_assert(sizeof(Eigen::half) == 2 && sizeof(bfloat16) == 2,
+              "16-bit types must be raw 16-bit storage");
+
+Status CheckLogitsAndLabels(const Tensor& logits, const Tensor& labels, bool dense) {
+  if (!TensorShapeUtils::IsMatrix(logits.shape()))
+    return errors::InvalidArgument("logits must be 2-D, but got shape ",
+                                   logits.shape().DebugString());
+  if (dense) {
+    if (logits.shape() != labels.shape())
+      return errors::InvalidArgument(
+          "logits and labels must have the same shape, got logits shape ",
+          logits.shape().DebugString(), " and labels shape ",
+          labels.shape().DebugString());
+  } else {
+    if (!TensorShapeUtils::IsVector(labels.shape()))
+      return errors::InvalidArgument("labels must be 1-D, but got shape ",
+                                     labels.shape().DebugString());
+    if (logits.dim_size(0) != labels.dim_size(0))
+      return errors::InvalidArgument(
+          "logits and labels must have the same first dimension, got logits "
+          "shape ",
+          logits.shape().DebugString(), " and labels shape ",
+          labels.shape().DebugString());
+  }
+  if (logits.dim_size(1) <= 0)
+    return errors::InvalidArgument(
+        "Must have at least one class, but got logits shape ",
+        logits.shape().DebugString());
+  return OkStatus();
+}
+
+Status CheckRowVector(const Tensor& t, int64_t batch, const char* name) {
+  if (!TensorShapeUtils::IsVector(t.shape()) || t.dim_size(0) != batch)
+    return errors::InvalidArgument(name, " must have shape [", batch,
+                                   "], but got shape ", t.shape().DebugString());
+  return OkStatus();
+}
+
+template <typename L>
+Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
+  const L* v = labels.flat<L>().data();
+  const int64_t n = labels.NumElements();
+  for (int64_t b = 0; b < n; ++b) {
+    if (v[b] < 0 || static_cast<int64_t>(v[b]) >= num_classes)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Received a label value of ", static_cast<int64_t>(v[b]),
+          " at batch index ", b, " which is outside the valid range of [0, ",
+          num_classes, "). Labels must be class indices in [0, ", num_classes,
+          ") for logits with ", num_classes, " classes."));
+  }
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// CPU row functions. Each is compiled for several instruction sets and picked
+// once at load time; -ffp-contract=off and the explicit lane layout make all
+// versions produce the same bits.
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define XENT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define XENT_CLONES
+#endif
+
+#define XENT_ROW_FUNCTIONS(S, SUFFIX)                                            \
+  XENT_CLONES ex::RowStats<ex::Storage<S>::acc> RowStats_##SUFFIX(const S* x,   \
+                                                                  int64_t c) {  \
+    return ex::row_stats_lanes<S>(x, c);                                        \
+  }                                                                             \
+  XENT_CLONES ex::DenseState<ex::Storage<S>::acc> DenseRow_##SUFFIX(            \
+      const S* x, const S* y, int64_t c) {                                      \
+    return ex::dense_row_lanes<S>(x, y, c);                                     \
+  }                                                                             \
+  XENT_CLONES void SparseGradRow_##SUFFIX(const S* x, int64_t c, int64_t label, \
+                                          ex::RowStats<ex::Storage<S>::acc> r,  \
+                                          ex::Storage<S>::acc g, S* dx) {       \
+    ex::sparse_grad_row<S>(x, c, label, r, g, dx);                              \
+  }                                                                             \
+  XENT_CLONES void DenseGradRow_##SUFFIX(const S* x, const S* y, int64_t c,     \
+                                         ex::RowStats<ex::Storage<S>::acc> r,   \
+                                         ex::Storage<S>::acc g, S* dx) {        \
+    ex::dense_grad_row<S>(x, y, c, r, ex::label_sum<S>(y, c), g, dx);           \
+  }                                                                             \
+  template <> struct RowFns<S> {                                                \
+    static ex::RowStats<ex::Storage<S>::acc> Stats(const S* x, int64_t c) {     \
+      return RowStats_##SUFFIX(x, c);                                           \
+    }                                                                           \
+    static ex::DenseState<ex::Storage<S>::acc> Dense(const S* x, const S* y,    \
+                                                     int64_t c) {               \
+      return DenseRow_##SUFFIX(x, y, c);                                        \
+    }                                                                           \
+    static void SparseGrad(const S* x, int64_t c, int64_t label,                \
+                           ex::RowStats<ex::Storage<S>::acc> r,                 \
+                           ex::Storage<S>::acc g, S* dx) {                      \
+      SparseGradRow_##SUFFIX(x, c, label, r, g, dx);                            \
+    }                                                                           \
+    static void DenseGrad(const S* x, const S* y, int64_t c,                    \
+                          ex::RowStats<ex::Storage<S>::acc> r,                  \
+                          ex::Storage<S>::acc g, S* dx) {                       \
+      DenseGradRow_##SUFFIX(x, y, c, r, g, dx);                                 \
+    }                                                                           \
+  };
+
+template <typename S> struct RowFns;
+XENT_ROW_FUNCTIONS(float, f32)
+XENT_ROW_FUNCTIONS(double, f64)
+XENT_ROW_FUNCTIONS(ex::half_bits, f16)
+XENT_ROW_FUNCTIONS(ex::bf16_bits, bf16)
+#undef XENT_ROW_FUNCTIONS
+
+// Flush denormals to zero (inputs and results) for the scope, whatever the
+// calling thread's mode: the same inputs then give the same bits on every
+// thread.
+class ScopedFlushDenormals {
+ public:
+  ScopedFlushDenormals() {
+#if defined(__x86_64__) || defined(__i386__)
+    saved_ = _mm_getcsr();
+    _mm_setcsr(saved_ | 0x8040u);  // FTZ | DAZ
+#endif
+  }
+  ~ScopedFlushDenormals() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(saved_);
+#endif
+  }
+
+ private:
+  unsigned int saved_ = 0;
+};
+
+// Shards rows over the intra-op pool. cost: rough cycles per row.
+template <typename Fn>
+void ForEachRow(OpKernelContext* ctx, int64_t rows, int64_t cost, Fn fn) {
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  pool->ParallelFor(rows, thread::ThreadPool::SchedulingParams::Adaptive(cost),
+                    [&fn](int64_t begin, int64_t end) {
+    ScopedFlushDenormals flush;
+    for (int64_t b = begin; b < end; ++b) fn(b);
+  });
+}
+
+template <typename T> struct AccOf { typedef float type; };
+template <> struct AccOf<double> { typedef double type; };
+
+// ---------------------------------------------------------------------------
+// CPU kernels.
+
+template <typename T, typename L>
+class SparseXentCpu : public OpKernel {
+ public:
+  explicit SparseXentCpu(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, false));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    Tensor *loss, *shift, *log_norm;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({B}), &shift));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({B}), &log_norm));
+    if (B == 0) return;
+    OP_REQUIRES_OK(ctx, CheckLabelRange<L>(labels, C));
+    const S* x = AsStorage<T>(logits);
+    const L* y = labels.flat<L>().data();
+    S* out = AsStorage<T>(loss);
+    A* sh = shift->flat<A>().data();
+    A* ln = log_norm->flat<A>().data();
+    ForEachRow(ctx, B, 4 * C, [&](int64_t b) {
+      const S* row = x + b * C;
+      const ex::RowStats<A> r = RowFns<S>::Stats(row, C);
+      out[b] = ex::Storage<S>::store(
+          ex::sparse_loss(r, ex::Storage<S>::load(row[y[b]])));
+      sh[b] = r.shift;
+      ln[b] = r.log_norm;
+    });
+  }
+};
+
+template <typename T, typename L>
+class SparseXentGradCpu : public OpKernel {
+ public:
+  explicit SparseXentGradCpu(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, false));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(2), B, "shift"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(3), B, "log_norm"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(4), B, "grad_loss"));
+    Tensor* dlogits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
+    if (B == 0) return;
+    OP_REQUIRES_OK(ctx, CheckLabelRange<L>(labels, C));
+    const S* x = AsStorage<T>(logits);
+    const L* y = labels.flat<L>().data();
+    const A* sh = ctx->input(2).flat<A>().data();
+    const A* ln = ctx->input(3).flat<A>().data();
+    const S* g = AsStorage<T>(ctx->input(4));
+    S* dx = AsStorage<T>(dlogits);
+    ForEachRow(ctx, B, 4 * C, [&](int64_t b) {
+      ex::RowStats<A> r;
+      r.shift = sh[b];
+      r.log_norm = ln[b];
+      RowFns<S>::SparseGrad(x + b * C, C, static_cast<int64_t>(y[b]), r,
+                            ex::Storage<S>::load(g[b]), dx + b * C);
+    });
+  }
+};
+
+template <typename T>
+class XentCpu : public OpKernel {
+ public:
+  explicit XentCpu(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, true));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    Tensor *loss, *shift, *log_norm;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({B}), &shift));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({B}), &log_norm));
+    if (B == 0) return;
+    const S* x = AsStorage<T>(logits);
+    const S* y = AsStorage<T>(labels);
+    S* out = AsStorage<T>(loss);
+    A* sh = shift->flat<A>().data();
+    A* ln = log_norm->flat<A>().data();
+    ForEachRow(ctx, B, 6 * C, [&](int64_t b) {
+      const ex::DenseState<A> s = RowFns<S>::Dense(x + b * C, y + b * C, C);
+      out[b] = ex::Storage<S>::store(ex::dense_loss(s));
+      const ex::RowStats<A> r = ex::finish(s.lse);
+      sh[b] = r.shift;
+      ln[b] = r.log_norm;
+    });
+  }
+};
+
+template <typename T>
+class XentGradCpu : public OpKernel {
+ public:
+  explicit XentGradCpu(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, true));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(2), B, "shift"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(3), B, "log_norm"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(4), B, "grad_loss"));
+    Tensor* dlogits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
+    if (B == 0) return;
+    const S* x = AsStorage<T>(logits);
+    const S* y = AsStorage<T>(labels);
+    const A* sh = ctx->input(2).flat<A>().data();
+    const A* ln = ctx->input(3).flat<A>().data();
+    const S* g = AsStorage<T>(ctx->input(4));
+    S* dx = AsStorage<T>(dlogits);
+    ForEachRow(ctx, B, 6 * C, [&](int64_t b) {
+      ex::RowStats<A> r;
+      r.shift = sh[b];
+      r.log_norm = ln[b];
+      RowFns<S>::DenseGrad(x + b * C, y + b * C, C, r,
+                           ex::Storage<S>::load(g[b]), dx + b * C);
+    });
+  }
+};
+
+class BuildInfoOp : public OpKernel {
+ public:
+  explicit BuildInfoOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    const std::string info = equivtool_xent_build_stamp;
+    out->scalar<tstring>()() = info;
+  }
+};
+
+#define REGISTER_SPARSE_CPU(T, L)                                          \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXent")                      \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<L>("Tlabels")                \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          SparseXentCpu<T, L>);                            \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentGrad")                  \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<L>("Tlabels")                \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          SparseXentGradCpu<T, L>);
+#define REGISTER_DENSE_CPU(T)                                              \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolXent")                            \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          XentCpu<T>);                                     \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolXentGrad")                        \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          XentGradCpu<T>);
+#define REGISTER_CPU(T)             \
+  REGISTER_SPARSE_CPU(T, int32)     \
+  REGISTER_SPARSE_CPU(T, int64_t)   \
+  REGISTER_DENSE_CPU(T)
+REGISTER_CPU(Eigen::half)
+REGISTER_CPU(bfloat16)
+REGISTER_CPU(float)
+REGISTER_CPU(double)
+#undef REGISTER_CPU
+#undef REGISTER_DENSE_CPU
+#undef REGISTER_SPARSE_CPU
+
+REGISTER_KERNEL_BUILDER(Name("EquivtoolXentBuildInfo").Device(DEVICE_CPU),
+                        BuildInfoOp);
+
+}  // namespace
+}  // namespace tensorflow
+
+// ---------------------------------------------------------------------------
+// GPU kernels: host side. The launchers are defined in xent_kernels.cu.cc
+// (compiled by nvcc without TensorFlow headers); they return nullptr or a
+// CUDA error string.
+#if GOOGLE_CUDA
+#include "xent_kernels.h"
+
+namespace tensorflow {
+namespace {
+
+namespace gpu = ::equivtool_xent::gpu;
+
+void* CudaStream(OpKernelContext* ctx) {
+  return ctx->op_device_context()->stream()->platform_specific_handle().stream;
+}
+
+Status LaunchStatus(const char* error, const char* what) {
+  if (error == nullptr) return OkStatus();
+  return errors::Internal(what, " CUDA launch failed: ", error);
+}
+
+template <typename T, typename L>
+class SparseXentGpu : public OpKernel {
+ public:
+  explicit SparseXentGpu(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename AccOf<T>::type A;
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, false));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    Tensor *loss, *shift, *log_norm;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({B}), &shift));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({B}), &log_norm));
+    if (B == 0) return;
+    OP_REQUIRES_OK(ctx, LaunchStatus(gpu::LaunchSparseForward(
+                                         CudaStream(ctx), AsStorage<T>(logits),
+                                         labels.flat<L>().data(), B, C,
+                                         AsStorage<T>(loss), shift->flat<A>().data(),
+                                         log_norm->flat<A>().data()),
+                                     "EquivtoolSparseXent"));
+  }
+};
+
+template <typename T, typename L>
+class SparseXentGradGpu : public OpKernel {
+ public:
+  explicit SparseXentGradGpu(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename AccOf<T>::type A;
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, false));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(2), B, "shift"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(3), B, "log_norm"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(4), B, "grad_loss"));
+    Tensor* dlogits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
+    if (B == 0) return;
+    OP_REQUIRES_OK(ctx, LaunchStatus(gpu::LaunchSparseGrad(
+                                         CudaStream(ctx), AsStorage<T>(logits),
+                                         labels.flat<L>().data(), B, C,
+                                         ctx->input(2).flat<A>().data(),
+                                         ctx->input(3).flat<A>().data(),
+                                         AsStorage<T>(ctx->input(4)),
+                                         AsStorage<T>(dlogits)),
+                                     "EquivtoolSparseXentGrad"));
+  }
+};
+
+template <typename T>
+class XentGpu : public OpKernel {
+ public:
+  explicit XentGpu(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename AccOf<T>::type A;
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, true));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    Tensor *loss, *shift, *log_norm;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({B}), &shift));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({B}), &log_norm));
+    if (B == 0) return;
+    OP_REQUIRES_OK(ctx, LaunchStatus(gpu::LaunchDenseForward(
+                                         CudaStream(ctx), AsStorage<T>(logits),
+                                         AsStorage<T>(labels), B, C,
+                                         AsStorage<T>(loss), shift->flat<A>().data(),
+                                         log_norm->flat<A>().data()),
+                                     "EquivtoolXent"));
+  }
+};
+
+template <typename T>
+class XentGradGpu : public OpKernel {
+ public:
+  explicit XentGradGpu(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename AccOf<T>::type A;
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, true));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(2), B, "shift"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(3), B, "log_norm"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(4), B, "grad_loss"));
+    Tensor* dlogits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
+    if (B == 0) return;
+    OP_REQUIRES_OK(ctx, LaunchStatus(gpu::LaunchDenseGrad(
+                                         CudaStream(ctx), AsStorage<T>(logits),
+                                         AsStorage<T>(labels), B, C,
+                                         ctx->input(2).flat<A>().data(),
+                                         ctx->input(3).flat<A>().data(),
+                                         AsStorage<T>(ctx->input(4)),
+                                         AsStorage<T>(dlogits)),
+                                     "EquivtoolXentGrad"));
+  }
+};
+
+#define REGISTER_SPARSE_GPU(T, L)                                          \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXent")                      \
+                              .Device(DEVICE_GPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<L>("Tlabels")                \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          SparseXentGpu<T, L>);                            \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentGrad")                  \
+                              .Device(DEVICE_GPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<L>("Tlabels")                \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          SparseXentGradGpu<T, L>);
+#define REGISTER_DENSE_GPU(T)                                              \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolXent")                            \
+                              .Device(DEVICE_GPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          XentGpu<T>);                                     \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolXentGrad")                        \
+                              .Device(DEVICE_GPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          XentGradGpu<T>);
+#define REGISTER_GPU(T)             \
+  REGISTER_SPARSE_GPU(T, int32)     \
+  REGISTER_SPARSE_GPU(T, int64_t)   \
+  REGISTER_DENSE_GPU(T)
+REGISTER_GPU(Eigen::half)
+REGISTER_GPU(bfloat16)
+REGISTER_GPU(float)
+REGISTER_GPU(double)
+#undef REGISTER_GPU
+#undef REGISTER_DENSE_GPU
+#undef REGISTER_SPARSE_GPU
+
+}  // namespace
+}  // namespace tensorflow
+#endif  // GOOGLE_CUDA

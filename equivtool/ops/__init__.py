@@ -1,0 +1,46 @@
+"""equivtool's deterministic softmax cross-entropy op.
+
+``sparse_softmax_cross_entropy_with_logits`` and
+``softmax_cross_entropy_with_logits`` are drop-in counterparts of ``tf.nn``'s,
+computed by a compiled TensorFlow op (``custom_ops/xent``) that is bitwise
+reproducible across runs, thread counts and batch splits, on CPU and GPU.
+``deterministic_xent()`` routes TensorFlow's and tf-keras' own cross-entropy
+calls through it for the duration of a block.
+
+The op library is built by the package install or by ``equivtool build-ops``
+(``build_ops``); ``op_status()`` describes its state for ``equivtool doctor``.
+Names load lazily: importing this package imports neither TensorFlow nor the
+library.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import equivtool  # noqa: F401  (environment fix before TensorFlow)
+
+_EXPORTS = {
+    "sparse_softmax_cross_entropy_with_logits": "xent",
+    "softmax_cross_entropy_with_logits": "xent",
+    "deterministic_xent": "swap",
+    "enable_deterministic_xent": "swap",
+    "disable_deterministic_xent": "swap",
+    "build_ops": "_build",
+    "op_status": "_load",
+    "OpLibraryError": "_load",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'equivtool.ops' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"equivtool.ops.{module_name}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

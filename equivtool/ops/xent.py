@@ -1,0 +1,265 @@
+"""Deterministic softmax cross-entropy: the Python API and the gradients.
+
+Drop-in counterparts of ``tf.nn.sparse_softmax_cross_entropy_with_logits``
+and ``tf.nn.softmax_cross_entropy_with_logits`` backed by equivtool's
+compiled ops (``custom_ops/xent``). They give bitwise identical losses and
+gradients from run to run, whatever the thread count or batch split, on CPU
+and GPU; the forward pass reads the logits once and allocates no B x C
+buffer, the gradient reads them once more and writes dlogits once.
+
+Behaviour matches TensorFlow's fused ops, including special values: a row
+holding +inf or NaN, or only -inf, gives NaN loss and NaN gradient; a -inf
+logit elsewhere has probability 0 (infinite loss when it is the label; for
+dense labels a -inf logit makes the loss NaN, 0 * inf, exactly as TF). Labels
+outside [0, C) raise ``InvalidArgumentError`` on the CPU (naming the batch
+index, the value and C) and give NaN rows on the GPU. One deliberate
+difference: the dense gradient is the exact ``sum(labels) * softmax - labels``
+where TF's op assumes each label row sums to 1 and uses ``softmax - labels``;
+for label rows that are distributions both agree.
+
+Gradients: first order comes from the gradient kernels; second order is a
+composite of TensorFlow ops (``tf.test.compute_gradient`` checks both).
+"""
+
+from __future__ import annotations
+
+import equivtool  # noqa: F401  (environment fix before TensorFlow)
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as _tf_ops
+
+from equivtool.ops._load import load_library
+
+SPARSE_OP = "EquivtoolSparseXent"
+SPARSE_GRAD_OP = "EquivtoolSparseXentGrad"
+DENSE_OP = "EquivtoolXent"
+DENSE_GRAD_OP = "EquivtoolXentGrad"
+
+_FLOAT_TYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_LABEL_TYPES = (tf.int32, tf.int64)
+
+
+def _acc_dtype(dtype: tf.DType) -> tf.DType:
+    return tf.float64 if dtype == tf.float64 else tf.float32
+
+
+def _check_logits_dtype(logits: tf.Tensor, fn: str) -> None:
+    if logits.dtype not in _FLOAT_TYPES:
+        raise TypeError(
+            f"{fn}: logits must be float16, bfloat16, float32 or float64, "
+            f"got {logits.dtype.name}.")
+
+
+def _require_args(fn: str, labels, logits) -> None:
+    if labels is None or logits is None:
+        raise ValueError(f"{fn} needs both `labels` and `logits` (pass them by name); "
+                         f"got labels={labels!r} and logits={logits!r}.")
+
+
+# ---------------------------------------------------------------------------
+# Sparse labels.
+
+def sparse_softmax_cross_entropy_with_logits(labels=None, logits=None, name=None):
+    """Per-example ``logsumexp(logits) - logits[label]``, deterministic.
+
+    Args:
+      labels: int32 or int64 class indices, shape ``logits.shape[:-1]``.
+      logits: float16, bfloat16, float32 or float64, rank >= 1, classes last.
+      name: optional name scope.
+
+    Returns:
+      The loss, shaped like ``labels``, in the dtype of ``logits``.
+
+    Raises:
+      TypeError: labels are not integers, or logits are not floating point.
+      ValueError: logits are a scalar, or the ranks or static shapes of labels
+        and logits disagree (shapes known only at run time are checked then).
+    """
+    fn = "sparse_softmax_cross_entropy_with_logits"
+    _require_args(fn, labels, logits)
+    with tf.name_scope(name or "equivtool_sparse_xent"):
+        logits = tf.convert_to_tensor(logits, name="logits")
+        labels = tf.convert_to_tensor(labels, name="labels")
+        _check_logits_dtype(logits, fn)
+        if labels.dtype not in _LABEL_TYPES:
+            raise TypeError(
+                f"{fn}: labels must be int32 or int64 class indices, got "
+                f"{labels.dtype.name}. For probability labels use "
+                "softmax_cross_entropy_with_logits.")
+        x_shape, y_shape = logits.shape, labels.shape
+        if x_shape.rank == 0:
+            raise ValueError(f"{fn}: logits cannot be a scalar; got shape {x_shape}.")
+        if x_shape.rank is not None and y_shape.rank is not None \
+                and y_shape.rank != x_shape.rank - 1:
+            raise ValueError(
+                f"{fn}: the rank of labels must be the rank of logits minus 1; got "
+                f"labels.shape={y_shape} (rank {y_shape.rank}) and "
+                f"logits.shape={x_shape} (rank {x_shape.rank}).")
+        static = (x_shape.rank is not None and y_shape.is_fully_defined()
+                  and x_shape[:-1].is_fully_defined())
+        if static and y_shape != x_shape[:-1]:
+            raise ValueError(
+                f"{fn}: labels.shape must equal logits.shape without its last "
+                f"dimension; got labels.shape={y_shape} and logits.shape={x_shape}.")
+        lib = load_library()
+        acc = _acc_dtype(logits.dtype)
+        if x_shape.rank == 2:
+            loss, _, _ = lib.equivtool_sparse_xent(logits=logits, labels=labels, Tacc=acc)
+            return loss
+        checks = [] if static else [tf.debugging.assert_equal(
+            tf.shape(labels, out_type=tf.int64), tf.shape(logits, out_type=tf.int64)[:-1],
+            message=f"{fn}: labels.shape must equal logits.shape without its last dimension")]
+        with tf.control_dependencies(checks):
+            classes = tf.shape(logits)[-1]
+            flat_logits = tf.reshape(logits, [-1, classes])
+            flat_labels = tf.reshape(labels, [-1])
+        loss, _, _ = lib.equivtool_sparse_xent(logits=flat_logits, labels=flat_labels, Tacc=acc)
+        loss = tf.reshape(loss, tf.shape(labels))
+        loss.set_shape(y_shape)
+        return loss
+
+
+def _probabilities(logits, shift, log_norm):
+    """softmax(logits) in the accumulation dtype, from the forward statistics."""
+    x = tf.cast(logits, shift.dtype)
+    return tf.exp((x - shift[:, None]) - log_norm[:, None])
+
+
+@_tf_ops.RegisterGradient(SPARSE_OP)
+def _sparse_xent_grad(op, grad_loss, *unused_stat_grads):
+    # shift and log_norm are internal statistics that the Python API never
+    # returns; their incoming gradients are zero and are ignored.
+    if grad_loss is None:
+        return None, None
+    logits, labels = op.inputs
+    _, shift, log_norm = op.outputs
+    dlogits = load_library().equivtool_sparse_xent_grad(
+        logits=logits, labels=labels, shift=shift, log_norm=log_norm, grad_loss=grad_loss)
+    return dlogits, None
+
+
+@_tf_ops.RegisterGradient(SPARSE_GRAD_OP)
+def _sparse_xent_grad_grad(op, grad_dlogits):
+    """Second order: dlogits = g * (p - onehot) with p = softmax(logits).
+
+    The statistics are functions of logits, so the full derivative goes to
+    logits (through the softmax Jacobian) and none to shift and log_norm.
+    """
+    logits, labels, shift, log_norm, grad_loss = op.inputs
+    acc = shift.dtype
+    p = _probabilities(logits, shift, log_norm)
+    v = tf.cast(grad_dlogits, acc)
+    g = tf.cast(grad_loss, acc)[:, None]
+    pv = p * v
+    d_logits = g * (pv - p * tf.reduce_sum(pv, axis=1, keepdims=True))
+    onehot = tf.one_hot(labels, tf.shape(logits)[1], dtype=acc)
+    d_grad_loss = tf.reduce_sum(v * (p - onehot), axis=1)
+    return (tf.cast(d_logits, logits.dtype), None, None, None,
+            tf.cast(d_grad_loss, grad_loss.dtype))
+
+
+# ---------------------------------------------------------------------------
+# Dense labels.
+
+def _move_axis_last(t: tf.Tensor, axis: int) -> tf.Tensor:
+    rank = tf.rank(t)
+    axis = tf.math.floormod(axis, rank)
+    perm = tf.concat([tf.range(axis), tf.range(axis + 1, rank), [axis]], 0)
+    return tf.transpose(t, perm)
+
+
+def softmax_cross_entropy_with_logits(labels=None, logits=None, axis=-1, name=None):
+    """Per-example ``sum(labels * (logsumexp(logits) - logits))``, deterministic.
+
+    Args:
+      labels: class weights (usually a distribution per row), same shape as
+        ``logits``; cast to the logits' dtype. Gradients flow into them (use
+        ``tf.stop_gradient`` to prevent that), as with ``tf.nn``'s v2 op.
+      logits: float16, bfloat16, float32 or float64, rank >= 1.
+      axis: the class dimension (default: last).
+      name: optional name scope.
+
+    Returns:
+      The loss, shaped like ``logits`` without ``axis``, in the logits' dtype.
+    """
+    fn = "softmax_cross_entropy_with_logits"
+    _require_args(fn, labels, logits)
+    with tf.name_scope(name or "equivtool_xent"):
+        logits = tf.convert_to_tensor(logits, name="logits")
+        _check_logits_dtype(logits, fn)
+        labels = tf.convert_to_tensor(labels, name="labels")
+        if labels.dtype != logits.dtype:
+            if not (labels.dtype.is_floating or labels.dtype.is_integer or labels.dtype.is_bool):
+                raise TypeError(f"{fn}: labels must be numeric, got {labels.dtype.name}.")
+            labels = tf.cast(labels, logits.dtype)
+        x_shape = logits.shape
+        if x_shape.rank == 0:
+            raise ValueError(f"{fn}: logits cannot be a scalar; got shape {x_shape}.")
+        if not labels.shape.is_compatible_with(x_shape):
+            raise ValueError(
+                f"{fn}: labels and logits must have the same shape; got "
+                f"labels.shape={labels.shape} and logits.shape={x_shape}.")
+        static_shape = None
+        if x_shape.rank is not None:
+            dims = x_shape.merge_with(labels.shape).as_list()
+            del dims[axis]
+            static_shape = tf.TensorShape(dims)
+        if axis != -1 and axis != (x_shape.rank or 0) - 1:
+            logits = _move_axis_last(logits, axis)
+            labels = _move_axis_last(labels, axis)
+        lib = load_library()
+        acc = _acc_dtype(logits.dtype)
+        if logits.shape.rank == 2 and labels.shape.rank == 2:
+            loss, _, _ = lib.equivtool_xent(logits=logits, labels=labels, Tacc=acc)
+        else:
+            checks = [] if labels.shape.is_fully_defined() and logits.shape.is_fully_defined() \
+                else [tf.debugging.assert_equal(
+                    tf.shape(labels), tf.shape(logits),
+                    message=f"{fn}: labels and logits must have the same shape")]
+            with tf.control_dependencies(checks):
+                outer = tf.shape(logits)[:-1]
+                classes = tf.shape(logits)[-1]
+                flat_logits = tf.reshape(logits, [-1, classes])
+                flat_labels = tf.reshape(labels, [-1, classes])
+            loss, _, _ = lib.equivtool_xent(logits=flat_logits, labels=flat_labels, Tacc=acc)
+            loss = tf.reshape(loss, outer)
+        if static_shape is not None:
+            loss.set_shape(static_shape)
+        return loss
+
+
+@_tf_ops.RegisterGradient(DENSE_OP)
+def _dense_xent_grad(op, grad_loss, *unused_stat_grads):
+    if grad_loss is None:
+        return None, None
+    logits, labels = op.inputs
+    _, shift, log_norm = op.outputs
+    dlogits = load_library().equivtool_xent_grad(
+        logits=logits, labels=labels, shift=shift, log_norm=log_norm, grad_loss=grad_loss)
+    skip = getattr(op, "skip_input_indices", None) or ()
+    if 1 in skip:  # eager: labels need no gradient
+        return dlogits, None
+    # d loss / d labels_j = logsumexp - logits_j = -(log softmax)_j
+    acc = shift.dtype
+    neg_log_p = (shift[:, None] + log_norm[:, None]) - tf.cast(logits, acc)
+    dlabels = neg_log_p * tf.cast(grad_loss, acc)[:, None]
+    return dlogits, tf.cast(dlabels, labels.dtype)
+
+
+@_tf_ops.RegisterGradient(DENSE_GRAD_OP)
+def _dense_xent_grad_grad(op, grad_dlogits):
+    """Second order of dlogits = g * (sum(y) * p - y), p = softmax(logits)."""
+    logits, labels, shift, log_norm, grad_loss = op.inputs
+    acc = shift.dtype
+    p = _probabilities(logits, shift, log_norm)
+    y = tf.cast(labels, acc)
+    v = tf.cast(grad_dlogits, acc)
+    g = tf.cast(grad_loss, acc)[:, None]
+    ysum = tf.reduce_sum(y, axis=1, keepdims=True)
+    pv = p * v
+    spv = tf.reduce_sum(pv, axis=1, keepdims=True)
+    d_logits = g * ysum * (pv - p * spv)
+    d_labels = g * (spv - v)
+    d_grad_loss = tf.reduce_sum(v * (ysum * p - y), axis=1)
+    return (tf.cast(d_logits, logits.dtype), tf.cast(d_labels, labels.dtype), None, None,
+            tf.cast(d_grad_loss, grad_loss.dtype))
