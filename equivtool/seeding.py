@@ -249,8 +249,11 @@ def _as_shape(value) -> Shape:
     try:
         if hasattr(value, "numpy") and _context.executing_eagerly():
             return tuple(int(d) for d in value.numpy().reshape(-1))
-        shape = _tensor_util.constant_value_as_shape(value)
-        return None if shape.rank is None else tuple(shape.as_list())
+        op = getattr(value, "op", None)
+        if op is not None and op.type == "Shape":  # tf.shape(x), as dropout's noise shape
+            return _as_shape(op.inputs[0].shape)
+        constant = _tensor_util.constant_value(value)
+        return None if constant is None else tuple(int(d) for d in constant.reshape(-1))
     except Exception:  # a shape we cannot read statically is simply unknown
         return None
 
