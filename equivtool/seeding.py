@@ -90,14 +90,15 @@ after a layer moved.
 
 from __future__ import annotations
 
+import operator
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Tuple, Union
+from typing import Iterable, Optional, Sequence, Tuple, Union
 
 from equivtool._stack import user_frame_location
 
-import tensorflow as tf  # noqa: F401  (equivtool's package import ran the environment fix)
+import tensorflow as tf  # safe: importing the equivtool package applied the environment fix
 from tensorflow.python.eager import context as _context
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.framework import random_seed as _random_seed
@@ -115,9 +116,11 @@ MODES = ("constant", "num_random_ops")
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
-# TensorFlow's own get_seed, captured once; a scope installs _seeded_get_seed
-# in its place and always puts this object back.
-_TF_GET_SEED = _random_seed.get_seed
+# TensorFlow's own get_seed; a scope installs _seeded_get_seed in its place and
+# always puts this object back. Taken from the public API symbol, which is bound
+# at TensorFlow's import, so it is the real function even if this module is
+# first imported while something (the original tool's scope) patches the module.
+_TF_GET_SEED = tf.compat.v1.random.get_seed
 
 _lock = threading.Lock()
 _active: Optional["DeterministicRandomTestTool"] = None  # the tool whose scope is open
@@ -196,8 +199,7 @@ def _shapes_match(a: Shape, b: Shape) -> bool:
 
 
 def _as_trace(value) -> Sequence[RandomOpRecord]:
-    trace = getattr(value, "trace", value)
-    return trace
+    return getattr(value, "trace", value)
 
 
 def compare_random_traces(
@@ -375,9 +377,7 @@ class DeterministicRandomTestTool:
                 f"DeterministicRandomTestTool: mode must be one of {list(MODES)}, "
                 f"got {mode!r}. Use 'constant' for the same seeds on every op, "
                 "or 'num_random_ops' for seeds that follow program order.")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"DeterministicRandomTestTool: seed must be an int, got {seed!r}.")
-        self._seed = seed
+        self._seed = _as_int("seed", seed)
         self._mode = mode
         self._constant = mode == "constant"
         self._operation_seed = 0
@@ -411,9 +411,12 @@ class DeterministicRandomTestTool:
 
     @operation_seed.setter
     def operation_seed(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        value = _as_int("operation_seed", value)
+        if value < 0:
             raise ValueError(
-                f"operation_seed must be a non-negative int, got {value!r}.")
+                f"DeterministicRandomTestTool.operation_seed must be a non-negative "
+                f"integer (it becomes the op's second seed), got {value}. Set it to 0 "
+                "or a positive integer.")
         self._operation_seed = value
 
     @property
@@ -594,6 +597,18 @@ class DeterministicRandomTestTool:
             f"already used ({_summarise(used)}). Set `operation_seed` to a value "
             f"whose sequence stays clear of them (for example {fresh}), or use a "
             "new tool for the new program.")
+
+
+def _as_int(name: str, value) -> int:
+    """Python or NumPy integers (not bools, floats or strings) as a Python int."""
+    if isinstance(value, bool):
+        raise TypeError(f"DeterministicRandomTestTool: {name} must be an integer, got {value!r}.")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"DeterministicRandomTestTool: {name} must be an integer, got {value!r} "
+            f"of type {type(value).__name__}.") from None
 
 
 def _summarise(values: Iterable[int]) -> str:

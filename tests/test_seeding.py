@@ -177,6 +177,23 @@ def test_random_ops_bitwise_identical_to_original(mode):
     assert_bitwise_equal(ours, theirs)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_tf_function_bitwise_identical_to_original(mode):
+    def program():
+        fn = tf.function(lambda: [tf.random.uniform((3,)), tf.nn.dropout(tf.ones((2, 3)), 0.5)])
+        return [t.numpy() for t in fn()]
+    assert_bitwise_equal(run_in(DeterministicRandomTestTool(mode=mode), program),
+                         run_in(OriginalTool(mode=mode), program))
+
+
+def test_stateless_ops_with_explicit_seeds_are_unchanged_in_scope():
+    outside = tf.random.stateless_uniform((3, 3), seed=[1, 2]).numpy()
+    with DeterministicRandomTestTool(mode="num_random_ops").scope() as tool:
+        inside = tf.random.stateless_uniform((3, 3), seed=[1, 2]).numpy()
+    assert_bitwise_equal([outside], [inside])
+    assert tool.trace == ()
+
+
 def slim_net(x, training=True):
     """A small tf-slim model touching each initializer kind from the issue."""
     net = slim.conv2d(x, 4, [3, 3], scope="conv1")  # xavier (glorot) uniform
