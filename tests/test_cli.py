@@ -1,0 +1,70 @@
+"""The equivtool command line: exit codes and messages."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from equivtool import cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(REPO, "tests")
+
+
+def run_cli(*args, cwd=TESTS):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, "-m", "equivtool.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_check_passes_with_exit_code_zero_and_writes_reports(tmp_path):
+    out_json = tmp_path / "r.json"
+    result = run_cli("check", "small_models:slim_net", "small_models:SlimNetShim",
+                     "--input-shape", "2,8,8,3", "--steps", "parity,fixed_weights",
+                     "--json", str(out_json), "--html", str(tmp_path / "r.html"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "parity" in result.stdout and "PASSED" in result.stdout  # a progress line per step
+    assert "Verdict: EQUIVALENT" in result.stdout
+    data = json.loads(out_json.read_text())
+    assert [s["name"] for s in data["steps"]] == ["parity", "fixed_weights"]
+    assert (tmp_path / "r.html").stat().st_size > 1000
+
+
+def test_check_reports_difference_with_exit_code_one():
+    # the TF2 layer's batch norm uses another epsilon: fixed weights fail
+    result = run_cli("check", "small_models:slim_net", "cli_models:broken_epsilon",
+                     "--input-shape", "2,8,8,3", "--steps", "fixed_weights")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "NOT EQUIVALENT" in result.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["check", "no_such_module:f", "small_models:SlimNetShim", "--input-shape", "1,2"], "cannot import module"),
+    (["check", "small_models:nope", "small_models:SlimNetShim", "--input-shape", "1,2"], "has no attribute 'nope'"),
+    (["check", "small_models", "small_models:SlimNetShim", "--input-shape", "1,2"], "expected MODULE:NAME"),
+    (["check", "small_models:slim_net", "small_models:SlimNetShim", "--input-shape", "1,x"], "--input-shape"),
+    (["check", "small_models:slim_net", "small_models:SlimNetShim", "--input-shape", "1,0"], "--input-shape"),
+    (["check", "small_models:slim_net", "small_models:SlimNetShim", "--input-shape", "2,8,8,3",
+      "--steps", "bogus"], "--steps"),
+    (["check", "small_models:NUM_CLASSES", "small_models:SlimNetShim", "--input-shape", "1,2"], "expected a callable"),
+])
+def test_bad_arguments_exit_two_with_one_line(args, fragment, capsys, monkeypatch):
+    monkeypatch.chdir(TESTS)
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert fragment in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_unknown_command_exits_two(capsys):
+    assert cli.main(["frobnicate"]) == 2
+
+
+def test_doctor_reports_versions_and_fixes():
+    result = run_cli("doctor", cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for fragment in ("tensorflow      2.", "tf-slim         1.1.0", "legacy Keras    active",
+                     "tf-slim fix     aliased", "xent op"):
+        assert fragment in result.stdout
