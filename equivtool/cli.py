@@ -16,6 +16,10 @@ import time
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 
+# The command line keeps TensorFlow's C++ start-up chatter out of its output
+# (an explicit TF_CPP_MIN_LOG_LEVEL in the environment wins).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 
 class UsageError(Exception):
     """A bad argument: printed as one line, exit code 2."""
@@ -209,10 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", default=None, help="write a JSON report here")
     check.set_defaults(run=cmd_check)
 
-    demo = sub.add_parser("demo", help="Inception-ResNet-v2 proven equivalent (options: equivtool demo -- --help)",
-                          add_help=False)
-    demo.add_argument("demo_args", nargs=argparse.REMAINDER)
-    demo.set_defaults(run=cmd_demo)
+    sub.add_parser("demo", help="Inception-ResNet-v2 proven equivalent (options: equivtool demo --help)")
 
     audit = sub.add_parser("audit", help="is MODULE:FN bitwise reproducible?")
     audit.add_argument("target", metavar="MODULE:FN")
@@ -228,6 +229,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    import warnings
+    warnings.filterwarnings("ignore", message=r".*(is deprecated and will be removed|will be removed in a future version)",
+                            category=UserWarning)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:  # everything after "demo" belongs to the demo's own parser
+        rest = argv[1:]
+        rest = rest[1:] if rest[:1] == ["--"] else rest
+        try:
+            return cmd_demo(argparse.Namespace(demo_args=rest))
+        except UsageError as exc:
+            print(f"equivtool demo: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except SystemExit as exc:
+            return int(exc.code or 0)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
