@@ -67,7 +67,7 @@ SparseForwardKernel(const S* __restrict__ x, const L* __restrict__ y, int64_t ro
       const RowStats<A> r = finish(states[0]);
       const L label = y[row];
       const A l = ValidLabel(label, classes)
-                      ? sparse_loss(r, Storage<S>::load(xr[label]))
+                      ? sparse_loss(states[0], Storage<S>::load(xr[label]))
                       : Limits<A>::quiet_nan();
       loss[row] = Storage<S>::store(l);
       shift[row] = r.shift;

@@ -250,9 +250,9 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
 #endif
 
 #define XENT_ROW_FUNCTIONS(S, SUFFIX)                                            \
-  XENT_CLONES ex::RowStats<ex::Storage<S>::acc> RowStats_##SUFFIX(const S* x,   \
-                                                                  int64_t c) {  \
-    return ex::row_stats_lanes<S>(x, c);                                        \
+  XENT_CLONES ex::LseState<ex::Storage<S>::acc> RowLse_##SUFFIX(const S* x,    \
+                                                                 int64_t c) {   \
+    return ex::row_lse_lanes<S>(x, c);                                          \
   }                                                                             \
   XENT_CLONES ex::DenseState<ex::Storage<S>::acc> DenseRow_##SUFFIX(            \
       const S* x, const S* y, int64_t c) {                                      \
@@ -269,8 +269,8 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
     ex::dense_grad_row<S>(x, y, c, r, ex::label_sum<S>(y, c), g, dx);           \
   }                                                                             \
   template <> struct RowFns<S> {                                                \
-    static ex::RowStats<ex::Storage<S>::acc> Stats(const S* x, int64_t c) {     \
-      return RowStats_##SUFFIX(x, c);                                           \
+    static ex::LseState<ex::Storage<S>::acc> Lse(const S* x, int64_t c) {       \
+      return RowLse_##SUFFIX(x, c);                                             \
     }                                                                           \
     static ex::DenseState<ex::Storage<S>::acc> Dense(const S* x, const S* y,    \
                                                      int64_t c) {               \
@@ -357,9 +357,10 @@ class SparseXentCpu : public OpKernel {
     A* ln = log_norm->flat<A>().data();
     ForEachRow(ctx, B, 4 * C, [&](int64_t b) {
       const S* row = x + b * C;
-      const ex::RowStats<A> r = RowFns<S>::Stats(row, C);
+      const ex::LseState<A> s = RowFns<S>::Lse(row, C);
       out[b] = ex::Storage<S>::store(
-          ex::sparse_loss(r, ex::Storage<S>::load(row[y[b]])));
+          ex::sparse_loss(s, ex::Storage<S>::load(row[y[b]])));
+      const ex::RowStats<A> r = ex::finish(s);
       sh[b] = r.shift;
       ln[b] = r.log_norm;
     });

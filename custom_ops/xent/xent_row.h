@@ -143,9 +143,6 @@ template <> struct Limits<double> {
 // number, and NaN reaches the sum through the exponential instead.
 template <typename A> XENT_FN A max_keep(A a, A b) { return b > a ? b : a; }
 
-XENT_FN float log_acc(float v) { return logf(v); }
-XENT_FN double log_acc(double v) { return log(v); }
-
 // exp for float, written out so that compilers vectorise it and CPU and GPU
 // evaluate the same polynomial: exp(x) = 2^n * exp(r), n = round(x / ln 2),
 // r = x - n ln 2 in two pieces, exp(r) by a degree-6 minimax polynomial
@@ -180,19 +177,25 @@ XENT_FN double exp_acc(double x) { return exp(x); }
 
 // ---------------------------------------------------------------------------
 // The online log-sum-exp state and its two operations.
+// Sums are carried in double whatever the logits' type: a float sum of
+// thousands of terms would lose more accuracy than TensorFlow's op does.
+// Exponentials and per-block partial sums stay in acc (fast); only the
+// per-block update, the merges and the final log are in double.
+typedef double wide;
+
 template <typename A> struct LseState {
-  A m;  // running maximum (finite floor: lowest())
-  A d;  // sum of exp(x - m) over the elements seen
+  A m;     // running maximum (finite floor: lowest())
+  wide d;  // sum of exp(x - m) over the elements seen
 };
 
 template <typename A> XENT_FN LseState<A> lse_empty() {
-  LseState<A> s; s.m = Limits<A>::lowest(); s.d = A(0); return s;
+  LseState<A> s; s.m = Limits<A>::lowest(); s.d = 0.0; return s;
 }
 
 // One element. Costs two exponentials; the blocked CPU path avoids that.
 template <typename A> XENT_FN void lse_push(LseState<A>& s, A x) {
   const A m = max_keep(s.m, x);
-  s.d = s.d * exp_acc(s.m - m) + exp_acc(x - m);
+  s.d = s.d * wide(exp_acc(s.m - m)) + wide(exp_acc(x - m));
   s.m = m;
 }
 
@@ -200,7 +203,7 @@ template <typename A> XENT_FN void lse_push(LseState<A>& s, A x) {
 // callers (a tree whose shape depends only on the lane count).
 template <typename A> XENT_FN void lse_merge(LseState<A>& a, const LseState<A>& b) {
   const A m = max_keep(a.m, b.m);
-  a.d = a.d * exp_acc(a.m - m) + b.d * exp_acc(b.m - m);
+  a.d = a.d * wide(exp_acc(a.m - m)) + b.d * wide(exp_acc(b.m - m));
   a.m = m;
 }
 
@@ -208,25 +211,25 @@ template <typename A> XENT_FN void lse_merge(LseState<A>& a, const LseState<A>& 
 // yx = sum y * (x - m), rescaled when m moves.
 template <typename A> struct DenseState {
   LseState<A> lse;
-  A ysum;
-  A yx;
+  wide ysum;
+  wide yx;
 };
 
 template <typename A> XENT_FN DenseState<A> dense_empty() {
-  DenseState<A> s; s.lse = lse_empty<A>(); s.ysum = A(0); s.yx = A(0); return s;
+  DenseState<A> s; s.lse = lse_empty<A>(); s.ysum = 0.0; s.yx = 0.0; return s;
 }
 
 template <typename A> XENT_FN void dense_push(DenseState<A>& s, A x, A y) {
   const A m = max_keep(s.lse.m, x);
-  s.yx = s.yx + s.ysum * (s.lse.m - m) + y * (x - m);
-  s.ysum = s.ysum + y;
-  s.lse.d = s.lse.d * exp_acc(s.lse.m - m) + exp_acc(x - m);
+  s.yx = s.yx + s.ysum * wide(s.lse.m - m) + wide(y * (x - m));
+  s.ysum = s.ysum + wide(y);
+  s.lse.d = s.lse.d * wide(exp_acc(s.lse.m - m)) + wide(exp_acc(x - m));
   s.lse.m = m;
 }
 
 template <typename A> XENT_FN void dense_merge(DenseState<A>& a, const DenseState<A>& b) {
   const A m = max_keep(a.lse.m, b.lse.m);
-  a.yx = (a.yx + a.ysum * (a.lse.m - m)) + (b.yx + b.ysum * (b.lse.m - m));
+  a.yx = (a.yx + a.ysum * wide(a.lse.m - m)) + (b.yx + b.ysum * wide(b.lse.m - m));
   a.ysum = a.ysum + b.ysum;
   lse_merge(a.lse, b.lse);
 }
@@ -239,17 +242,18 @@ template <typename A> struct RowStats {
 };
 
 template <typename A> XENT_FN RowStats<A> finish(const LseState<A>& s) {
-  RowStats<A> r; r.shift = s.m; r.log_norm = log_acc(s.d); return r;
+  RowStats<A> r; r.shift = s.m; r.log_norm = A(log(s.d)); return r;
 }
 
-// Loss of a row whose label logit is x_label: logsumexp - x_label.
-template <typename A> XENT_FN A sparse_loss(const RowStats<A>& r, A x_label) {
-  return r.log_norm - (x_label - r.shift);
+// Loss of a row whose label logit is x_label: logsumexp - x_label, in double
+// and rounded once.
+template <typename A> XENT_FN A sparse_loss(const LseState<A>& s, A x_label) {
+  return A(log(s.d) - (wide(x_label) - wide(s.m)));
 }
 
 // Loss of a dense row: sum_j y_j (logsumexp - x_j) = ysum * log_norm - yx.
 template <typename A> XENT_FN A dense_loss(const DenseState<A>& s) {
-  return s.ysum * log_acc(s.lse.d) - s.yx;
+  return A(s.ysum * log(s.lse.d) - s.yx);
 }
 
 // Softmax probability of x.
@@ -260,7 +264,8 @@ template <typename A> XENT_FN A probability(A x, A shift, A log_norm) {
 // ---------------------------------------------------------------------------
 // CPU row reduction: kLanes independent states; element j of the row goes to
 // lane j % kLanes. Blocks of kLanes * kUnroll elements first take the block
-// maximum per lane, rescale once, then add one exponential per element; the
+// maximum per lane, then sum one exponential per element into a per-lane
+// partial, and fold the partial into the lane's double sum; the
 // row's last, partial stretch is processed in kLanes-wide blocks padded with
 // -inf, which adds exactly zero. Lanes merge in a fixed halving tree. All of
 // it depends on C only.
@@ -268,28 +273,28 @@ constexpr int kLanes = 16;
 constexpr int kUnroll = 8;
 
 template <typename S, int U>
-XENT_FN void lanes_block(const S* x, typename Storage<S>::acc* m,
-                         typename Storage<S>::acc* d) {
+XENT_FN void lanes_block(const S* x, typename Storage<S>::acc* m, wide* d) {
   typedef typename Storage<S>::acc A;
-  A bm[kLanes];
-  for (int l = 0; l < kLanes; ++l) bm[l] = m[l];
+  A bm[kLanes], part[kLanes];
+  for (int l = 0; l < kLanes; ++l) { bm[l] = m[l]; part[l] = A(0); }
   for (int u = 0; u < U; ++u)
     for (int l = 0; l < kLanes; ++l)
       bm[l] = max_keep(bm[l], Storage<S>::load(x[u * kLanes + l]));
-  for (int l = 0; l < kLanes; ++l) {
-    d[l] = d[l] * exp_acc(m[l] - bm[l]);
-    m[l] = bm[l];
-  }
   for (int u = 0; u < U; ++u)
     for (int l = 0; l < kLanes; ++l)
-      d[l] += exp_acc(Storage<S>::load(x[u * kLanes + l]) - m[l]);
+      part[l] += exp_acc(Storage<S>::load(x[u * kLanes + l]) - bm[l]);
+  for (int l = 0; l < kLanes; ++l) {
+    d[l] = d[l] * wide(exp_acc(m[l] - bm[l])) + wide(part[l]);
+    m[l] = bm[l];
+  }
 }
 
 template <typename S>
-XENT_FN RowStats<typename Storage<S>::acc> row_stats_lanes(const S* x, int64_t C) {
+XENT_FN LseState<typename Storage<S>::acc> row_lse_lanes(const S* x, int64_t C) {
   typedef typename Storage<S>::acc A;
-  A m[kLanes], d[kLanes];
-  for (int l = 0; l < kLanes; ++l) { m[l] = Limits<A>::lowest(); d[l] = A(0); }
+  A m[kLanes];
+  wide d[kLanes];
+  for (int l = 0; l < kLanes; ++l) { m[l] = Limits<A>::lowest(); d[l] = 0.0; }
   int64_t j = 0;
   for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll)
     lanes_block<S, kUnroll>(x + j, m, d);
@@ -308,26 +313,24 @@ XENT_FN RowStats<typename Storage<S>::acc> row_stats_lanes(const S* x, int64_t C
       m[l] = a.m; d[l] = a.d;
     }
   LseState<A> s; s.m = m[0]; s.d = d[0];
-  return finish(s);
+  return s;
 }
 
 // Dense rows: the same lanes, with ysum and yx. Padding is masked out of the
 // label sums (0 * -inf would be NaN).
 template <typename S, int U>
 XENT_FN void dense_lanes_block(const S* x, const S* y, int valid,
-                               typename Storage<S>::acc* m,
-                               typename Storage<S>::acc* d,
-                               typename Storage<S>::acc* ysum,
-                               typename Storage<S>::acc* yx) {
+                               typename Storage<S>::acc* m, wide* d, wide* ysum,
+                               wide* yx) {
   typedef typename Storage<S>::acc A;
-  A bm[kLanes];
-  for (int l = 0; l < kLanes; ++l) bm[l] = m[l];
+  A bm[kLanes], part[kLanes];
+  for (int l = 0; l < kLanes; ++l) { bm[l] = m[l]; part[l] = A(0); }
   for (int u = 0; u < U; ++u)
     for (int l = 0; l < kLanes; ++l)
       bm[l] = max_keep(bm[l], Storage<S>::load(x[u * kLanes + l]));
   for (int l = 0; l < kLanes; ++l) {
-    yx[l] = yx[l] + ysum[l] * (m[l] - bm[l]);
-    d[l] = d[l] * exp_acc(m[l] - bm[l]);
+    yx[l] = yx[l] + ysum[l] * wide(m[l] - bm[l]);
+    d[l] = d[l] * wide(exp_acc(m[l] - bm[l]));
     m[l] = bm[l];
   }
   for (int u = 0; u < U; ++u)
@@ -335,19 +338,21 @@ XENT_FN void dense_lanes_block(const S* x, const S* y, int valid,
       const A xv = Storage<S>::load(x[u * kLanes + l]);
       const A yv = Storage<S>::load(y[u * kLanes + l]);
       const bool in = u * kLanes + l < valid;
-      d[l] += exp_acc(xv - m[l]);
-      yx[l] += in ? yv * (xv - m[l]) : A(0);
-      ysum[l] += in ? yv : A(0);
+      part[l] += exp_acc(xv - m[l]);
+      yx[l] += in ? wide(yv * (xv - m[l])) : 0.0;
+      ysum[l] += in ? wide(yv) : 0.0;
     }
+  for (int l = 0; l < kLanes; ++l) d[l] += wide(part[l]);
 }
 
 template <typename S>
 XENT_FN DenseState<typename Storage<S>::acc> dense_row_lanes(const S* x, const S* y,
                                                              int64_t C) {
   typedef typename Storage<S>::acc A;
-  A m[kLanes], d[kLanes], ysum[kLanes], yx[kLanes];
+  A m[kLanes];
+  wide d[kLanes], ysum[kLanes], yx[kLanes];
   for (int l = 0; l < kLanes; ++l) {
-    m[l] = Limits<A>::lowest(); d[l] = A(0); ysum[l] = A(0); yx[l] = A(0);
+    m[l] = Limits<A>::lowest(); d[l] = 0.0; ysum[l] = 0.0; yx[l] = 0.0;
   }
   int64_t j = 0;
   for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll)
@@ -400,17 +405,17 @@ XENT_FN void sparse_grad_row(const S* x, int64_t C, int64_t label,
 
 template <typename S>
 XENT_FN typename Storage<S>::acc label_sum(const S* y, int64_t C) {
-  // Same lane layout as the forward pass, so both see the same ysum.
+  // Same lane layout and order as the forward pass, so both see the same ysum.
   typedef typename Storage<S>::acc A;
-  A lanes[kLanes];
-  for (int l = 0; l < kLanes; ++l) lanes[l] = A(0);
+  wide lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = 0.0;
   int64_t j = 0;
   for (; j + kLanes <= C; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += Storage<S>::load(y[j + l]);
-  for (int l = 0; j + l < C; ++l) lanes[l] += Storage<S>::load(y[j + l]);
+    for (int l = 0; l < kLanes; ++l) lanes[l] += wide(Storage<S>::load(y[j + l]));
+  for (int l = 0; j + l < C; ++l) lanes[l] += wide(Storage<S>::load(y[j + l]));
   for (int w = kLanes / 2; w >= 1; w /= 2)
     for (int l = 0; l < w; ++l) lanes[l] = lanes[l] + lanes[l + w];
-  return lanes[0];
+  return A(lanes[0]);
 }
 
 template <typename S>
