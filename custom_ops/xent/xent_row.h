@@ -53,55 +53,87 @@ struct bf16_bits { uint16_t bits; };
 XENT_FN uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 XENT_FN float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
+// The conversions and the exponential below are written once for a scalar
+// (F = float, U = uint32_t) and, on the host, for a GCC vector of kLanes
+// floats: the same operations in the same order, so a lane of the vector
+// code gives the bits the scalar code gives.
+template <typename To, typename From> XENT_FN To bit_cast(const From& f) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
+  To t; memcpy(&t, &f, sizeof(To)); return t;
+}
+template <typename F> struct Lanes;  // F's unsigned and signed integer twins
+template <> struct Lanes<float> { typedef uint32_t U; typedef int32_t I; };
+template <typename F> XENT_FN F splat(float c) { return F{} + c; }
+template <typename U> XENT_FN U splat_u(uint32_t c) { return U{} + c; }
+XENT_FN float to_float(uint32_t u) { return float(u); }
+
+// The CPU kernels run kLanes independent accumulators (see row_lse_lanes).
+constexpr int kLanes = 16;
+constexpr int kUnroll = 8;
+
+#if !defined(__CUDACC__)
+#define XENT_HOST_VECTORS 1
+typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef uint32_t vuint __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+typedef uint16_t vu16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef double vwide __attribute__((vector_size(kLanes * sizeof(double))));
+template <> struct Lanes<vfloat> { typedef vuint U; typedef vint I; };
+// element-wise conversions (GCC 12 has no __builtin_convert_vector)
+template <typename To, typename From> XENT_FN To convert_lanes(const From& v) {
+  To r;
+  for (int l = 0; l < kLanes; ++l) r[l] = v[l];
+  return r;
+}
+XENT_FN vfloat to_float(vuint u) { return convert_lanes<vfloat>(u); }
+#endif
+
 // bfloat16 is the upper half of a float.
-XENT_FN float bf16_to_float(uint16_t b) { return bits_float(uint32_t(b) << 16); }
+template <typename F, typename U> XENT_FN F bf16_to_float_g(U b) { return bit_cast<F>(b << 16); }
 
 // Round to nearest even; NaN stays a (quiet) NaN.
-XENT_FN uint16_t float_to_bf16(float f) {
-  const uint32_t u = float_bits(f);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  const bool is_nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-  return is_nan ? uint16_t((u >> 16) | 0x0040u) : uint16_t(rounded);
+template <typename F, typename U> XENT_FN U float_to_bf16_g(F f) {
+  const U u = bit_cast<U>(f);
+  const U rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const U quiet = (u >> 16) | 0x0040u;  // (rounded, quiet: both U)
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? quiet : rounded;
 }
 
 // IEEE binary16 -> float, exact, including subnormals, inf and NaN. Half
 // subnormals are built as integer * 2^-24, which gives float normals and so
 // stays exact when the CPU treats float denormals as zero.
-XENT_FN float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t rest = uint32_t(h & 0x7FFFu) << 13;  // exponent and mantissa
-  const uint32_t exponent = h & 0x7C00u;
-  const uint32_t normal = rest + (uint32_t(127 - 15) << 23);
-  const uint32_t special = rest | 0x7F800000u;        // inf, NaN
-  const uint32_t subnormal = float_bits(float(h & 0x03FFu) * 5.9604644775390625e-8f);
-  const uint32_t magnitude =
-      exponent == 0x7C00u ? special : (exponent == 0 ? subnormal : normal);
-  return bits_float(sign | magnitude);
+template <typename F, typename U> XENT_FN F half_to_float_g(U h) {
+  const U sign = (h & 0x8000u) << 16;
+  const U rest = (h & 0x7FFFu) << 13;  // exponent and mantissa
+  const U exponent = h & 0x7C00u;
+  const U normal = rest + 0x38000000u;  // exponent + (127 - 15)
+  const U special = rest | 0x7F800000u;  // inf, NaN
+  const U subnormal = bit_cast<U>(to_float(h & 0x03FFu) * splat<F>(5.9604644775390625e-8f));
+  const U magnitude = exponent == 0x7C00u ? special : (exponent == 0u ? subnormal : normal);
+  return bit_cast<F>(sign | magnitude);
 }
 
 // float -> IEEE binary16 with round to nearest even, overflow to inf,
-// gradual underflow, NaN kept.
-XENT_FN uint16_t float_to_half(float f) {
-  const uint32_t u = float_bits(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t a = u & 0x7FFFFFFFu;
-  uint16_t out;
-  if (a >= 0x7F800000u) {                 // inf or NaN
-    out = uint16_t(a > 0x7F800000u ? 0x7E00u : 0x7C00u);
-  } else if (a >= 0x477FF000u) {          // rounds to >= 65520: inf
-    out = 0x7C00u;
-  } else if (a < 0x38800000u) {           // below the smallest half normal
-    // Adding 0.5 aligns the half subnormal grid with the float mantissa's
-    // last bits; the FPU rounds to nearest even for us.
-    const float v = bits_float(a) + 0.5f;
-    out = uint16_t(float_bits(v) - 0x3F000000u);
-  } else {                                // normal range
-    const uint32_t odd = (a >> 13) & 1u;
-    const uint32_t r = a + (uint32_t(15 - 127) << 23) + 0xFFFu + odd;
-    out = uint16_t(r >> 13);
-  }
-  return uint16_t(out | sign);
+// gradual underflow, NaN kept. Every case is computed, then selected.
+template <typename F, typename U> XENT_FN U float_to_half_g(F f) {
+  const U u = bit_cast<U>(f);
+  const U sign = (u >> 16) & 0x8000u;
+  const U a = u & 0x7FFFFFFFu;
+  // normal range: rebias the exponent, round at bit 13
+  const U normal = (a + 0xC8000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;  // exponent - 112
+  // below the smallest half normal: adding 0.5 aligns the half subnormal
+  // grid with the float mantissa's last bits; the FPU rounds to nearest even
+  const U subnormal = bit_cast<U>(bit_cast<F>(a) + splat<F>(0.5f)) - 0x3F000000u;
+  const U inf = splat_u<U>(0x7C00u);
+  const U nan_or_inf = a > 0x7F800000u ? splat_u<U>(0x7E00u) : inf;
+  const U finite = a >= 0x477FF000u ? inf : (a < 0x38800000u ? subnormal : normal);
+  return sign | (a >= 0x7F800000u ? nan_or_inf : finite);
 }
+
+XENT_FN float bf16_to_float(uint16_t b) { return bf16_to_float_g<float, uint32_t>(b); }
+XENT_FN uint16_t float_to_bf16(float f) { return uint16_t(float_to_bf16_g<float, uint32_t>(f)); }
+XENT_FN float half_to_float(uint16_t h) { return half_to_float_g<float, uint32_t>(h); }
+XENT_FN uint16_t float_to_half(float f) { return uint16_t(float_to_half_g<float, uint32_t>(f)); }
 
 template <typename S> struct Storage;
 template <> struct Storage<float> {
@@ -147,32 +179,34 @@ template <typename A> XENT_FN A max_keep(A a, A b) { return b > a ? b : a; }
 // evaluate the same polynomial: exp(x) = 2^n * exp(r), n = round(x / ln 2),
 // r = x - n ln 2 in two pieces, exp(r) by a degree-6 minimax polynomial
 // (Cephes' coefficients), within 2 ulp of exp for x in [-87, 88]. Below -87
-// it returns 0 (exp(-87) < 1.7e-38), above 88 +inf; NaN gives NaN. The op
-// evaluates it only at x - shift <= 0.
-XENT_FN float exp_acc(float x) {
-  const float lo = -87.0f, hi = 88.0f;
-  float xc = x < lo ? lo : x;
+// it returns 0 (exp(-87) < 1.7e-38; the result is never subnormal), above
+// 88 +inf; NaN gives NaN. The op evaluates it only at x - shift <= 0.
+template <typename F> XENT_FN F exp_g(F x) {
+  typedef typename Lanes<F>::I I;
+  const F lo = splat<F>(-87.0f), hi = splat<F>(88.0f);
+  F xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
   // round to nearest via the 1.5 * 2^23 trick (exact for |t| < 2^22)
-  const float t = xc * 1.44269504088896341f + 12582912.0f;
-  const float n = t - 12582912.0f;
-  const int32_t ni = int32_t(float_bits(t)) - 0x4B400000;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = (p * r) * r + r + 1.0f;
-  const float scale = bits_float(uint32_t(ni + 127) << 23);
-  float y = er * scale;
-  y = x < lo ? 0.0f : y;
-  y = x > hi ? Limits<float>::infinity() : y;
+  const F t = xc * splat<F>(1.44269504088896341f) + splat<F>(12582912.0f);
+  const F n = t - splat<F>(12582912.0f);
+  const I ni = bit_cast<I>(t) - 0x4B400000;
+  F r = xc - n * splat<F>(0.693359375f);
+  r = r - n * splat<F>(-2.12194440e-4f);
+  F p = splat<F>(1.9875691500e-4f);
+  p = p * r + splat<F>(1.3981999507e-3f);
+  p = p * r + splat<F>(8.3334519073e-3f);
+  p = p * r + splat<F>(4.1665795894e-2f);
+  p = p * r + splat<F>(1.6666665459e-1f);
+  p = p * r + splat<F>(5.0000001201e-1f);
+  const F er = (p * r) * r + r + splat<F>(1.0f);
+  const F scale = bit_cast<F>((ni + 127) << 23);
+  F y = er * scale;
+  y = x < lo ? splat<F>(0.0f) : y;
+  y = x > hi ? splat<F>(Limits<float>::infinity()) : y;
   y = x != x ? x : y;
   return y;
 }
+XENT_FN float exp_acc(float x) { return exp_g<float>(x); }
 XENT_FN double exp_acc(double x) { return exp(x); }
 
 // ---------------------------------------------------------------------------
@@ -269,9 +303,6 @@ template <typename A> XENT_FN A probability(A x, A shift, A log_norm) {
 // row's last, partial stretch is processed in kLanes-wide blocks padded with
 // -inf, which adds exactly zero. Lanes merge in a fixed halving tree. All of
 // it depends on C only.
-constexpr int kLanes = 16;
-constexpr int kUnroll = 8;
-
 template <typename S, int U>
 XENT_FN void lanes_block(const S* x, typename Storage<S>::acc* m, wide* d) {
   typedef typename Storage<S>::acc A;
@@ -289,11 +320,69 @@ XENT_FN void lanes_block(const S* x, typename Storage<S>::acc* m, wide* d) {
   }
 }
 
+#if XENT_HOST_VECTORS
+// The same block in GCC vector code, for the float-accumulating types: each
+// vector element is one lane, and performs exactly the scalar lane's
+// operations (so the two agree bit for bit).
+template <typename S> struct VecIO;
+template <> struct VecIO<float> {
+  static XENT_FN vfloat load(const float* x) { vfloat v; memcpy(&v, x, sizeof v); return v; }
+  static XENT_FN void store(float* p, vfloat v) { memcpy(p, &v, sizeof v); }
+};
+template <> struct VecIO<half_bits> {
+  static XENT_FN vfloat load(const half_bits* x) {
+    vu16 h; memcpy(&h, x, sizeof h);
+    return half_to_float_g<vfloat, vuint>(convert_lanes<vuint>(h));
+  }
+  static XENT_FN void store(half_bits* p, vfloat v) {
+    const vu16 h = convert_lanes<vu16>(float_to_half_g<vfloat, vuint>(v));
+    memcpy(p, &h, sizeof h);
+  }
+};
+template <> struct VecIO<bf16_bits> {
+  static XENT_FN vfloat load(const bf16_bits* x) {
+    vu16 h; memcpy(&h, x, sizeof h);
+    return bf16_to_float_g<vfloat, vuint>(convert_lanes<vuint>(h));
+  }
+  static XENT_FN void store(bf16_bits* p, vfloat v) {
+    const vu16 h = convert_lanes<vu16>(float_to_bf16_g<vfloat, vuint>(v));
+    memcpy(p, &h, sizeof h);
+  }
+};
+
+template <typename S, int U>
+XENT_FN void lanes_block_vec(const S* x, vfloat& m, vwide& d) {
+  vfloat bm = m, part = splat<vfloat>(0.0f);
+  for (int u = 0; u < U; ++u) {
+    const vfloat v = VecIO<S>::load(x + u * kLanes);
+    bm = v > bm ? v : bm;  // max_keep
+  }
+  for (int u = 0; u < U; ++u) part += exp_g(VecIO<S>::load(x + u * kLanes) - bm);
+  d = d * convert_lanes<vwide>(exp_g(m - bm)) + convert_lanes<vwide>(part);
+  m = bm;
+}
+
 template <typename S>
-XENT_FN LseState<typename Storage<S>::acc> row_lse_lanes(const S* x, int64_t C) {
+XENT_FN void row_lanes_vec(const S* x, int64_t C, float* m_out, wide* d_out) {
+  vfloat m = splat<vfloat>(Limits<float>::lowest());
+  vwide d = vwide{} + 0.0;
+  int64_t j = 0;
+  for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll) lanes_block_vec<S, kUnroll>(x + j, m, d);
+  for (; j + kLanes <= C; j += kLanes) lanes_block_vec<S, 1>(x + j, m, d);
+  if (j < C) {
+    S pad[kLanes];
+    const S minus_inf = Storage<S>::store(-Limits<float>::infinity());
+    for (int l = 0; l < kLanes; ++l) pad[l] = j + l < C ? x[j + l] : minus_inf;
+    lanes_block_vec<S, 1>(pad, m, d);
+  }
+  memcpy(m_out, &m, sizeof m);
+  memcpy(d_out, &d, sizeof d);
+}
+#endif  // XENT_HOST_VECTORS
+
+template <typename S>
+XENT_FN void row_lanes_scalar(const S* x, int64_t C, typename Storage<S>::acc* m, wide* d) {
   typedef typename Storage<S>::acc A;
-  A m[kLanes];
-  wide d[kLanes];
   for (int l = 0; l < kLanes; ++l) { m[l] = Limits<A>::lowest(); d[l] = 0.0; }
   int64_t j = 0;
   for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll)
@@ -305,6 +394,25 @@ XENT_FN LseState<typename Storage<S>::acc> row_lse_lanes(const S* x, int64_t C) 
     for (int l = 0; l < kLanes; ++l) pad[l] = j + l < C ? x[j + l] : minus_inf;
     lanes_block<S, 1>(pad, m, d);
   }
+}
+
+template <typename S> XENT_FN void row_lanes(const S* x, int64_t C, float* m, wide* d) {
+#if XENT_HOST_VECTORS
+  row_lanes_vec<S>(x, C, m, d);
+#else
+  row_lanes_scalar<S>(x, C, m, d);
+#endif
+}
+XENT_FN void row_lanes(const double* x, int64_t C, double* m, wide* d) {
+  row_lanes_scalar<double>(x, C, m, d);
+}
+
+template <typename S>
+XENT_FN LseState<typename Storage<S>::acc> row_lse_lanes(const S* x, int64_t C) {
+  typedef typename Storage<S>::acc A;
+  A m[kLanes];
+  wide d[kLanes];
+  row_lanes(x, C, m, d);
   for (int w = kLanes / 2; w >= 1; w /= 2)
     for (int l = 0; l < w; ++l) {
       LseState<A> a; a.m = m[l]; a.d = d[l];
@@ -397,7 +505,16 @@ XENT_FN void sparse_grad_row(const S* x, int64_t C, int64_t label,
     for (int64_t j = 0; j < C; ++j) dx[j] = nan;
     return;
   }
-  for (int64_t j = 0; j < C; ++j)
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(A) == sizeof(float)) {
+    for (; j + kLanes <= C; j += kLanes) {
+      const vfloat p = exp_g((VecIO<S>::load(x + j) - r.shift) - r.log_norm);
+      VecIO<S>::store(dx + j, g * p);
+    }
+  }
+#endif
+  for (; j < C; ++j)
     dx[j] = Storage<S>::store(g * probability(Storage<S>::load(x[j]), r.shift, r.log_norm));
   const A pl = probability(Storage<S>::load(x[label]), r.shift, r.log_norm);
   dx[label] = Storage<S>::store(g * (pl - A(1)));
