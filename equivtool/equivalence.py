@@ -41,6 +41,7 @@ draw on both sides, and only the weights carry state from step to step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
@@ -145,65 +146,87 @@ class _StepTolerances:
 # --------------------------------------------------------------------------
 
 class _ConstantPair:
-    """One TF1 graph and one TF2 layer under ``constant`` mode, built lazily."""
+    """One TF1 graph and one TF2 layer under ``constant`` mode, built lazily.
+
+    Without a strategy the TF2 layer's first call is the inference pass and its
+    second (guarded) call the training pass, which also yields the gradients.
+    With a strategy the first call creates the variables in cross-replica
+    context (on the thread the random tool covers), and the distributed
+    inference pass is the guarded second call and yields the gradients.
+    """
 
     def __init__(self, engine: "_Engine"):
         self.engine = engine
         e = engine
+        self.distributed = e.strategy is not None
         self.tf1_tool = DeterministicRandomTestTool(seed=e.seed, mode="constant")
         self.tf2_tool = DeterministicRandomTestTool(seed=e.seed, mode="constant")
+        started = time.perf_counter()
         self.tf1 = TF1Side(e.tf1_fn, e.inputs, renamer=e.renamer, loss_fn=e.loss_fn,
                            disable_arithmetic_optimization=e.disable_arithmetic_optimization,
                            random_tool=self.tf1_tool)
-        self.inference = self.tf1.forward(training=False)
-        self.training = self.tf1.forward(training=True, with_gradients=e.want_gradients)
-        with self.tf2_tool.scope():
+        self.inference = self.tf1.forward(training=False,
+                                          with_gradients=e.want_gradients and self.distributed)
+        self.training = None if self.distributed else self.tf1.forward(
+            training=True, with_gradients=e.want_gradients)
+        with _strategy_scope(e.strategy), self.tf2_tool.scope():
             self.layer = e.new_layer()
+            if self.distributed:
+                self.layer(tf.nest.map_structure(tf.convert_to_tensor, e.inputs), training=False)
         self.tf2 = TF2Side(self.layer, renamer=e.renamer, loss_fn=e.loss_fn,
-                           use_tf_function=e.tf_function)
-        self.tf2_first = None
-        self.second_call_error: BaseException | None = None
+                           use_tf_function=e.tf_function, strategy=e.strategy)
+        self.build_seconds = time.perf_counter() - started
         self._tf1_results: dict = {}
         self._tf2_results: dict = {}
 
-    def tf2_inference(self):
-        if "inference" not in self._tf2_results:
+    def _tf2_call(self, key: str, training: bool, with_gradients: bool, guarded: bool):
+        if key not in self._tf2_results:
             with self.tf2_tool.scope():
-                self._tf2_results["inference"] = self.tf2.forward(self.engine.inputs, training=False)
-        return self._tf2_results["inference"]
+                guard = assert_no_variable_creations() if guarded else contextlib.nullcontext()
+                with guard:
+                    self._tf2_results[key] = self.tf2.forward(self.engine.inputs, training=training,
+                                                              with_gradients=with_gradients)
+        return self._tf2_results[key]
+
+    def tf2_inference(self):
+        if self.distributed:
+            return self._tf2_call("inference", False, self.engine.want_gradients, guarded=True)
+        return self._tf2_call("inference", False, False, guarded=False)
 
     def tf2_training(self):
-        """The layer's second call; it must create no variable (step 1)."""
-        if "training" not in self._tf2_results:
-            self.tf2_inference()
-            with self.tf2_tool.scope():
-                try:
-                    with assert_no_variable_creations():
-                        result = self.tf2.forward(self.engine.inputs, training=True,
-                                                  with_gradients=self.engine.want_gradients)
-                except VariableCreationError as exc:
-                    self.second_call_error = exc
-                    raise
-            self._tf2_results["training"] = result
-        return self._tf2_results["training"]
+        """Without a strategy: the layer's second call; it must create no variable (step 1)."""
+        if self.distributed:
+            raise _SkipStep(_DISTRIBUTED_TRAINING)
+        self.tf2_inference()
+        return self._tf2_call("training", True, self.engine.want_gradients, guarded=True)
 
-    def tf1_inference(self):
-        if "inference" not in self._tf1_results:
-            f = self.inference
-            self._tf1_results["inference"] = self.tf1.run((f.outputs, f.regularization))
-        return self._tf1_results["inference"]
+    def tf2_second_call(self):
+        return self.tf2_inference() if self.distributed else self.tf2_training()
 
-    def tf1_training(self):
-        if "training" not in self._tf1_results:
-            self.tf1_inference()
-            f = self.training
-            fetches = (f.outputs, f.regularization, f.loss, f.gradients)
+    def _tf1_fetch(self, key: str, forward):
+        if key not in self._tf1_results:
+            fetches = (forward.outputs, forward.regularization, forward.loss, forward.gradients)
             wanted = tuple(x for x in fetches if x is not None)
             # Eager training calls update batch-norm statistics as they run; the
             # TF1 pass runs its UPDATE_OPS alongside so both sides stay equal.
-            values = iter(self.tf1.run(wanted, update_ops=f.update_ops))
-            self._tf1_results["training"] = tuple(None if x is None else next(values) for x in fetches)
-        return self._tf1_results["training"]
+            values = iter(self.tf1.run(wanted, update_ops=forward.update_ops))
+            self._tf1_results[key] = tuple(None if x is None else next(values) for x in fetches)
+        return self._tf1_results[key]
+
+    def tf1_inference(self):
+        return self._tf1_fetch("inference", self.inference)
+
+    def tf1_training(self):
+        if self.distributed:
+            raise _SkipStep(_DISTRIBUTED_TRAINING)
+        self.tf1_inference()
+        return self._tf1_fetch("training", self.training)
+
+    def gradients(self) -> tuple:
+        """``(tf1 loss, tf1 gradients, tf2 loss, tf2 gradients)``."""
+        tf1 = self.tf1_inference() if self.distributed else self.tf1_training()
+        tf2 = self.tf2_second_call()
+        return tf1[2], tf1[3], tf2[2], tf2[3]
 
     def snapshot(self) -> tuple:
         return self.tf1.read_variables(), self.tf2.read_variables()
@@ -224,8 +247,9 @@ class _ConstantPair:
 class _Engine:
     def __init__(self, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances,
                  loss_fn, optimizers, train_steps, checkpoint, rename, tf_function,
-                 disable_arithmetic_optimization, seed, progress):
+                 disable_arithmetic_optimization, seed, progress, strategy=None):
         self.tf1_fn = tf1_fn
+        self.strategy = strategy
         self.inputs = inputs
         self.steps = steps
         self.modes = modes
@@ -314,13 +338,15 @@ class _Engine:
 
     def step_variables_once(self) -> StepResult:
         pair = self.pair
+        notes = [f"includes building the shared TF1 graph and TF2 layer ({pair.build_seconds:.1f}s)"]
         try:
-            pair.tf2_training()
+            pair.tf2_second_call()
         except VariableCreationError as exc:
             return StepResult("variables_once", _TITLES["variables_once"], "failed", 0.0,
-                              message=str(exc))
+                              message=str(exc), notes=notes)
+        which = "distributed inference" if pair.distributed else "training=True"
         return StepResult("variables_once", _TITLES["variables_once"], "passed", 0.0,
-                          message="the second call (training=True) created no variable",
+                          message=f"the second call ({which}) created no variable", notes=notes,
                           data={"variables": len(pair.layer.variables)})
 
     def step_parity(self) -> StepResult:
@@ -344,7 +370,7 @@ class _Engine:
         pair = self.pair
 
         def inference():
-            tf1_out, tf1_reg = pair.tf1_inference()
+            tf1_out, tf1_reg, _, _ = pair.tf1_inference()
             tf2_out, tf2_reg, _, _ = pair.tf2_inference()
             return self.compare_step("random/constant/inference",
                                      [("outputs", tf1_out, tf2_out),
@@ -361,13 +387,14 @@ class _Engine:
 
     def step_gradients(self) -> StepResult:
         pair = self.pair
-        _, _, tf1_loss, tf1_grads = pair.tf1_training()
-        _, _, tf2_loss, tf2_grads = pair.tf2_training()
+        tf1_loss, tf1_grads, tf2_loss, tf2_grads = pair.gradients()
         missing = sorted(set(tf1_grads) ^ set(tf2_grads))
         notes = [f"loss: TF1 {float(tf1_loss):.9g}, TF2 {float(tf2_loss):.9g}"]
         if missing:
             notes.append("gradients present on one side only: " + ", ".join(missing[:10]))
         tf1_ordered = {k: tf1_grads[k] for k in pair.tf1.keys if k in tf1_grads}
+        if pair.distributed:
+            notes.append(_DISTRIBUTED_NOTE)
         return self.compare_step("gradients",
                                  [("loss", np.float32(tf1_loss), np.float32(tf2_loss)),
                                   ("gradients", tf1_ordered, tf2_grads)],
@@ -399,13 +426,13 @@ class _Engine:
             raise _SkipStep("no optimizers given: pass optimizers=(make_tf1_optimizer, make_tf2_optimizer)")
         make_tf1, make_tf2 = self.optimizers
         pair = self.pair
-        pair.tf1_training()  # both sides' batch-norm statistics have seen one training pass
-        pair.tf2_training()
+        training = not pair.distributed
+        pair.gradients()  # both sides have had the same calls (batch-norm statistics included)
         saved = pair.snapshot()
         try:
-            # A forward pass of its own, so that its random ops start fresh like
-            # the tf.function below.
-            forward = pair.tf1.forward(training=True, with_gradients=False)
+            # A forward pass of its own: its random ops are not shared with the
+            # training-output comparison.
+            forward = pair.tf1.forward(training=training, with_gradients=False)
             with pair.tf1.graph.as_default():
                 loss = pair.tf1.loss_fn(forward.outputs, forward.regularization)
                 optimizer = make_tf1()
@@ -414,31 +441,19 @@ class _Engine:
                 known = set(pair.tf1.variables)
                 new_vars = [v for v in tf.compat.v1.global_variables() if v not in known]
                 pair.tf1.session.run(tf.compat.v1.variables_initializer(new_vars))
-            tf2_optimizer = make_tf2()
-            layer, loss_fn = pair.layer, pair.tf2.loss_fn
-            # Slot variables made inside a traced step would make it trace twice.
-            _build_optimizer(tf2_optimizer, layer.trainable_variables)
-
-            def tf2_step(x):
-                with tf.GradientTape() as tape:
-                    outputs = layer(x, training=True)
-                    losses = layer.losses
-                    step_loss = loss_fn(outputs, tf.add_n(losses) if losses else None)
-                grads = tape.gradient(step_loss, layer.trainable_variables)
-                tf2_optimizer.apply_gradients(
-                    [(g, v) for g, v in zip(grads, layer.trainable_variables) if g is not None])
-                return step_loss
+            with _strategy_scope(self.strategy):
+                tf2_optimizer = make_tf2()
+                # Slot variables made inside a traced step would make it trace twice.
+                _build_optimizer(tf2_optimizer, pair.layer.trainable_variables)
 
             comparisons, failed_at = [], None
-            x = tf.nest.map_structure(tf.convert_to_tensor, self.inputs)
             for step in range(self.train_steps):
                 # Every step sees each random op's first draw on both sides: a
                 # new TF1 session, and a new op per eager call (or per trace).
                 pair.tf1.renew_session()
                 tf1_loss, _ = pair.tf1.run((loss, train_op))
                 with pair.tf2_tool.scope():
-                    step_fn = tf.function(tf2_step) if self.tf_function else tf2_step
-                    tf2_loss = step_fn(x).numpy()
+                    tf2_loss = pair.tf2.train_step(self.inputs, tf2_optimizer, training=training)
                 tf1_vars = {k: v for k, v in pair.tf1.read_variables().items()
                             if k in set(pair.tf2.keys())}
                 spec = self.tolerances.get("optimizer", step)
@@ -452,6 +467,8 @@ class _Engine:
             pair.restore(saved)
         notes = [f"{self.train_steps} steps of {type(optimizer).__name__} (TF1) vs "
                  f"{type(tf2_optimizer).__name__} (TF2)"]
+        if pair.distributed:
+            notes.append(_DISTRIBUTED_NOTE)
         if failed_at is not None:
             notes.append(f"first step that exceeds tolerance: {failed_at}")
         return StepResult.from_comparisons("optimizer", _TITLES["optimizer"], comparisons, notes=notes,
@@ -507,6 +524,10 @@ class _Engine:
 
     def step_random_fresh(self, mode: str, training: bool) -> StepResult:
         name = f"random/{mode}/{'training' if training else 'inference'}"
+        if self.strategy is not None:
+            raise _SkipStep("not run under a distribution strategy: replica functions run on other "
+                            "threads, outside the random tool's scope, so num_random_ops counts differ; "
+                            "the constant-mode steps cover the distributed layer")
         tf1_tool = DeterministicRandomTestTool(seed=self.seed, mode=mode)
         tf1 = TF1Side(self.tf1_fn, self.inputs, renamer=self.renamer, loss_fn=self.loss_fn,
                       disable_arithmetic_optimization=self.disable_arithmetic_optimization,
@@ -575,6 +596,18 @@ class _SkipStep(Exception):
     """Raised inside a step that cannot run with the given arguments."""
 
 
+_DISTRIBUTED_TRAINING = (
+    "not comparable under a distribution strategy: each replica normalises with its own batch "
+    "statistics and draws its own dropout masks, so training-mode outputs differ from a single "
+    "device by design (gradients and optimizer steps are compared with training=False)")
+_DISTRIBUTED_NOTE = ("under a distribution strategy: computed with training=False on both sides; "
+                     "gradients are all-reduced across replicas")
+
+
+def _strategy_scope(strategy):
+    return contextlib.nullcontext() if strategy is None else strategy.scope()
+
+
 def _build_optimizer(optimizer, variables) -> None:
     """Create a Keras optimizer's slot variables now (new and legacy optimizers)."""
     if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
@@ -631,6 +664,7 @@ def check_equivalence(
     seed: int = 42,
     progress: Callable[[StepResult], None] | None = None,
     meta: Mapping[str, Any] | None = None,
+    strategy: tf.distribute.Strategy | None = None,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -669,6 +703,13 @@ def check_equivalence(
       seed: the random tool's seed.
       progress: called with each :class:`StepResult` as soon as it is known.
       meta: extra information stored in the report (model name, ...).
+      strategy: run the TF2 side under this ``tf.distribute`` strategy: the batch
+        (a multiple of the replica count) is split across replicas, outputs are
+        gathered, gradients all-reduced, and everything is compared with the
+        single-device TF1 results. Per-replica batch statistics and dropout masks
+        make training-mode outputs differ by design, so under a strategy the
+        training-output steps are skipped with that reason and gradients and
+        optimizer steps use ``training=False`` on both sides.
     """
     if not callable(tf1_fn):
         raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}")
@@ -689,6 +730,8 @@ def check_equivalence(
                                        and all(callable(o) for o in optimizers)):
         raise TypeError("optimizers: expected a pair (make_tf1_optimizer, make_tf2_optimizer) of "
                         "zero-argument callables")
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(f"strategy: expected a tf.distribute.Strategy, got {type(strategy).__name__}")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn: expected a callable loss_fn(outputs, regularization_loss), got {loss_fn!r}")
     engine = _Engine(tf1_fn, tf2_layer, inputs, steps=selected, modes=selected_modes,
@@ -696,7 +739,7 @@ def check_equivalence(
                      optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
                      rename=rename, tf_function=tf_function,
                      disable_arithmetic_optimization=disable_arithmetic_optimization,
-                     seed=seed, progress=progress)
+                     seed=seed, progress=progress, strategy=strategy)
     results = engine.run()
     info = {
         "tensorflow": tf.__version__,
@@ -706,6 +749,8 @@ def check_equivalence(
         "disable_arithmetic_optimization": disable_arithmetic_optimization,
         "seed": seed,
         "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(inputs)],
+        "strategy": None if strategy is None else
+        f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
     }
     info.update(meta or {})
     return EquivalenceReport(tuple(results), info)

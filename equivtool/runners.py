@@ -292,57 +292,92 @@ class TF1Side:
 # --------------------------------------------------------------------------
 
 class TF2Side:
-    """The user's TF2 layer, called eagerly or inside ``tf.function``."""
+    """The user's TF2 layer, called eagerly, inside ``tf.function``, or under a
+    ``tf.distribute`` strategy.
+
+    With a strategy the batch is split evenly across replicas (in replica
+    order), outputs are gathered back into one batch, and gradients are summed
+    across replicas from per-replica losses scaled by ``1 / replicas``: for a
+    loss that is a mean over the batch (the default loss is), that is the
+    gradient of the single-device loss.
+    """
 
     def __init__(self, layer, *, renamer: Callable[[str], str], loss_fn: Callable | None,
-                 use_tf_function: bool = False):
+                 use_tf_function: bool = False, strategy=None):
         self.layer = layer
         self.renamer = renamer
         self.loss_fn = loss_fn or default_loss
         self.use_tf_function = use_tf_function
+        self.strategy = strategy
         self._functions: dict = {}
 
-    def _call(self, inputs, training: bool):
-        if not self.use_tf_function:
-            return self.layer(inputs, training=training)
-        fn = self._functions.get(training)
-        if fn is None:
-            layer = self.layer
-            fn = tf.function(lambda x: layer(x, training=training), autograph=True)
-            self._functions[training] = fn
-        return fn(inputs)
+    # -- one replica's work ---------------------------------------------------
 
-    @staticmethod
-    def regularization(layer):
-        losses = layer.losses
-        return tf.add_n(losses) if losses else None
+    def _replica_step(self, inputs, training: bool, with_gradients: bool, optimizer=None,
+                      loss_scale: float = 1.0):
+        layer = self.layer
+        with tf.GradientTape() as tape:
+            outputs = layer(inputs, training=training)
+            losses = layer.losses
+            regularization = tf.add_n(losses) if losses else tf.constant(0.0)
+            loss = scaled = None
+            if with_gradients:
+                loss = self.loss_fn(outputs, regularization if losses else None)
+                scaled = loss * loss_scale if loss_scale != 1.0 else loss
+        gradients = None
+        if with_gradients:
+            trainable = layer.trainable_variables
+            gradients = tape.gradient(scaled, trainable)
+            if optimizer is not None:
+                optimizer.apply_gradients([(g, v) for g, v in zip(gradients, trainable) if g is not None])
+        return outputs, regularization, loss, gradients
+
+    def _step_function(self, training, with_gradients, optimizer, fresh: bool):
+        """The replica step, wrapped in ``tf.function`` when asked (cached unless ``fresh``)."""
+        def step(x, scale):
+            return self._replica_step(x, training, with_gradients, optimizer, scale)
+        if not self.use_tf_function:
+            return step
+        key = (training, with_gradients, id(optimizer))
+        if fresh or key not in self._functions:
+            self._functions[key] = tf.function(step)
+        return self._functions[key]
+
+    # -- calls --------------------------------------------------------------
+
+    def _run(self, inputs, training, with_gradients, optimizer=None, fresh=False):
+        inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+        step = self._step_function(training, with_gradients, optimizer, fresh)
+        if self.strategy is None:
+            return step(inputs, 1.0)
+        strategy = self.strategy
+        replicas = strategy.num_replicas_in_sync
+        split = split_batch(inputs, replicas)
+        distributed = strategy.experimental_distribute_values_from_function(
+            lambda ctx: split[ctx.replica_id_in_sync_group])
+        outputs, regularization, loss, gradients = strategy.run(step, args=(distributed, 1.0 / replicas))
+        outputs = tf.nest.map_structure(lambda t: _gather(strategy, t), outputs)
+        regularization = strategy.experimental_local_results(regularization)[0]
+        if with_gradients:
+            loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None) / replicas
+            if optimizer is None:
+                gradients = [None if g is None else strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None)
+                             for g in gradients]
+        return outputs, regularization, loss, gradients
 
     def forward(self, inputs, training: bool, with_gradients: bool = False):
         """Return ``(outputs, regularization, loss, gradients_by_key)`` as NumPy."""
-        inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
-        if not with_gradients:
-            outputs = self._call(inputs, training)
-            reg = self.regularization(self.layer)
-            return to_numpy(outputs), None if reg is None else reg.numpy(), None, None
-        with tf.GradientTape() as tape:
-            outputs = self._call(inputs, training)
-            reg = self.regularization(self.layer)
-            loss = self.loss_fn(outputs, reg)
-        trainable = self.layer.trainable_variables
-        grads = tape.gradient(loss, trainable)
-        gradients = {variable_key(v.name, self.renamer): g.numpy()
-                     for v, g in zip(trainable, grads) if g is not None}
-        return (to_numpy(outputs), None if reg is None else reg.numpy(), float(loss.numpy()),
-                gradients)
+        outputs, regularization, loss, gradients = self._run(inputs, training, with_gradients)
+        gradients_by_key = None
+        if with_gradients:
+            gradients_by_key = {variable_key(v.name, self.renamer): g.numpy()
+                                for v, g in zip(self.layer.trainable_variables, gradients) if g is not None}
+            loss = float(loss.numpy())
+        return to_numpy(outputs), float(regularization.numpy()), loss, gradients_by_key
 
     def train_step(self, inputs, optimizer, training: bool = True) -> float:
-        inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
-        with tf.GradientTape() as tape:
-            outputs = self._call(inputs, training)
-            loss = self.loss_fn(outputs, self.regularization(self.layer))
-        trainable = self.layer.trainable_variables
-        grads = tape.gradient(loss, trainable)
-        optimizer.apply_gradients([(g, v) for g, v in zip(grads, trainable) if g is not None])
+        """One optimizer step; with ``tf.function``, a new trace (so random ops start over)."""
+        _, _, loss, _ = self._run(inputs, training, True, optimizer=optimizer, fresh=True)
         return float(loss.numpy())
 
     def keys(self) -> list[str]:
@@ -356,6 +391,25 @@ class TF2Side:
             key = variable_key(variable.name, self.renamer)
             if key in values_by_key:
                 variable.assign(values_by_key[key])
+
+
+def split_batch(inputs, parts: int) -> list:
+    """Split every input leaf into ``parts`` equal consecutive slices along axis 0."""
+    leaves = flatten_tensors(inputs)
+    batch = int(leaves[0].shape[0]) if leaves[0].shape.rank else 0
+    if batch % parts or batch == 0:
+        raise ValueError(
+            f"inputs: a batch of {batch} cannot be split evenly across {parts} replicas; use a "
+            f"batch size that is a multiple of {parts}")
+    size = batch // parts
+    return [pack_like(inputs, [leaf[i * size:(i + 1) * size] for leaf in leaves]) for i in range(parts)]
+
+
+def _gather(strategy, value):
+    first = strategy.experimental_local_results(value)[0]
+    if first.shape.rank == 0:  # a per-replica scalar cannot be concatenated; take replica 0's
+        return first
+    return strategy.gather(value, axis=0)
 
 
 def snapshot_layer(layer) -> list:
