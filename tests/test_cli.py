@@ -68,3 +68,27 @@ def test_doctor_reports_versions_and_fixes():
     for fragment in ("tensorflow      2.", "tf-slim         1.1.0", "legacy Keras    active",
                      "tf-slim fix     aliased", "xent op"):
         assert fragment in result.stdout
+
+
+def test_audit_reproducible_step_exits_zero(tmp_path):
+    out = tmp_path / "audit.json"
+    result = run_cli("audit", "audit_targets:reproducible_step", "--runs", "3", "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(out.read_text())["reproducible"] is True
+
+
+def test_audit_unseeded_step_exits_one_and_names_the_culprit():
+    result = run_cli("audit", "audit_targets:unseeded_step", "--runs", "3")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "audit_targets.py" in result.stdout  # the source line of the unseeded op
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["audit", "audit_targets:nope", "--runs", "3"], "nope"),
+    (["audit", "audit_targets:reproducible_step", "--runs", "1"], "--runs"),
+])
+def test_audit_bad_arguments_exit_two(args, fragment, capsys, monkeypatch):
+    monkeypatch.chdir(TESTS)
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
