@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "distributed_worker.py")

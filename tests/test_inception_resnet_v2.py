@@ -15,7 +15,6 @@ import equivtool
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_slim as slim
 
 from examples.inception_resnet_v2 import keras_shim, tf1_model
 from examples.inception_resnet_v2.tf1_model import ENDPOINTS
