@@ -169,12 +169,17 @@ class _ConstantPair:
                                           with_gradients=e.want_gradients and self.distributed)
         self.training = None if self.distributed else self.tf1.forward(
             training=True, with_gradients=e.want_gradients)
+        # A layer instance built before the check got its initial values
+        # elsewhere: it receives the TF1 graph's instead (noted in the steps).
+        self.prebuilt = e.user_layer is not None and bool(getattr(e.user_layer, "built", False))
         with _strategy_scope(e.strategy), self.tf2_tool.scope():
             self.layer = e.new_layer()
             if self.distributed:
                 self.layer(tf.nest.map_structure(tf.convert_to_tensor, e.inputs), training=False)
         self.tf2 = TF2Side(self.layer, renamer=e.renamer, loss_fn=e.loss_fn,
                            use_tf_function=e.tf_function, strategy=e.strategy)
+        if self.prebuilt:
+            self.tf2.assign_variables(self.tf1.read_variables())
         self.build_seconds = time.perf_counter() - started
         self._tf1_results: dict = {}
         self._tf2_results: dict = {}
@@ -368,13 +373,14 @@ class _Engine:
 
     def step_random_constant(self) -> None:
         pair = self.pair
+        notes = [_PREBUILT_NOTE] if pair.prebuilt else []
 
         def inference():
             tf1_out, tf1_reg, _, _ = pair.tf1_inference()
             tf2_out, tf2_reg, _, _ = pair.tf2_inference()
             return self.compare_step("random/constant/inference",
                                      [("outputs", tf1_out, tf2_out),
-                                      ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))])
+                                      ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))], notes=notes)
         self.run_step("random/constant/inference", inference)
 
         def training():
@@ -382,7 +388,7 @@ class _Engine:
             tf2_out, tf2_reg, _, _ = pair.tf2_training()
             return self.compare_step("random/constant/training",
                                      [("outputs", tf1_out, tf2_out),
-                                      ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))])
+                                      ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))], notes=notes)
         self.run_step("random/constant/training", training)
 
     def step_gradients(self) -> StepResult:
@@ -600,6 +606,8 @@ _DISTRIBUTED_TRAINING = (
     "not comparable under a distribution strategy: each replica normalises with its own batch "
     "statistics and draws its own dropout masks, so training-mode outputs differ from a single "
     "device by design (gradients and optimizer steps are compared with training=False)")
+_PREBUILT_NOTE = ("tf2_layer was built before the check, so its variables were given the TF1 graph's "
+                  "initial values: initializers are not compared (pass a factory to compare them)")
 _DISTRIBUTED_NOTE = ("under a distribution strategy: computed with training=False on both sides; "
                      "gradients are all-reduced across replicas")
 

@@ -151,8 +151,18 @@ def test_user_layer_instance_values_are_restored_after_a_failing_step():
     report = equivtool.check_equivalence(slim_net, layer, X, steps=["fixed_weights", "random"])
     assert report.step("fixed_weights").status == "failed"
     assert report.step("random/num_random_ops/inference").status == "skipped"
+    constant = report.step("random/constant/inference")
+    assert any("initializers are not compared" in note for note in constant.notes)
     for old, variable in zip(before, layer.variables):
         np.testing.assert_array_equal(old, variable.numpy())
+
+
+def test_prebuilt_layer_instance_gets_tf1_initial_values_and_passes():
+    layer = SlimNetShim()
+    layer(X)
+    report = equivtool.check_equivalence(slim_net, layer, X, steps=["random", "gradients"],
+                                         modes=["constant"])
+    assert report.passed, str(report)
 
 
 def test_user_layer_instance_values_are_restored_when_a_step_raises(monkeypatch):
