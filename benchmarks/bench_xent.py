@@ -173,6 +173,17 @@ def render(rows, memory, machine) -> str:
             f"| {r['copy']:.2f} | {r['copy_alloc']:.2f} | {_ratio(r['ours_fwdbwd'], r['copy']):.1f}x "
             f"| {_ratio(r['ours_fwdbwd'], r['copy_alloc']):.1f}x |")
     saved = (memory["tf"] - memory["ours"]) / 2**20
+    verdicts = []
+    for r in rows:
+        if r["dtype"] != "float32":
+            continue
+        checks = [("loss only >= 5x", _ratio(r["tf_fwd"], r["ours_fwd"]) >= 5),
+                  ("fwd+bwd >= 3x", _ratio(r["tf_fwdbwd"], r["ours_fwdbwd"]) >= 3),
+                  ("fwd+bwd <= 3x copy", _ratio(r["ours_fwdbwd"], r["copy"]) <= 3)]
+        missed = [name for name, ok in checks if not ok]
+        verdicts.append(f"{r['shape']}: " + ("all met" if not missed else "missed " + ", ".join(missed)))
+    verdicts.append("memory: " + ("met" if saved >= bxc_mib * 0.95 else "missed"))
+    lines += ["", "Targets (float32): " + "; ".join(verdicts) + "."]
     lines += [
         "",
         f"Peak resident memory growth (RSS sampled continuously, above the RSS "
