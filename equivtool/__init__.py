@@ -38,10 +38,10 @@ _EXPORTS = {
     "TraceDivergence": "seeding",
     "compare_random_traces": "seeding",
     # comparison and report
-    "Tolerance": "compare",
-    "Comparison": "compare",
-    "LeafComparison": "compare",
-    "compare": "compare",
+    "Tolerance": "comparison",
+    "Comparison": "comparison",
+    "LeafComparison": "comparison",
+    "compare": "comparison",
     "StepResult": "report",
     "EquivalenceReport": "report",
     # the engine

@@ -126,7 +126,7 @@ from tensorflow.python.framework import config as _tf_config
 from tensorflow.python.framework import op_callbacks as _op_callbacks
 
 from equivtool._stack import user_frame_location
-from equivtool.compare import Comparison, LeafComparison, Tolerance, _fmt_err, compare
+from equivtool.comparison import Comparison, LeafComparison, Tolerance, _fmt_err, compare
 from equivtool.report import _CSS, StepResult, _e, _error_plot_png, _json_safe, _leaf_rows, _status_cell
 from equivtool.runners import flatten_tensors, to_numpy
 
@@ -303,7 +303,7 @@ def _fmt_count(leaf: LeafComparison) -> str:
 class DeterminismReport:
     """What :func:`audit_determinism` found.
 
-    ``comparisons`` holds one :class:`~equivtool.compare.Comparison` per run
+    ``comparisons`` holds one :class:`~equivtool.comparison.Comparison` per run
     after the first ("run 2 vs run 1", ...), exact and bitwise, over the
     leaves ``outputs/...``, ``endpoints/...`` (when given as a callable) and
     ``variables/...``. ``causes`` lists what inspection found, ``notes`` how

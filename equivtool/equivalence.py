@@ -53,7 +53,7 @@ import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import numpy as np
 import tensorflow as tf
 
-from equivtool.compare import Tolerance, compare
+from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
 from equivtool.runners import (TF1Side, TF2Side, fixed_value, flatten_tensors,
                                restore_snapshot, snapshot_layer, variable_key)
@@ -371,25 +371,18 @@ class _Engine:
                                 "trainable": len(expected.trainable),
                                 "trainable_parameters": expected.num_trainable_parameters})
 
-    def step_random_constant(self) -> None:
+    def step_random_constant(self, training: bool) -> StepResult:
+        name = f"random/constant/{'training' if training else 'inference'}"
         pair = self.pair
-        notes = [_PREBUILT_NOTE] if pair.prebuilt else []
-
-        def inference():
-            tf1_out, tf1_reg, _, _ = pair.tf1_inference()
-            tf2_out, tf2_reg, _, _ = pair.tf2_inference()
-            return self.compare_step("random/constant/inference",
-                                     [("outputs", tf1_out, tf2_out),
-                                      ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))], notes=notes)
-        self.run_step("random/constant/inference", inference)
-
-        def training():
+        if training:
             tf1_out, tf1_reg, _, _ = pair.tf1_training()
             tf2_out, tf2_reg, _, _ = pair.tf2_training()
-            return self.compare_step("random/constant/training",
-                                     [("outputs", tf1_out, tf2_out),
-                                      ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))], notes=notes)
-        self.run_step("random/constant/training", training)
+        else:
+            tf1_out, tf1_reg, _, _ = pair.tf1_inference()
+            tf2_out, tf2_reg, _, _ = pair.tf2_inference()
+        return self.compare_step(name, [("outputs", tf1_out, tf2_out),
+                                        ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))],
+                                 notes=[_PREBUILT_NOTE] if pair.prebuilt else [])
 
     def step_gradients(self) -> StepResult:
         pair = self.pair
@@ -577,7 +570,8 @@ class _Engine:
         if "parity" in steps:
             self.run_step("parity", self.step_parity)
         if "random" in steps and "constant" in modes:
-            self.step_random_constant()
+            self.run_step("random/constant/inference", lambda: self.step_random_constant(False))
+            self.run_step("random/constant/training", lambda: self.step_random_constant(True))
         if "gradients" in steps:
             self.run_step("gradients", self.step_gradients)
         if "fixed_weights" in steps:

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from equivtool.compare import Comparison, LeafComparison, _fmt_err
+from equivtool.comparison import Comparison, LeafComparison, _fmt_err
 
 __all__ = ["StepResult", "EquivalenceReport", "STATUSES"]
 

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from equivtool.compare import Tolerance, compare
+from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from equivtool._progress import print_progress
 from examples.inception_resnet_v2.keras_shim import make_shim, tf1_forward
 
+MIN_IMAGE_SIZE = 107
 DEFAULT_STEPS = ("variables_once", "parity", "fixed_weights", "random", "gradients")
 
 
@@ -45,7 +46,9 @@ def model_kwargs() -> dict:
 def run(image_size=299, batch_size=1, num_classes=1000, steps=DEFAULT_STEPS,
         modes=("constant", "num_random_ops"), progress=None):
     """Run the check and return the report."""
-    for name, value, low in (("image_size", image_size, 75), ("batch_size", batch_size, 1),
+    # 107 px is the smallest input whose 17x17-stage map (5x5 here) still fits
+    # the aux head's 5x5 average pool.
+    for name, value, low in (("image_size", image_size, MIN_IMAGE_SIZE), ("batch_size", batch_size, 1),
                              ("num_classes", num_classes, 2)):
         if not isinstance(value, int) or value < low:
             raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")

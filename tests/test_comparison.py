@@ -1,4 +1,4 @@
-"""equivtool.compare: one property per test; references written in NumPy here."""
+"""equivtool.comparison (and equivtool.compare): one property per test; references written in NumPy here."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from equivtool.compare import Comparison, LeafComparison, Tolerance, compare, resolve_tolerance
+from equivtool.comparison import Comparison, LeafComparison, Tolerance, compare, resolve_tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -452,9 +452,9 @@ def test_comparison_is_frozen():
 
 def test_importing_compare_and_report_does_not_import_tensorflow():
     code = (
-        "import sys, equivtool.compare, equivtool.report, equivtool; "
-        "equivtool.compare.compare(1.0, 1.0); "
-        "assert equivtool.Tolerance is equivtool.compare.Tolerance; "
+        "import sys, equivtool.comparison, equivtool.report, equivtool; "
+        "equivtool.comparison.compare(1.0, 1.0); "
+        "assert equivtool.Tolerance is equivtool.comparison.Tolerance; "
         "assert equivtool.EquivalenceReport is equivtool.report.EquivalenceReport; "
         "print('tensorflow' in sys.modules)"
     )
@@ -464,3 +464,10 @@ def test_importing_compare_and_report_does_not_import_tensorflow():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_public_compare_is_the_function_even_after_its_module_is_imported():
+    import equivtool
+    import equivtool.comparison  # noqa: F401  (a submodule import must not shadow the function)
+    assert callable(equivtool.compare)
+    assert equivtool.compare(1.0, 1.0).ok
