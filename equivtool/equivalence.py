@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import tempfile
 import time
@@ -307,6 +308,14 @@ class _Engine:
                 raise
         return self._pair
 
+    def _release_pair(self) -> None:
+        """Close the shared session and drop the shared graph and layer (layers and
+        graphs hold reference cycles, hence the collection)."""
+        if self._pair is not None:
+            self._pair.close()
+            self._pair = None
+            gc.collect()
+
     # -- bookkeeping -------------------------------------------------------
 
     def record(self, result: StepResult) -> None:
@@ -445,7 +454,7 @@ class _Engine:
                 # Slot variables made inside a traced step would make it trace twice.
                 _build_optimizer(tf2_optimizer, pair.layer.trainable_variables)
 
-            comparisons, failed_at = [], None
+            comparisons, failed_at, losses = [], None, []
             for step in range(self.train_steps):
                 # Every step sees each random op's first draw on both sides: a
                 # new TF1 session, and a new op per eager call (or per trace).
@@ -453,6 +462,7 @@ class _Engine:
                 tf1_loss, _ = pair.tf1.run((loss, train_op))
                 with pair.tf2_tool.scope():
                     tf2_loss = pair.tf2.train_step(self.inputs, tf2_optimizer, training=training)
+                losses.append([float(tf1_loss), float(tf2_loss)])
                 tf1_vars = {k: v for k, v in pair.tf1.read_variables().items()
                             if k in set(pair.tf2.keys())}
                 spec = self.tolerances.get("optimizer", step)
@@ -471,7 +481,8 @@ class _Engine:
         if failed_at is not None:
             notes.append(f"first step that exceeds tolerance: {failed_at}")
         return StepResult.from_comparisons("optimizer", _TITLES["optimizer"], comparisons, notes=notes,
-                                           data={"steps": self.train_steps, "first_failing_step": failed_at})
+                                           data={"steps": self.train_steps, "first_failing_step": failed_at,
+                                                 "losses": losses})
 
     def step_checkpoint(self) -> StepResult:
         pair = self.pair
@@ -557,8 +568,7 @@ class _Engine:
         try:
             self._run_selected()
         finally:
-            if self._pair is not None:
-                self._pair.close()
+            self._release_pair()
             if snapshot is not None:
                 restore_snapshot(snapshot)
         return self._ordered()
@@ -580,6 +590,7 @@ class _Engine:
             self.run_step("optimizer", self.step_optimizer)
         if "checkpoint" in steps:
             self.run_step("checkpoint", self.step_checkpoint)
+        self._release_pair()  # the fresh-graph steps below do not need it: free its memory first
         if "random" in steps and "num_random_ops" in modes:
             for training in (False, True):
                 name = f"random/num_random_ops/{'training' if training else 'inference'}"

@@ -83,25 +83,12 @@ class MnistConvNetWithLoss(tf.keras.layers.Layer):
 
 # -- the check ------------------------------------------------------------------
 
-class _LossLog:
-    """``loss_fn`` for the engine that also logs the TF2 side's losses.
-
-    The engine calls ``loss_fn`` in the TF1 graph (symbolically) and on the
-    TF2 side eagerly, once per TF2 training pass; the optimizer step's passes
-    are the last ``TRAIN_STEPS`` of them, one per step, each taken before that
-    step's update. The optimizer step proves them equal to the TF1 losses.
-    """
-
-    def __init__(self):
-        self.eager_losses: list[float] = []
-
-    def __call__(self, outputs, regularization_loss):
-        loss = outputs["loss"]
-        if regularization_loss is not None:  # 0 here: the convnet has no regularizer
-            loss = loss + regularization_loss
-        if tf.executing_eagerly():
-            self.eager_losses.append(float(loss))
-        return loss
+def _loss(outputs, regularization_loss):
+    """``loss_fn`` for the engine: the model computes its loss itself."""
+    loss = outputs["loss"]
+    if regularization_loss is not None:  # 0 here: the convnet has no regularizer
+        loss = loss + regularization_loss
+    return loss
 
 
 @dataclass(frozen=True)
@@ -109,7 +96,7 @@ class TrainingParity:
     """One equivalence report per optimizer, the per-step losses, the TF1 graphs' op types."""
 
     reports: dict        # optimizer name -> equivtool.EquivalenceReport
-    losses: dict         # optimizer name -> [loss before step 1, ..., before step N]
+    losses: dict         # optimizer name -> TF2 loss at each step (before its update)
     tf1_op_types: frozenset
 
     @property
@@ -146,15 +133,15 @@ def run(batch_size: int = BATCH_SIZE, train_steps: int = TRAIN_STEPS, seed: int 
 
     reports, losses = {}, {}
     for name, optimizers in OPTIMIZERS.items():
-        loss_log = _LossLog()
         reports[name] = equivtool.check_equivalence(
             tf1_fn, MnistConvNetWithLoss, batch,
-            steps=STEPS, optimizers=optimizers, train_steps=train_steps, loss_fn=loss_log,
+            steps=STEPS, optimizers=optimizers, train_steps=train_steps, loss_fn=_loss,
             progress=progress,
             meta={"model": "MNIST convnet (TF1 graph vs TF2 shim)", "optimizer": name,
                   "loss": "mean of equivtool.ops.sparse_softmax_cross_entropy_with_logits",
                   "batch_size": batch_size})
-        losses[name] = loss_log.eager_losses[-train_steps:]
+        # per step: [TF1 loss, TF2 loss], both before that step's update
+        losses[name] = [tf2 for _, tf2 in reports[name].step("optimizer").data["losses"]]
     op_types = frozenset(op.type for graph in tf1_graphs.values() for op in graph.get_operations())
     return TrainingParity(reports, losses, op_types)
 
