@@ -33,11 +33,12 @@
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/platform/threadpool.h"
 
+#include "xent_row.h"
+
 #if GOOGLE_CUDA
 #include "xla/stream_executor/stream.h"
+#include "xent_kernels.h"
 #endif
-
-#include "xent_row.h"
 
 // _build.py defines these; TensorFlow's headers carry no version string.
 #ifndef EQUIVTOOL_XENT_TF_VERSION
@@ -331,137 +332,101 @@ template <typename T> struct AccOf { typedef float type; };
 template <> struct AccOf<double> { typedef double type; };
 
 // ---------------------------------------------------------------------------
-// CPU kernels.
+// Kernels. Each op is one OpKernel class template over the device: Compute
+// validates the inputs, allocates the outputs and returns on an empty batch,
+// the same on every device, then hands the rows to Device, a policy with one
+// static function per op: CpuImpl below, GpuImpl under GOOGLE_CUDA.
 
-template <typename T, typename L>
-class SparseXentCpu : public OpKernel {
+// A forward op's inputs, checked, and its three [B] outputs, allocated.
+struct ForwardArgs {
+  const Tensor* logits;
+  const Tensor* labels;
+  int64_t B, C;
+  Tensor *loss, *shift, *log_norm;
+};
+
+// A gradient op's inputs, checked, and its [B, C] output, allocated.
+struct GradArgs {
+  const Tensor* logits;
+  const Tensor* labels;
+  const Tensor *shift, *log_norm, *grad_loss;
+  int64_t B, C;
+  Tensor* dlogits;
+};
+
+Status PrepareForward(OpKernelContext* ctx, bool dense, ForwardArgs* a) {
+  a->logits = &ctx->input(0);
+  a->labels = &ctx->input(1);
+  TF_RETURN_IF_ERROR(CheckLogitsAndLabels(*a->logits, *a->labels, dense));
+  a->B = a->logits->dim_size(0);
+  a->C = a->logits->dim_size(1);
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({a->B}), &a->loss));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({a->B}), &a->shift));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({a->B}), &a->log_norm));
+  return OkStatus();
+}
+
+Status PrepareGrad(OpKernelContext* ctx, bool dense, GradArgs* a) {
+  a->logits = &ctx->input(0);
+  a->labels = &ctx->input(1);
+  TF_RETURN_IF_ERROR(CheckLogitsAndLabels(*a->logits, *a->labels, dense));
+  a->B = a->logits->dim_size(0);
+  a->C = a->logits->dim_size(1);
+  a->shift = &ctx->input(2);
+  a->log_norm = &ctx->input(3);
+  a->grad_loss = &ctx->input(4);
+  TF_RETURN_IF_ERROR(CheckRowVector(*a->shift, a->B, "shift"));
+  TF_RETURN_IF_ERROR(CheckRowVector(*a->log_norm, a->B, "log_norm"));
+  TF_RETURN_IF_ERROR(CheckRowVector(*a->grad_loss, a->B, "grad_loss"));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, a->logits->shape(), &a->dlogits));
+  return OkStatus();
+}
+
+template <typename Device, typename T, typename L>
+class SparseXentOp : public OpKernel {
  public:
-  explicit SparseXentCpu(OpKernelConstruction* c) : OpKernel(c) {}
+  explicit SparseXentOp(OpKernelConstruction* c) : OpKernel(c) {}
   void Compute(OpKernelContext* ctx) override {
-    typedef typename StorageOf<T>::type S;
-    typedef typename AccOf<T>::type A;
-    const Tensor& logits = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, false));
-    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
-    Tensor *loss, *shift, *log_norm;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({B}), &shift));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({B}), &log_norm));
-    if (B == 0) return;
-    OP_REQUIRES_OK(ctx, CheckLabelRange<L>(labels, C));
-    const S* x = AsStorage<T>(logits);
-    const L* y = labels.flat<L>().data();
-    S* out = AsStorage<T>(loss);
-    A* sh = shift->flat<A>().data();
-    A* ln = log_norm->flat<A>().data();
-    ForEachRow(ctx, B, 4 * C, [&](int64_t b) {
-      const S* row = x + b * C;
-      const ex::LseState<A> s = RowFns<S>::Lse(row, C);
-      out[b] = ex::Storage<S>::store(
-          ex::sparse_loss(s, ex::Storage<S>::load(row[y[b]])));
-      const ex::RowStats<A> r = ex::finish(s);
-      sh[b] = r.shift;
-      ln[b] = r.log_norm;
-    });
+    ForwardArgs a;
+    OP_REQUIRES_OK(ctx, PrepareForward(ctx, /*dense=*/false, &a));
+    if (a.B == 0) return;
+    OP_REQUIRES_OK(ctx, (Device::template SparseForward<T, L>(ctx, a)));
   }
 };
 
-template <typename T, typename L>
-class SparseXentGradCpu : public OpKernel {
+template <typename Device, typename T, typename L>
+class SparseXentGradOp : public OpKernel {
  public:
-  explicit SparseXentGradCpu(OpKernelConstruction* c) : OpKernel(c) {}
+  explicit SparseXentGradOp(OpKernelConstruction* c) : OpKernel(c) {}
   void Compute(OpKernelContext* ctx) override {
-    typedef typename StorageOf<T>::type S;
-    typedef typename AccOf<T>::type A;
-    const Tensor& logits = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, false));
-    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(2), B, "shift"));
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(3), B, "log_norm"));
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(4), B, "grad_loss"));
-    Tensor* dlogits;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
-    if (B == 0) return;
-    OP_REQUIRES_OK(ctx, CheckLabelRange<L>(labels, C));
-    const S* x = AsStorage<T>(logits);
-    const L* y = labels.flat<L>().data();
-    const A* sh = ctx->input(2).flat<A>().data();
-    const A* ln = ctx->input(3).flat<A>().data();
-    const S* g = AsStorage<T>(ctx->input(4));
-    S* dx = AsStorage<T>(dlogits);
-    ForEachRow(ctx, B, 4 * C, [&](int64_t b) {
-      ex::RowStats<A> r;
-      r.shift = sh[b];
-      r.log_norm = ln[b];
-      RowFns<S>::SparseGrad(x + b * C, C, static_cast<int64_t>(y[b]), r,
-                            ex::Storage<S>::load(g[b]), dx + b * C);
-    });
+    GradArgs a;
+    OP_REQUIRES_OK(ctx, PrepareGrad(ctx, /*dense=*/false, &a));
+    if (a.B == 0) return;
+    OP_REQUIRES_OK(ctx, (Device::template SparseGrad<T, L>(ctx, a)));
   }
 };
 
-template <typename T>
-class XentCpu : public OpKernel {
+template <typename Device, typename T>
+class XentOp : public OpKernel {
  public:
-  explicit XentCpu(OpKernelConstruction* c) : OpKernel(c) {}
+  explicit XentOp(OpKernelConstruction* c) : OpKernel(c) {}
   void Compute(OpKernelContext* ctx) override {
-    typedef typename StorageOf<T>::type S;
-    typedef typename AccOf<T>::type A;
-    const Tensor& logits = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, true));
-    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
-    Tensor *loss, *shift, *log_norm;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({B}), &shift));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({B}), &log_norm));
-    if (B == 0) return;
-    const S* x = AsStorage<T>(logits);
-    const S* y = AsStorage<T>(labels);
-    S* out = AsStorage<T>(loss);
-    A* sh = shift->flat<A>().data();
-    A* ln = log_norm->flat<A>().data();
-    ForEachRow(ctx, B, 6 * C, [&](int64_t b) {
-      const ex::DenseState<A> s = RowFns<S>::Dense(x + b * C, y + b * C, C);
-      out[b] = ex::Storage<S>::store(ex::dense_loss(s));
-      const ex::RowStats<A> r = ex::finish(s.lse);
-      sh[b] = r.shift;
-      ln[b] = r.log_norm;
-    });
+    ForwardArgs a;
+    OP_REQUIRES_OK(ctx, PrepareForward(ctx, /*dense=*/true, &a));
+    if (a.B == 0) return;
+    OP_REQUIRES_OK(ctx, Device::template DenseForward<T>(ctx, a));
   }
 };
 
-template <typename T>
-class XentGradCpu : public OpKernel {
+template <typename Device, typename T>
+class XentGradOp : public OpKernel {
  public:
-  explicit XentGradCpu(OpKernelConstruction* c) : OpKernel(c) {}
+  explicit XentGradOp(OpKernelConstruction* c) : OpKernel(c) {}
   void Compute(OpKernelContext* ctx) override {
-    typedef typename StorageOf<T>::type S;
-    typedef typename AccOf<T>::type A;
-    const Tensor& logits = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, true));
-    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(2), B, "shift"));
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(3), B, "log_norm"));
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(4), B, "grad_loss"));
-    Tensor* dlogits;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
-    if (B == 0) return;
-    const S* x = AsStorage<T>(logits);
-    const S* y = AsStorage<T>(labels);
-    const A* sh = ctx->input(2).flat<A>().data();
-    const A* ln = ctx->input(3).flat<A>().data();
-    const S* g = AsStorage<T>(ctx->input(4));
-    S* dx = AsStorage<T>(dlogits);
-    ForEachRow(ctx, B, 6 * C, [&](int64_t b) {
-      ex::RowStats<A> r;
-      r.shift = sh[b];
-      r.log_norm = ln[b];
-      RowFns<S>::DenseGrad(x + b * C, y + b * C, C, r,
-                           ex::Storage<S>::load(g[b]), dx + b * C);
-    });
+    GradArgs a;
+    OP_REQUIRES_OK(ctx, PrepareGrad(ctx, /*dense=*/true, &a));
+    if (a.B == 0) return;
+    OP_REQUIRES_OK(ctx, Device::template DenseGrad<T>(ctx, a));
   }
 };
 
@@ -476,57 +441,103 @@ class BuildInfoOp : public OpKernel {
   }
 };
 
-#define REGISTER_SPARSE_CPU(T, L)                                          \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXent")                      \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<L>("Tlabels")                \
-                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentCpu<T, L>);                            \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentGrad")                  \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<L>("Tlabels")                \
-                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentGradCpu<T, L>);
-#define REGISTER_DENSE_CPU(T)                                              \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolXent")                            \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          XentCpu<T>);                                     \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolXentGrad")                        \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          XentGradCpu<T>);
-#define REGISTER_CPU(T)             \
-  REGISTER_SPARSE_CPU(T, int32)     \
-  REGISTER_SPARSE_CPU(T, int64_t)   \
-  REGISTER_DENSE_CPU(T)
-REGISTER_CPU(Eigen::half)
-REGISTER_CPU(bfloat16)
-REGISTER_CPU(float)
-REGISTER_CPU(double)
-#undef REGISTER_CPU
-#undef REGISTER_DENSE_CPU
-#undef REGISTER_SPARSE_CPU
+// ---------------------------------------------------------------------------
+// CPU rows: sharded by ForEachRow, each row reduced by RowFns. Only the CPU
+// checks the label range (the GPU writes NaN for such rows, see the top).
 
-REGISTER_KERNEL_BUILDER(Name("EquivtoolXentBuildInfo").Device(DEVICE_CPU),
-                        BuildInfoOp);
+struct CpuImpl {
+  template <typename T, typename L>
+  static Status SparseForward(OpKernelContext* ctx, const ForwardArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const int64_t C = a.C;
+    TF_RETURN_IF_ERROR(CheckLabelRange<L>(*a.labels, C));
+    const S* x = AsStorage<T>(*a.logits);
+    const L* y = a.labels->flat<L>().data();
+    S* out = AsStorage<T>(a.loss);
+    A* sh = a.shift->flat<A>().data();
+    A* ln = a.log_norm->flat<A>().data();
+    ForEachRow(ctx, a.B, 4 * C, [&](int64_t b) {
+      const S* row = x + b * C;
+      const ex::LseState<A> s = RowFns<S>::Lse(row, C);
+      out[b] = ex::Storage<S>::store(
+          ex::sparse_loss(s, ex::Storage<S>::load(row[y[b]])));
+      const ex::RowStats<A> r = ex::finish(s);
+      sh[b] = r.shift;
+      ln[b] = r.log_norm;
+    });
+    return OkStatus();
+  }
 
-}  // namespace
-}  // namespace tensorflow
+  template <typename T, typename L>
+  static Status SparseGrad(OpKernelContext* ctx, const GradArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const int64_t C = a.C;
+    TF_RETURN_IF_ERROR(CheckLabelRange<L>(*a.labels, C));
+    const S* x = AsStorage<T>(*a.logits);
+    const L* y = a.labels->flat<L>().data();
+    const A* sh = a.shift->flat<A>().data();
+    const A* ln = a.log_norm->flat<A>().data();
+    const S* g = AsStorage<T>(*a.grad_loss);
+    S* dx = AsStorage<T>(a.dlogits);
+    ForEachRow(ctx, a.B, 4 * C, [&](int64_t b) {
+      ex::RowStats<A> r;
+      r.shift = sh[b];
+      r.log_norm = ln[b];
+      RowFns<S>::SparseGrad(x + b * C, C, static_cast<int64_t>(y[b]), r,
+                            ex::Storage<S>::load(g[b]), dx + b * C);
+    });
+    return OkStatus();
+  }
+
+  template <typename T>
+  static Status DenseForward(OpKernelContext* ctx, const ForwardArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const int64_t C = a.C;
+    const S* x = AsStorage<T>(*a.logits);
+    const S* y = AsStorage<T>(*a.labels);
+    S* out = AsStorage<T>(a.loss);
+    A* sh = a.shift->flat<A>().data();
+    A* ln = a.log_norm->flat<A>().data();
+    ForEachRow(ctx, a.B, 6 * C, [&](int64_t b) {
+      const ex::DenseState<A> s = RowFns<S>::Dense(x + b * C, y + b * C, C);
+      out[b] = ex::Storage<S>::store(ex::dense_loss(s));
+      const ex::RowStats<A> r = ex::finish(s.lse);
+      sh[b] = r.shift;
+      ln[b] = r.log_norm;
+    });
+    return OkStatus();
+  }
+
+  template <typename T>
+  static Status DenseGrad(OpKernelContext* ctx, const GradArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const int64_t C = a.C;
+    const S* x = AsStorage<T>(*a.logits);
+    const S* y = AsStorage<T>(*a.labels);
+    const A* sh = a.shift->flat<A>().data();
+    const A* ln = a.log_norm->flat<A>().data();
+    const S* g = AsStorage<T>(*a.grad_loss);
+    S* dx = AsStorage<T>(a.dlogits);
+    ForEachRow(ctx, a.B, 6 * C, [&](int64_t b) {
+      ex::RowStats<A> r;
+      r.shift = sh[b];
+      r.log_norm = ln[b];
+      RowFns<S>::DenseGrad(x + b * C, y + b * C, C, r,
+                           ex::Storage<S>::load(g[b]), dx + b * C);
+    });
+    return OkStatus();
+  }
+};
 
 // ---------------------------------------------------------------------------
-// GPU kernels: host side. The launchers are defined in xent_kernels.cu.cc
+// GPU rows: host side. The launchers are defined in xent_kernels.cu.cc
 // (compiled by nvcc without TensorFlow headers); they return nullptr or a
 // CUDA error string.
 #if GOOGLE_CUDA
-#include "xent_kernels.h"
-
-namespace tensorflow {
-namespace {
 
 namespace gpu = ::equivtool_xent::gpu;
 
@@ -539,144 +550,103 @@ Status LaunchStatus(const char* error, const char* what) {
   return errors::Internal(what, " CUDA launch failed: ", error);
 }
 
-template <typename T, typename L>
-class SparseXentGpu : public OpKernel {
- public:
-  explicit SparseXentGpu(OpKernelConstruction* c) : OpKernel(c) {}
-  void Compute(OpKernelContext* ctx) override {
+struct GpuImpl {
+  template <typename T, typename L>
+  static Status SparseForward(OpKernelContext* ctx, const ForwardArgs& a) {
     typedef typename AccOf<T>::type A;
-    const Tensor& logits = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, false));
-    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
-    Tensor *loss, *shift, *log_norm;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({B}), &shift));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({B}), &log_norm));
-    if (B == 0) return;
-    OP_REQUIRES_OK(ctx, LaunchStatus(gpu::LaunchSparseForward(
-                                         CudaStream(ctx), AsStorage<T>(logits),
-                                         labels.flat<L>().data(), B, C,
-                                         AsStorage<T>(loss), shift->flat<A>().data(),
-                                         log_norm->flat<A>().data()),
-                                     "EquivtoolSparseXent"));
+    return LaunchStatus(
+        gpu::LaunchSparseForward(CudaStream(ctx), AsStorage<T>(*a.logits),
+                                 a.labels->flat<L>().data(), a.B, a.C,
+                                 AsStorage<T>(a.loss), a.shift->flat<A>().data(),
+                                 a.log_norm->flat<A>().data()),
+        "EquivtoolSparseXent");
+  }
+
+  template <typename T, typename L>
+  static Status SparseGrad(OpKernelContext* ctx, const GradArgs& a) {
+    typedef typename AccOf<T>::type A;
+    return LaunchStatus(
+        gpu::LaunchSparseGrad(CudaStream(ctx), AsStorage<T>(*a.logits),
+                              a.labels->flat<L>().data(), a.B, a.C,
+                              a.shift->flat<A>().data(),
+                              a.log_norm->flat<A>().data(),
+                              AsStorage<T>(*a.grad_loss), AsStorage<T>(a.dlogits)),
+        "EquivtoolSparseXentGrad");
+  }
+
+  template <typename T>
+  static Status DenseForward(OpKernelContext* ctx, const ForwardArgs& a) {
+    typedef typename AccOf<T>::type A;
+    return LaunchStatus(
+        gpu::LaunchDenseForward(CudaStream(ctx), AsStorage<T>(*a.logits),
+                                AsStorage<T>(*a.labels), a.B, a.C,
+                                AsStorage<T>(a.loss), a.shift->flat<A>().data(),
+                                a.log_norm->flat<A>().data()),
+        "EquivtoolXent");
+  }
+
+  template <typename T>
+  static Status DenseGrad(OpKernelContext* ctx, const GradArgs& a) {
+    typedef typename AccOf<T>::type A;
+    return LaunchStatus(
+        gpu::LaunchDenseGrad(CudaStream(ctx), AsStorage<T>(*a.logits),
+                             AsStorage<T>(*a.labels), a.B, a.C,
+                             a.shift->flat<A>().data(),
+                             a.log_norm->flat<A>().data(),
+                             AsStorage<T>(*a.grad_loss), AsStorage<T>(a.dlogits)),
+        "EquivtoolXentGrad");
   }
 };
+#endif  // GOOGLE_CUDA
 
-template <typename T, typename L>
-class SparseXentGradGpu : public OpKernel {
- public:
-  explicit SparseXentGradGpu(OpKernelConstruction* c) : OpKernel(c) {}
-  void Compute(OpKernelContext* ctx) override {
-    typedef typename AccOf<T>::type A;
-    const Tensor& logits = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, false));
-    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(2), B, "shift"));
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(3), B, "log_norm"));
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(4), B, "grad_loss"));
-    Tensor* dlogits;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
-    if (B == 0) return;
-    OP_REQUIRES_OK(ctx, LaunchStatus(gpu::LaunchSparseGrad(
-                                         CudaStream(ctx), AsStorage<T>(logits),
-                                         labels.flat<L>().data(), B, C,
-                                         ctx->input(2).flat<A>().data(),
-                                         ctx->input(3).flat<A>().data(),
-                                         AsStorage<T>(ctx->input(4)),
-                                         AsStorage<T>(dlogits)),
-                                     "EquivtoolSparseXentGrad"));
-  }
-};
+// ---------------------------------------------------------------------------
+// Kernel registrations: every op for every T (and Tlabels) on DEV with IMPL.
 
-template <typename T>
-class XentGpu : public OpKernel {
- public:
-  explicit XentGpu(OpKernelConstruction* c) : OpKernel(c) {}
-  void Compute(OpKernelContext* ctx) override {
-    typedef typename AccOf<T>::type A;
-    const Tensor& logits = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, true));
-    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
-    Tensor *loss, *shift, *log_norm;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({B}), &shift));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({B}), &log_norm));
-    if (B == 0) return;
-    OP_REQUIRES_OK(ctx, LaunchStatus(gpu::LaunchDenseForward(
-                                         CudaStream(ctx), AsStorage<T>(logits),
-                                         AsStorage<T>(labels), B, C,
-                                         AsStorage<T>(loss), shift->flat<A>().data(),
-                                         log_norm->flat<A>().data()),
-                                     "EquivtoolXent"));
-  }
-};
-
-template <typename T>
-class XentGradGpu : public OpKernel {
- public:
-  explicit XentGradGpu(OpKernelConstruction* c) : OpKernel(c) {}
-  void Compute(OpKernelContext* ctx) override {
-    typedef typename AccOf<T>::type A;
-    const Tensor& logits = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, true));
-    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(2), B, "shift"));
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(3), B, "log_norm"));
-    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(4), B, "grad_loss"));
-    Tensor* dlogits;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
-    if (B == 0) return;
-    OP_REQUIRES_OK(ctx, LaunchStatus(gpu::LaunchDenseGrad(
-                                         CudaStream(ctx), AsStorage<T>(logits),
-                                         AsStorage<T>(labels), B, C,
-                                         ctx->input(2).flat<A>().data(),
-                                         ctx->input(3).flat<A>().data(),
-                                         AsStorage<T>(ctx->input(4)),
-                                         AsStorage<T>(dlogits)),
-                                     "EquivtoolXentGrad"));
-  }
-};
-
-#define REGISTER_SPARSE_GPU(T, L)                                          \
+#define REGISTER_SPARSE(DEV, IMPL, T, L)                                   \
   REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXent")                      \
-                              .Device(DEVICE_GPU)                          \
+                              .Device(DEV)                                 \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<L>("Tlabels")                \
                               .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentGpu<T, L>);                            \
+                          SparseXentOp<IMPL, T, L>);                       \
   REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentGrad")                  \
-                              .Device(DEVICE_GPU)                          \
+                              .Device(DEV)                                 \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<L>("Tlabels")                \
                               .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentGradGpu<T, L>);
-#define REGISTER_DENSE_GPU(T)                                              \
+                          SparseXentGradOp<IMPL, T, L>);
+#define REGISTER_DENSE(DEV, IMPL, T)                                       \
   REGISTER_KERNEL_BUILDER(Name("EquivtoolXent")                            \
-                              .Device(DEVICE_GPU)                          \
+                              .Device(DEV)                                 \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          XentGpu<T>);                                     \
+                          XentOp<IMPL, T>);                                \
   REGISTER_KERNEL_BUILDER(Name("EquivtoolXentGrad")                        \
-                              .Device(DEVICE_GPU)                          \
+                              .Device(DEV)                                 \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          XentGradGpu<T>);
-#define REGISTER_GPU(T)             \
-  REGISTER_SPARSE_GPU(T, int32)     \
-  REGISTER_SPARSE_GPU(T, int64_t)   \
-  REGISTER_DENSE_GPU(T)
-REGISTER_GPU(Eigen::half)
-REGISTER_GPU(bfloat16)
-REGISTER_GPU(float)
-REGISTER_GPU(double)
-#undef REGISTER_GPU
-#undef REGISTER_DENSE_GPU
-#undef REGISTER_SPARSE_GPU
+                          XentGradOp<IMPL, T>);
+#define REGISTER_T(DEV, IMPL, T)         \
+  REGISTER_SPARSE(DEV, IMPL, T, int32)   \
+  REGISTER_SPARSE(DEV, IMPL, T, int64_t) \
+  REGISTER_DENSE(DEV, IMPL, T)
+#define REGISTER_DEVICE(DEV, IMPL)         \
+  REGISTER_T(DEV, IMPL, Eigen::half)       \
+  REGISTER_T(DEV, IMPL, bfloat16)          \
+  REGISTER_T(DEV, IMPL, float)             \
+  REGISTER_T(DEV, IMPL, double)
+
+REGISTER_DEVICE(DEVICE_CPU, CpuImpl)
+#if GOOGLE_CUDA
+REGISTER_DEVICE(DEVICE_GPU, GpuImpl)
+#endif
+#undef REGISTER_DEVICE
+#undef REGISTER_T
+#undef REGISTER_DENSE
+#undef REGISTER_SPARSE
+
+REGISTER_KERNEL_BUILDER(Name("EquivtoolXentBuildInfo").Device(DEVICE_CPU),
+                        BuildInfoOp);
 
 }  // namespace
 }  // namespace tensorflow
-#endif  // GOOGLE_CUDA
