@@ -92,3 +92,20 @@ def test_audit_bad_arguments_exit_two(args, fragment, capsys, monkeypatch):
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert fragment in err and "Traceback" not in err
+
+
+def test_quiet_import_drops_tensorflow_notices_but_keeps_other_stderr(tmp_path):
+    fake = tmp_path / "tensorflow"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import os, types\n"
+        "os.write(2, b'I0000 port.cc:153] oneDNN custom operations are on. You may see...\\n')\n"
+        "os.write(2, b'E0000 something.cc:1] a real problem\\n')\n"
+        "get_logger = lambda: types.SimpleNamespace(setLevel=lambda level: None)\n"
+        "config = types.SimpleNamespace(list_physical_devices=lambda: [])\n")
+    code = "from equivtool._quiet import import_tensorflow_quietly; import_tensorflow_quietly(); print('ok')"
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    assert "a real problem" in result.stderr
+    assert "oneDNN" not in result.stderr

@@ -1,0 +1,42 @@
+"""Start TensorFlow without its start-up chatter, for the command line only.
+
+TensorFlow 2.21 prints oneDNN, CUDA-stub and CPU-feature notices from C++ on
+start-up, before ``TF_CPP_MIN_LOG_LEVEL`` is honoured. The CLI imports
+TensorFlow and initialises its devices with file descriptor 2 sent to a
+temporary file, then writes back every captured line that is not one of those
+known notices, so a real error still reaches the user.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+
+_BENIGN = re.compile(
+    r"All log messages before absl::InitializeLog|oneDNN custom operations are on|"
+    r"Could not find cuda drivers|cpu_feature_guard|rebuild TensorFlow with the appropriate|"
+    r"^To enable the following instructions|failed call to cuInit|TF-TRT Warning")
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow and list its devices with the benign start-up notices filtered out."""
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            import tensorflow as tf
+            tf.get_logger().setLevel("ERROR")
+            tf.config.list_physical_devices()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().decode("utf-8", "replace").splitlines()
+                    if line.strip() and not _BENIGN.search(line)]
+    if kept:
+        print("\n".join(kept), file=sys.stderr)
