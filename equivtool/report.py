@@ -336,12 +336,26 @@ class EquivalenceReport:
         return "\n".join([line(header), rule, *(line(r) for r in rows)])
 
     def meta_line(self) -> str:
-        return "  ".join(f"{k}: {_shorten(_fmt_meta_value(v), 60)}" for k, v in self.meta.items())
+        return "  ".join(self._meta_items())
+
+    def _meta_items(self) -> list:
+        return [f"{k}: {_shorten(_fmt_meta_value(v), 80)}" for k, v in self.meta.items()]
+
+    def meta_lines(self, width: int = 100) -> list:
+        """The metadata as ``key: value`` items, packed into indented lines of at most ``width``."""
+        lines, current = [], ""
+        for item in self._meta_items():
+            if current and len(current) + 2 + len(item) > width - 2:
+                lines.append("  " + current)
+                current = item
+            else:
+                current = f"{current}  {item}" if current else item
+        if current:
+            lines.append("  " + current)
+        return lines
 
     def __str__(self) -> str:
-        parts = ["Equivalence report"]
-        if self.meta:
-            parts[0] += f" ({self.meta_line()})"
+        parts = ["Equivalence report"] + (self.meta_lines() if self.meta else [])
         parts += [self.table(), self.verdict()]
         for s in self.failed_steps:
             parts += ["", s.details()]

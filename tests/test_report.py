@@ -225,3 +225,13 @@ def test_html_plot_handles_exact_zero_errors_and_per_leaf_atol(tmp_path):
     comparison = compare(expected, actual, {"b": Tolerance(atol=1e-2), "*": Tolerance.exact()})
     path = _report(StepResult.from_comparisons("s", "S", comparison)).to_html(tmp_path / "r.html")
     assert "data:image/png;base64," in open(path, encoding="utf-8").read()
+
+
+def test_report_header_wraps_metadata_into_short_lines():
+    meta = {f"key_{i}": "v" * 30 for i in range(8)}
+    report = EquivalenceReport((StepResult("parity", "Parity", "passed", 0.1),), meta)
+    lines = str(report).splitlines()
+    assert lines[0] == "Equivalence report"
+    header = lines[1:lines.index(next(l for l in lines if l.startswith("step")))]
+    assert len(header) >= 3 and all(len(line) <= 100 and line.startswith("  ") for line in header)
+    assert all(f"key_{i}: " in "\n".join(header) for i in range(8))
