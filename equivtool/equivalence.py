@@ -242,6 +242,27 @@ class _ConstantPair:
         self.tf1.assign_variables(tf1_values)
         self.tf2.assign_variables(tf2_values)
 
+    @contextlib.contextmanager
+    def preserved(self):
+        """Both sides' variables as they are now, put back on every exit path.
+
+        Yields the snapshot, so a step can return to it midway."""
+        self.tf1_inference()  # initialised, and both layers built
+        self.tf2_inference()
+        saved = self.snapshot()
+        try:
+            yield saved
+        finally:
+            self.restore(saved)
+
+    def inference_now(self) -> tuple:
+        """A fresh inference pass on both sides with the current variable values:
+        ``(tf1 outputs, tf1 regularization, tf2 outputs, tf2 regularization)``."""
+        tf1_out, tf1_reg = self.tf1.run((self.inference.outputs, self.inference.regularization))
+        with self.tf2_tool.scope():
+            tf2_out, tf2_reg, _, _ = self.tf2.forward(self.engine.inputs, training=False)
+        return tf1_out, tf1_reg, tf2_out, tf2_reg
+
     def close(self) -> None:
         self.tf1.close()
 
@@ -389,8 +410,7 @@ class _Engine:
         else:
             tf1_out, tf1_reg, _, _ = pair.tf1_inference()
             tf2_out, tf2_reg, _, _ = pair.tf2_inference()
-        return self.compare_step(name, [("outputs", tf1_out, tf2_out),
-                                        ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))],
+        return self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg),
                                  notes=[_PREBUILT_NOTE] if pair.prebuilt else [])
 
     def step_gradients(self) -> StepResult:
@@ -410,24 +430,15 @@ class _Engine:
 
     def step_fixed_weights(self) -> StepResult:
         pair = self.pair
-        pair.tf1_inference()
-        pair.tf2_inference()
-        saved = pair.snapshot()
-        try:
+        with pair.preserved():
             values = {key: fixed_value(key, v.shape, v.dtype.base_dtype)
                       for key, v in zip(pair.tf1.keys, pair.tf1.variables)}
             pair.tf1.assign_variables(values)
             pair.tf2.assign_variables(values)
             unassigned = [k for k in pair.tf2.keys() if k not in values]
-            tf1_out, tf1_reg = pair.tf1.run((pair.inference.outputs, pair.inference.regularization))
-            with pair.tf2_tool.scope():
-                tf2_out, tf2_reg, _, _ = pair.tf2.forward(self.inputs, training=False)
-        finally:
-            pair.restore(saved)
+            outputs = pair.inference_now()
         notes = [f"TF2 variables without a TF1 counterpart kept their values: {unassigned[:5]}"] if unassigned else []
-        return self.compare_step("fixed_weights",
-                                 [("outputs", tf1_out, tf2_out),
-                                  ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))], notes=notes)
+        return self.compare_step("fixed_weights", _forward_pairs(*outputs), notes=notes)
 
     def step_optimizer(self) -> StepResult:
         if self.optimizers is None:
@@ -436,8 +447,7 @@ class _Engine:
         pair = self.pair
         training = not pair.distributed
         pair.gradients()  # both sides have had the same calls (batch-norm statistics included)
-        saved = pair.snapshot()
-        try:
+        with pair.preserved():
             # A forward pass of its own: its random ops are not shared with the
             # training-output comparison.
             forward = pair.tf1.forward(training=training, with_gradients=False)
@@ -455,6 +465,7 @@ class _Engine:
                 _build_optimizer(tf2_optimizer, pair.layer.trainable_variables)
 
             comparisons, failed_at, losses = [], None, []
+            tf2_keys = set(pair.tf2.keys())
             for step in range(self.train_steps):
                 # Every step sees each random op's first draw on both sides: a
                 # new TF1 session, and a new op per eager call (or per trace).
@@ -463,8 +474,7 @@ class _Engine:
                 with pair.tf2_tool.scope():
                     tf2_loss = pair.tf2.train_step(self.inputs, tf2_optimizer, training=training)
                 losses.append([float(tf1_loss), float(tf2_loss)])
-                tf1_vars = {k: v for k, v in pair.tf1.read_variables().items()
-                            if k in set(pair.tf2.keys())}
+                tf1_vars = {k: v for k, v in pair.tf1.read_variables().items() if k in tf2_keys}
                 spec = self.tolerances.get("optimizer", step)
                 comparison = compare({"loss": np.float32(tf1_loss), "variables": tf1_vars},
                                      {"loss": np.float32(tf2_loss), "variables": pair.tf2.read_variables()},
@@ -472,8 +482,6 @@ class _Engine:
                 comparisons.append(comparison)
                 if not comparison.ok and failed_at is None:
                     failed_at = step + 1
-        finally:
-            pair.restore(saved)
         notes = [f"{self.train_steps} steps of {type(optimizer).__name__} (TF1) vs "
                  f"{type(tf2_optimizer).__name__} (TF2)"]
         if pair.distributed:
@@ -486,24 +494,19 @@ class _Engine:
 
     def step_checkpoint(self) -> StepResult:
         pair = self.pair
-        pair.tf1_inference()
-        pair.tf2_inference()
-        saved = pair.snapshot()
-        workdir = None
-        try:
+        with pair.preserved() as saved, tempfile.TemporaryDirectory(prefix="equivtool-ckpt-") as workdir:
             with pair.tf1.graph.as_default():
                 saver = tf.compat.v1.train.Saver(var_list=pair.tf1.variables)
             path = self.checkpoint if isinstance(self.checkpoint, (str, os.PathLike)) else None
             notes = []
             if path is None:
-                workdir = tempfile.TemporaryDirectory(prefix="equivtool-ckpt-")
                 # The checkpoint holds fixed values, so that loading it visibly
                 # changes both sides' (random) variables.
                 values = {key: fixed_value("ckpt/" + key, v.shape, v.dtype.base_dtype)
                           for key, v in zip(pair.tf1.keys, pair.tf1.variables)}
                 pair.tf1.assign_variables(values)
                 with pair.tf1.graph.as_default():
-                    path = saver.save(pair.tf1.session, os.path.join(workdir.name, "model.ckpt"))
+                    path = saver.save(pair.tf1.session, os.path.join(workdir, "model.ckpt"))
                 pair.restore(saved)
                 notes.append("checkpoint written by the TF1 side with tf.compat.v1.train.Saver")
             with pair.tf1.graph.as_default():
@@ -522,13 +525,7 @@ class _Engine:
                     absent.append(name)
             if absent:
                 notes.append(f"{len(absent)} TF2 variables not in the checkpoint: {absent[:5]}")
-            tf1_out, _ = pair.tf1.run((pair.inference.outputs, pair.inference.regularization))
-            with pair.tf2_tool.scope():
-                tf2_out, _, _, _ = pair.tf2.forward(self.inputs, training=False)
-        finally:
-            pair.restore(saved)
-            if workdir is not None:
-                workdir.cleanup()
+            tf1_out, _, tf2_out, _ = pair.inference_now()
         return self.compare_step("checkpoint", [("outputs", tf1_out, tf2_out)], notes=notes,
                                  data={"loaded_variables": loaded, "missing": len(absent)})
 
@@ -556,8 +553,7 @@ class _Engine:
             layer = self.new_layer()
             tf2 = TF2Side(layer, renamer=self.renamer, loss_fn=self.loss_fn, use_tf_function=False)
             tf2_out, tf2_reg, _, _ = tf2.forward(self.inputs, training=training)
-        return self.compare_step(name, [("outputs", tf1_out, tf2_out),
-                                        ("regularization_loss", _reg(tf1_reg), _reg(tf2_reg))], notes=notes)
+        return self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
 
     # -- the loop ----------------------------------------------------------
 
@@ -649,9 +645,11 @@ def _split_outputs(expected, actual) -> list[tuple]:
     return [("outputs", expected, actual)]
 
 
-def _reg(value):
-    """Regularization loss as a comparable scalar (0 when a side has none)."""
-    return np.float32(0.0) if value is None else np.float32(value)
+def _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg) -> list:
+    """What a forward-pass step compares: the outputs and the total regularization loss
+    (0 on a side without regularizers)."""
+    return [("outputs", tf1_out, tf2_out),
+            ("regularization_loss", np.float32(tf1_reg), np.float32(tf2_reg))]
 
 
 def _with_seconds(result: StepResult, seconds: float) -> StepResult:
