@@ -256,16 +256,16 @@ class TF1Side:
         values = self.session.run(self.variables)
         return dict(zip(self.keys, values))
 
+    def _load(self, pairs: list) -> None:
+        """Set ``(variable, value)`` pairs in one ``Session.run`` by feeding their
+        initializers' initial-value inputs (no new ops in the graph)."""
+        if pairs:
+            self.session.run([v.initializer for v, _ in pairs],
+                             feed_dict={v.initializer.inputs[1]: value for v, value in pairs})
+
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
-        """Set variables in one ``Session.run`` by feeding their initializers' values."""
-        ops, feed = [], {}
-        for variable, key in zip(self.variables, self.keys):
-            if key in values_by_key:
-                initializer = variable.initializer
-                ops.append(initializer)
-                feed[initializer.inputs[1]] = values_by_key[key]
-        if ops:
-            self.session.run(ops, feed_dict=feed)
+        self._load([(variable, values_by_key[key]) for variable, key in zip(self.variables, self.keys)
+                    if key in values_by_key])
         self._initialized = True
 
     def renew_session(self) -> None:
@@ -280,8 +280,7 @@ class TF1Side:
         values = self.session.run(everything)
         self.session.close()
         self.session = tf.compat.v1.Session(graph=self.graph, config=self._config)
-        self.session.run([v.initializer for v in everything],
-                         feed_dict={v.initializer.inputs[1]: value for v, value in zip(everything, values)})
+        self._load(list(zip(everything, values)))
 
     def close(self) -> None:
         self.session.close()
