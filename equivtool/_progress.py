@@ -1,7 +1,9 @@
-"""The progress line the CLI prints per step (shared by ``check`` and ``demo``)."""
+"""Command-line output shared by ``check``, ``demo`` and ``audit``: the progress
+line per step, and where the report files went."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -15,3 +17,13 @@ def print_progress(start: float, stream=None):
         print(f"  [{elapsed:7.1f}s] {step.name:<34} {step.status.upper():<8} ({step.seconds:.1f}s){extra}",
               file=out, flush=True)
     return report
+
+
+def write_reports(report, json_path=None, html_path=None) -> None:
+    """Write the report as JSON and/or HTML, printing each file's absolute path."""
+    if json_path:
+        report.to_json(json_path)
+        print(f"JSON report: {os.path.abspath(json_path)}")
+    if html_path:
+        report.to_html(html_path)
+        print(f"HTML report: {os.path.abspath(html_path)}")

@@ -124,18 +124,9 @@ def cmd_doctor(args) -> int:
     return EXIT_OK
 
 
-def _write_reports(report, args) -> None:
-    if getattr(args, "json", None):
-        report.to_json(args.json)
-        print(f"JSON report: {os.path.abspath(args.json)}")
-    if getattr(args, "html", None):
-        report.to_html(args.html)
-        print(f"HTML report: {os.path.abspath(args.html)}")
-
-
 def cmd_check(args) -> int:
     import equivtool
-    from equivtool._progress import print_progress
+    from equivtool._progress import print_progress, write_reports
     tf1_fn = load_target(args.tf1_fn, "TF1_FN")
     tf2_factory = load_target(args.tf2_factory, "TF2_FACTORY")
     shape = parse_shape(args.input_shape)
@@ -154,7 +145,7 @@ def cmd_check(args) -> int:
         raise UsageError(str(exc)) from None
     print()
     print(report)
-    _write_reports(report, args)
+    write_reports(report, args.json, args.html)
     return EXIT_OK if report.passed else EXIT_DIFFERENT
 
 

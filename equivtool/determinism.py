@@ -125,6 +125,7 @@ from tensorflow.python.eager import context as _context
 from tensorflow.python.framework import config as _tf_config
 from tensorflow.python.framework import op_callbacks as _op_callbacks
 
+from equivtool._progress import write_reports
 from equivtool._stack import user_frame_location
 from equivtool.comparison import Comparison, LeafComparison, Tolerance, _fmt_err, compare
 from equivtool.report import _CSS, StepResult, _e, _error_plot_png, _json_safe, _leaf_rows, _status_cell
@@ -1376,8 +1377,5 @@ def audit_main(target: str, runs: int, json_path=None, html_path=None) -> int:
     endpoints = getattr(fn, "audit_endpoints", None)
     report = audit_determinism(fn, runs=runs, variables=variables, endpoints=endpoints)
     print(report)
-    if json_path is not None:
-        report.to_json(json_path)
-    if html_path is not None:
-        report.to_html(html_path)
+    write_reports(report, json_path, html_path)
     return 0 if report.passed else 1

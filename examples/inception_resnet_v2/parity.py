@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 import time
 
 import equivtool  # noqa: F401  (must come before tensorflow)
 import numpy as np
 
-from equivtool._progress import print_progress
+from equivtool._progress import print_progress, write_reports
 from examples.inception_resnet_v2.keras_shim import make_shim, tf1_forward
 
 MIN_IMAGE_SIZE = 107
@@ -77,12 +76,7 @@ def main(argv=None) -> int:
         return 2
     print()
     print(report)
-    if args.json:
-        report.to_json(args.json)
-        print(f"JSON report: {os.path.abspath(args.json)}")
-    if args.html:
-        report.to_html(args.html)
-        print(f"HTML report: {os.path.abspath(args.html)}")
+    write_reports(report, args.json, args.html)
     print(f"Total time: {time.perf_counter() - start:.1f} s")
     return 0 if report.passed else 1
 
