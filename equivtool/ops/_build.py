@@ -6,7 +6,7 @@ One recipe for both entry points: ``setup.py``'s ``build_ext`` (run by
 
 What it does:
 
-- compiles ``custom_ops/xent/xent_ops.cc`` with g++ (C++17, -O3) and
+- compiles ``equivtool/ops/kernels/xent_ops.cc`` with g++ (C++17, -O3) and
   TensorFlow's own ``tf.sysconfig.get_compile_flags()``;
 - when nvcc is found, compiles ``xent_kernels.cu.cc`` with nvcc for the GPU
   architectures TensorFlow was built for (those this nvcc still supports),
@@ -42,8 +42,9 @@ except ImportError:  # setup.py loads this file before the package is importable
     pass
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.path.dirname(os.path.dirname(_HERE))
-SOURCE_DIR = os.path.join(_REPO, "custom_ops", "xent")
+# The C++/CUDA sources ship inside the package (package data), so an installed
+# equivtool can rebuild its op with ``equivtool build-ops``.
+SOURCE_DIR = os.path.join(_HERE, "kernels")
 LIBRARY_STEM = "_xent_ops"
 
 
@@ -161,8 +162,8 @@ def build_ops(output: str | None = None, verbose: bool = False) -> str:
     cuda_source = os.path.join(SOURCE_DIR, "xent_kernels.cu.cc")
     if not os.path.isfile(host_source):
         raise BuildError(
-            f"op sources not found at {SOURCE_DIR}; build-ops needs a source checkout "
-            "(an editable install: pip install --no-build-isolation -e .)")
+            f"op sources not found at {SOURCE_DIR}: this equivtool was installed without "
+            "its package data; reinstall it (pip install --no-build-isolation equivtool)")
     cxx = os.environ.get("CXX", "g++")
     compile_flags = tf.sysconfig.get_compile_flags()
     link_flags = tf.sysconfig.get_link_flags()
