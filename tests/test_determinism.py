@@ -20,7 +20,7 @@ from tensorflow.python.framework import config as tf_config
 from tensorflow.python.framework import op_callbacks
 
 from equivtool import DeterminismReport, audit_determinism
-from equivtool.determinism import audit_main
+from equivtool.cli import audit_main
 
 
 def _line_of(marker: str) -> int:
@@ -493,8 +493,8 @@ def test_audit_main_returns_1_for_a_non_reproducible_target(target_module, no_gl
 @pytest.mark.parametrize("target, message", [
     ("no_such_module_xyz:fn", "cannot import module"),
     ("{mod}:missing", "has no attribute 'missing'"),
-    ("{mod}:not_callable", "not a zero-argument callable"),
-    ("{mod}", "must be MODULE:FN"),
+    ("{mod}:not_callable", "expected a callable"),
+    ("{mod}", "expected MODULE:NAME"),
 ])
 def test_audit_main_bad_target_raises_value_error(target_module, target, message):
     with pytest.raises(ValueError, match=message):
