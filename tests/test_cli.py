@@ -4,10 +4,13 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
 from equivtool import cli
+from equivtool.cli import audit_main
+from determinism_support import no_global_seed  # noqa: F401  (fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -109,3 +112,60 @@ def test_quiet_import_drops_tensorflow_notices_but_keeps_other_stderr(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
     assert "a real problem" in result.stderr
     assert "oneDNN" not in result.stderr
+
+
+# ---------------------------------------------------------------------------
+# audit_main (the CLI's `equivtool audit MODULE:FN --runs N`)
+# ---------------------------------------------------------------------------
+
+
+_TARGET_MODULE = textwrap.dedent('''
+    import equivtool
+    import tensorflow as tf
+
+    w = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def reproducible():
+        w.assign_add(tf.random.uniform([2], seed=3))
+        return {"w": w.read_value()}
+
+    def noisy():
+        w.assign_add(tf.random.uniform([2]))
+        return w.read_value()
+
+    not_callable = 3
+''')
+
+
+@pytest.fixture
+def target_module(tmp_path, monkeypatch):
+    name = "equivtool_audit_target"
+    (tmp_path / f"{name}.py").write_text(_TARGET_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_audit_main_returns_0_for_a_reproducible_target_and_writes_reports(target_module, tmp_path, capsys):
+    json_path, html_path = tmp_path / "audit.json", tmp_path / "audit.html"
+    assert audit_main(f"{target_module}:reproducible", 2, json_path=json_path, html_path=html_path) == 0
+    assert "REPRODUCIBLE" in capsys.readouterr().out
+    assert json.loads(json_path.read_text())["passed"] is True
+    assert "<html" in html_path.read_text()
+
+
+def test_audit_main_returns_1_for_a_non_reproducible_target(target_module, no_global_seed, capsys):
+    assert audit_main(f"{target_module}:noisy", 2) == 1
+    assert "unseeded_random_op" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("target, message", [
+    ("no_such_module_xyz:fn", "cannot import module"),
+    ("{mod}:missing", "has no attribute 'missing'"),
+    ("{mod}:not_callable", "expected a callable"),
+    ("{mod}", "expected MODULE:NAME"),
+])
+def test_audit_main_bad_target_raises_value_error(target_module, target, message):
+    with pytest.raises(ValueError, match=message):
+        audit_main(target.format(mod=target_module), 2)
