@@ -172,7 +172,7 @@ def status_cell(status: str) -> str:
 def leaf_rows(leaves: Sequence[LeafComparison]) -> str:
     """An HTML table with one row per leaf."""
     head = (
-        "<tr><th>leaf</th><th>ok</th><th>shape</th><th>dtype</th><th>mismatched</th>"
+        "<tr><th>leaf</th><th>status</th><th>shape</th><th>dtype</th><th>compared</th><th>mismatched</th>"
         "<th>max abs</th><th>max rel</th><th>first mismatch</th><th>tolerance</th><th>note</th></tr>"
     )
     rows = []
@@ -184,16 +184,19 @@ def leaf_rows(leaves: Sequence[LeafComparison]) -> str:
             f"{leaf.expected_dtype} vs {leaf.actual_dtype}"
         )
         mismatched = f"{leaf.mismatched} / {leaf.size}" if leaf.values_compared else "-"
+        compared = f"{leaf.compared} / {leaf.size}" if leaf.values_compared else "-"
+        note = "; ".join(x for x in (leaf.inconclusive_reason, leaf.note) if x)
         rows.append(
             "<tr>"
             f"<td><code>{escape(leaf.name)}</code></td>"
-            f"<td>{status_cell('passed' if leaf.ok else 'failed')}</td>"
+            f"<td>{status_cell(leaf.status)}</td>"
             f"<td>{escape(shape)}</td><td>{escape(dtype)}</td>"
+            f'<td class="num">{escape(compared)}</td>'
             f'<td class="num">{escape(mismatched)}</td>'
             f'<td class="num">{escape(_fmt_err(leaf.max_abs))}</td>'
             f'<td class="num">{escape(_fmt_err(leaf.max_rel))}</td>'
             f"<td>{escape(leaf.first_mismatch_str)}</td><td>{escape(leaf.tolerance)}</td>"
-            f"<td>{escape(leaf.note)}</td>"
+            f"<td>{escape(note)}</td>"
             "</tr>"
         )
     return f"<table>{head}{''.join(rows)}</table>"

@@ -42,6 +42,21 @@ Rules, decided once here:
   container against an array, different lengths) become failing leaves with
   ``missing_in_actual``, ``missing_in_expected`` or ``structure_mismatch`` and a
   note; ``compare`` does not raise on them.
+
+Three outcomes
+--------------
+
+Each leaf, and each comparison, is **passed**, **failed** or
+**inconclusive**. A leaf is inconclusive when nothing that could differ was
+compared: it has no element (zero-size, or ``None`` on both sides), or every
+element is non-finite at the same places on both sides (NaN against NaN, inf
+against inf), so no finite pair was compared. ``LeafComparison.compared``
+counts the element pairs compared (finite on both sides). An output that is
+legitimately non-finite (a ``-inf`` attention mask) opts out per leaf with
+``Tolerance(allow_nonfinite=True)`` in the tolerance spec: its matching
+non-finite elements then count as compared. A comparison passes only when
+every leaf passed; it is inconclusive when no leaf failed but one was
+inconclusive, or when it holds no leaf at all. ``ok`` means passed.
 """
 
 from __future__ import annotations
@@ -92,14 +107,21 @@ class Tolerance:
 
     The defaults are the TensorFlow migration guide's (``rtol=1e-6``,
     ``atol=1e-5``). ``Tolerance.exact()`` asks for equal values.
+    ``allow_nonfinite=True`` is for leaves that are legitimately non-finite
+    (a ``-inf`` mask): NaN/inf elements matching at the same places then count
+    as compared, so a leaf holding only those passes instead of being
+    inconclusive.
     """
 
     rtol: float = 1e-6
     atol: float = 1e-5
+    allow_nonfinite: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rtol", _check_tolerance_value("rtol", self.rtol))
         object.__setattr__(self, "atol", _check_tolerance_value("atol", self.atol))
+        if not isinstance(self.allow_nonfinite, bool):
+            raise TypeError(f"Tolerance allow_nonfinite must be True or False, got {self.allow_nonfinite!r}.")
 
     @classmethod
     def exact(cls) -> "Tolerance":
@@ -121,13 +143,12 @@ class Tolerance:
         close, _ = _close_mask(e, a, self, kind)
         return close
 
-    def to_dict(self) -> dict[str, float]:
-        return {"rtol": self.rtol, "atol": self.atol}
+    def to_dict(self) -> dict[str, Any]:
+        return {"rtol": self.rtol, "atol": self.atol, "allow_nonfinite": self.allow_nonfinite}
 
     def __str__(self) -> str:
-        if self.is_exact:
-            return "exact"
-        return f"rtol={self.rtol:g}, atol={self.atol:g}"
+        text = "exact" if self.is_exact else f"rtol={self.rtol:g}, atol={self.atol:g}"
+        return text + (", non-finite allowed" if self.allow_nonfinite else "")
 
 
 ToleranceSpec = Union[Tolerance, Mapping[str, Tolerance], None]
@@ -309,6 +330,31 @@ def _max_errors(stats: Optional[dict]) -> tuple[float, float]:
     return max_abs, max_rel
 
 
+def _compared(close: np.ndarray, stats: Optional[dict], tol: Tolerance) -> int:
+    """How many element pairs were compared: finite on both sides (matching
+    non-finite ones too under ``allow_nonfinite``); all of them for exact kinds."""
+    finite = None if stats is None else stats["finite"]
+    if finite is None:
+        return int(close.size)
+    count = int(np.count_nonzero(finite))
+    if tol.allow_nonfinite:
+        count += int(np.count_nonzero(close & ~finite))
+    return count
+
+
+def _nothing_compared(e: np.ndarray) -> str:
+    """Why a leaf that agreed compared nothing."""
+    if e.size == 0:
+        return f"zero-size (shape {tuple(e.shape)}), no element to compare"
+    numbers = e.astype(np.complex128 if e.dtype.kind == "c" else np.float64)
+    nans = int(np.count_nonzero(np.isnan(numbers)))
+    return f"all {e.size} elements non-finite on both sides ({nans} NaN, {e.size - nans} inf)"
+
+
+_NONFINITE_HINT = ("no finite value was compared; if this output is legitimately non-finite "
+                   "(a -inf mask), give it Tolerance(allow_nonfinite=True)")
+
+
 def _scalar(x: np.ndarray, index: Index, kind: str) -> Any:
     value = x[index]
     if kind == _FLOAT and x.dtype.kind == "V":
@@ -363,7 +409,11 @@ class LeafComparison:
 
     ``values_compared`` is False when no element-wise comparison was possible
     (a missing or structurally different leaf, or shapes of different sizes);
-    the counts are then 0 and the errors NaN.
+    the counts are then 0 and the errors NaN. ``compared`` counts the element
+    pairs actually compared (finite on both sides, plus matching non-finite
+    ones under ``Tolerance(allow_nonfinite=True)``). ``inconclusive_reason``
+    is set, and ``ok`` False, when the leaf agreed but nothing that could
+    differ was compared; ``status`` is "passed", "failed" or "inconclusive".
     """
 
     name: str
@@ -390,14 +440,40 @@ class LeafComparison:
     missing_in_actual: bool = False
     missing_in_expected: bool = False
     structure_mismatch: bool = False
+    compared: int = 0
+    inconclusive_reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.inconclusive_reason and self.ok:
+            raise ValueError(f"LeafComparison {self.name!r}: an inconclusive leaf cannot be ok.")
+
+    @property
+    def status(self) -> str:
+        """ "passed", "failed" or "inconclusive" (nothing that could differ was compared)."""
+        if self.inconclusive_reason:
+            return "inconclusive"
+        return "passed" if self.ok else "failed"
+
+    @property
+    def inconclusive(self) -> bool:
+        return bool(self.inconclusive_reason)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
 
     @property
     def first_mismatch_str(self) -> str:
         return "-" if self.first_mismatch is None else _fmt_index(self.first_mismatch)
 
     def _header(self) -> str:
-        verdict = "close" if self.ok else "NOT close"
+        verdict = {"passed": "close", "failed": "NOT close", "inconclusive": "INCONCLUSIVE"}[self.status]
         return f"{self.name!r}: {verdict} ({self.tolerance})"
+
+    @property
+    def compared_str(self) -> str:
+        """How many element pairs were compared, e.g. "6 / 8 compared" ("-" when none could be)."""
+        return f"{self.compared} / {self.size} compared" if self.values_compared else "-"
 
     def _shape_line(self) -> str:
         expected = _fmt_side(self.expected_shape, self.expected_dtype)
@@ -412,10 +488,16 @@ class LeafComparison:
 
     def __str__(self) -> str:
         if self.ok:
-            line = f"{self._header()}; {self._shape_line()}; max abs diff {_fmt_err(self.max_abs)}"
+            line = (f"{self._header()}; {self._shape_line()}; {self.compared_str}; "
+                    f"max abs diff {_fmt_err(self.max_abs)}")
             return line + (f"; {self.note}" if self.note else "")
         lines = [self._header(), "  " + self._shape_line()]
-        if self.values_compared:
+        if self.inconclusive:
+            lines.append(f"  Nothing compared: {self.inconclusive_reason}")
+            if "non-finite" in self.inconclusive_reason:
+                lines.append(f"  ({_NONFINITE_HINT})")
+        elif self.values_compared:
+            lines.append(f"  Compared (finite on both sides): {self.compared} / {self.size}")
             percent = 100.0 * self.fraction
             lines.append(f"  Mismatched elements: {self.mismatched} / {self.size} ({percent:.3g}%)")
             where = " (where both sides are finite)" if self.nan_mismatch or self.inf_mismatch else ""
@@ -461,6 +543,9 @@ class LeafComparison:
             "missing_in_actual": self.missing_in_actual,
             "missing_in_expected": self.missing_in_expected,
             "structure_mismatch": self.structure_mismatch,
+            "status": self.status,
+            "compared": self.compared,
+            "inconclusive_reason": self.inconclusive_reason,
         }
 
     @classmethod
@@ -478,7 +563,8 @@ class LeafComparison:
         return cls(
             name=d["name"],
             ok=bool(d["ok"]),
-            tolerance=Tolerance(rtol=_float_field(tol["rtol"]), atol=_float_field(tol["atol"])),
+            tolerance=Tolerance(rtol=_float_field(tol["rtol"]), atol=_float_field(tol["atol"]),
+                                allow_nonfinite=bool(tol.get("allow_nonfinite", False))),
             expected_shape=shape(d.get("expected_shape")),
             actual_shape=shape(d.get("actual_shape")),
             expected_dtype=d.get("expected_dtype", ""),
@@ -500,6 +586,8 @@ class LeafComparison:
             missing_in_actual=bool(d.get("missing_in_actual", False)),
             missing_in_expected=bool(d.get("missing_in_expected", False)),
             structure_mismatch=bool(d.get("structure_mismatch", False)),
+            compared=int(d.get("compared", d.get("size", 0) if d.get("values_compared", True) else 0)),
+            inconclusive_reason=d.get("inconclusive_reason", ""),
         )
 
 
@@ -516,17 +604,32 @@ class Comparison:
         object.__setattr__(self, "unmatched_tolerance_keys", tuple(self.unmatched_tolerance_keys))
 
     @property
+    def status(self) -> str:
+        """ "failed" if a leaf failed; else "inconclusive" if a leaf was (or there is no leaf); else "passed"."""
+        if any(leaf.failed for leaf in self.leaves):
+            return "failed"
+        if not self.leaves or any(leaf.inconclusive for leaf in self.leaves):
+            return "inconclusive"
+        return "passed"
+
+    @property
     def ok(self) -> bool:
-        return all(leaf.ok for leaf in self.leaves)
+        """Passed: every leaf compared something and agreed."""
+        return self.status == "passed"
 
     @property
     def failures(self) -> tuple[LeafComparison, ...]:
-        return tuple(leaf for leaf in self.leaves if not leaf.ok)
+        """The failed leaves (inconclusive ones are in :attr:`inconclusive_leaves`)."""
+        return tuple(leaf for leaf in self.leaves if leaf.failed)
+
+    @property
+    def inconclusive_leaves(self) -> tuple[LeafComparison, ...]:
+        return tuple(leaf for leaf in self.leaves if leaf.inconclusive)
 
     @property
     def first_failure(self) -> Optional[LeafComparison]:
         """The first failing leaf in forward order: where divergence begins."""
-        return next((leaf for leaf in self.leaves if not leaf.ok), None)
+        return next((leaf for leaf in self.leaves if leaf.failed), None)
 
     @property
     def max_abs(self) -> float:
@@ -551,8 +654,16 @@ class Comparison:
         """One line: verdict, counts, largest error, first divergence."""
         label = f"Comparison {self.name!r}" if self.name else "Comparison"
         n = len(self.leaves)
-        if self.ok:
+        status = self.status
+        if status == "passed":
             line = f"{label}: all {n} leaves close; max abs diff {_fmt_err(self.max_abs)}"
+        elif status == "inconclusive":
+            pending = self.inconclusive_leaves
+            if not pending:
+                line = f"{label}: INCONCLUSIVE, no leaf to compare"
+            else:
+                line = (f"{label}: INCONCLUSIVE, {pending[0].name!r}: {pending[0].inconclusive_reason}; "
+                        f"{len(pending)} of {n} leaves compared nothing")
         else:
             first = self.first_failure
             line = (
@@ -567,17 +678,17 @@ class Comparison:
     def format(self, max_failures: int = 10) -> str:
         """The summary line and the text of the first ``max_failures`` failing leaves."""
         parts = [self.summary()]
-        failures = self.failures
-        parts.extend(str(leaf) for leaf in failures[:max_failures])
-        if len(failures) > max_failures:
-            parts.append(f"... and {len(failures) - max_failures} more failing leaves")
+        for kind, leaves in (("failing", self.failures), ("inconclusive", self.inconclusive_leaves)):
+            parts.extend(str(leaf) for leaf in leaves[:max_failures])
+            if len(leaves) > max_failures:
+                parts.append(f"... and {len(leaves) - max_failures} more {kind} leaves")
         return "\n".join(parts)
 
     def __str__(self) -> str:
         return self.format()
 
     def raise_for_failure(self) -> "Comparison":
-        """Raise AssertionError with the comparison text unless ok; return self."""
+        """Raise AssertionError with the comparison text unless passed (failed or inconclusive); return self."""
         if not self.ok:
             raise AssertionError(str(self))
         return self
@@ -586,6 +697,7 @@ class Comparison:
         return {
             "name": self.name,
             "ok": self.ok,
+            "status": self.status,
             "max_abs": self.max_abs,
             "first_failure": None if self.first_failure is None else self.first_failure.name,
             "unmatched_tolerance_keys": list(self.unmatched_tolerance_keys),
@@ -737,8 +849,9 @@ class _Walker:
         name, requested = self.name(path), self.tolerance(path)
         if expected is None or actual is None:
             if expected is None and actual is None:
-                return LeafComparison(name, True, requested, None, None, "None", "None", size=0,
-                                      max_abs=0.0, max_rel=0.0, note="None on both sides")
+                return LeafComparison(name, False, requested, None, None, "None", "None", size=0,
+                                      max_abs=0.0, max_rel=0.0, note="None on both sides",
+                                      inconclusive_reason="None on both sides: nothing to compare")
             return self.structure_leaf(path, expected, actual)
         try:
             e, a = np.asarray(expected), np.asarray(actual)
@@ -751,6 +864,8 @@ class _Walker:
         dtype_mismatch = e.dtype != a.dtype and not weak
         notes: list[str] = []
         tol = Tolerance.exact() if kind in (_EXACT, _OTHER) else requested
+        if kind in (_EXACT, _OTHER) and requested.allow_nonfinite:
+            tol = Tolerance(0.0, 0.0, allow_nonfinite=True)
         if kind in (_EXACT, _OTHER) and not requested.is_exact:
             notes.append("compared exactly (integer, bool, string or object values)")
         if dtype_mismatch:
@@ -785,8 +900,11 @@ class _Walker:
             first = tuple(int(i) for i in np.unravel_index(flat, close.shape))
             first_e, first_a = _scalar(e, first, kind), _scalar(a, first, kind)
         ok = mismatched == 0 and not shape_mismatch and not (dtype_mismatch and self.check_dtype)
+        compared = _compared(close, stats, tol)
+        reason = _nothing_compared(e) if ok and compared == 0 else ""
         return LeafComparison(
-            ok=ok, size=int(close.size), mismatched=mismatched,
+            ok=ok and not reason, compared=compared, inconclusive_reason=reason,
+            size=int(close.size), mismatched=mismatched,
             fraction=mismatched / close.size if close.size else 0.0,
             max_abs=max_abs, max_rel=max_rel, first_mismatch=first,
             first_expected=first_e, first_actual=first_a,

@@ -31,7 +31,7 @@ from equivtool.comparison import Comparison, LeafComparison
 
 __all__ = ["StepResult", "EquivalenceReport", "STATUSES"]
 
-STATUSES = ("passed", "failed", "error", "skipped")
+STATUSES = ("passed", "failed", "inconclusive", "error", "skipped")
 _MESSAGE_WIDTH = 72
 
 
@@ -48,9 +48,11 @@ def _frozen_mapping(data: Optional[Mapping]) -> Mapping:
 class StepResult:
     """What one step of the equivalence workflow found.
 
-    ``status`` is one of "passed", "failed", "error", "skipped"; ``message``
-    says why it failed, was skipped or errored; ``data`` holds step-specific
-    extras (JSON-serialisable; kept read-only).
+    ``status`` is one of "passed", "failed", "inconclusive" (nothing that
+    could differ was compared: see :mod:`equivtool.comparison`), "error",
+    "skipped"; ``message`` says why it failed, was inconclusive, skipped or
+    errored; ``data`` holds step-specific extras (JSON-serialisable; kept
+    read-only).
     """
 
     name: str
@@ -99,21 +101,27 @@ class StepResult:
         notes: Sequence[str] = (),
         data: Optional[Mapping[str, Any]] = None,
     ) -> "StepResult":
-        """A step judged by its comparisons: "passed" iff every one is ok.
+        """A step judged by the leaves of its comparisons.
 
-        With no comparisons at all the step is "skipped" ("nothing to
-        compare"): a vacuous pass would hide a step that looked at nothing.
-        Without ``message``, a failed step's message names the failing leaves.
+        "failed" when a leaf failed; else "inconclusive" when a leaf compared
+        nothing that could differ (zero-size, or non-finite at the same
+        places on both sides), even if other leaves passed, or when there is
+        no leaf at all ("nothing to compare": a vacuous pass would hide a step
+        that looked at nothing); else "passed". Without ``message``, the
+        message names the failing leaves (missing and extra keys, shapes and
+        dtypes first) or says why the step is inconclusive.
         """
         comparisons = (comparisons,) if isinstance(comparisons, Comparison) else tuple(comparisons)
-        if not comparisons:
-            return cls(name, title, "skipped", seconds, (), message or "nothing to compare", notes, data or {})
-        failures = [leaf for c in comparisons for leaf in c.failures]
-        total = sum(len(c) for c in comparisons)
-        status = "failed" if failures else "passed"
-        if failures and not message:
-            message = f"{len(failures)} of {total} leaves differ; first divergence: {failures[0].name}"
-        return cls(name, title, status, seconds, comparisons, message, tuple(notes), data or {})
+        leaves = [leaf for c in comparisons for leaf in c.leaves]
+        failures = [leaf for leaf in leaves if leaf.failed]
+        pending = [leaf for leaf in leaves if leaf.inconclusive]
+        if failures:
+            status, default = "failed", _failure_message(failures, len(leaves))
+        elif pending or not leaves:
+            status, default = "inconclusive", _inconclusive_message(pending, len(leaves))
+        else:
+            status, default = "passed", ""
+        return cls(name, title, status, seconds, comparisons, message or default, tuple(notes), data or {})
 
     @classmethod
     def from_exception(
@@ -147,6 +155,23 @@ class StepResult:
         return self.status in ("failed", "error")
 
     @property
+    def inconclusive(self) -> bool:
+        return self.status == "inconclusive"
+
+    def error_cell(self) -> str:
+        """The table's "max abs err": over the leaves that failed on values when the
+        step failed ("-" when it failed on structure, shapes or dtypes only), over
+        the leaves that compared something otherwise."""
+        if self.status == "failed":
+            leaves = [leaf for leaf in self.leaves if leaf.failed and _value_failure(leaf)]
+            if any(leaf.nan_mismatch or leaf.inf_mismatch for leaf in leaves):
+                return "non-finite"
+        else:
+            leaves = [leaf for leaf in self.leaves if leaf.compared]
+        values = [leaf.max_abs for leaf in leaves if not math.isnan(leaf.max_abs)]
+        return _fmt_err(max(values)) if values else "-"
+
+    @property
     def first_failure(self) -> Optional[LeafComparison]:
         for c in self.comparisons:
             first = c.first_failure
@@ -170,13 +195,15 @@ class StepResult:
         return max(values) if values else math.nan
 
     def summary_text(self) -> str:
-        """The table's last column: the first divergence, then the message
-        unless it only repeats the first divergence."""
+        """The table's last column: the first divergence and the message; just
+        the message when it names the first divergence (missing: ..., shape: ...),
+        just the first divergence when the message only points at it."""
         first = self.first_divergence
-        parts = [] if first is None else [first]
-        if self.message and (first is None or first not in self.message):
-            parts.append(self.message)
-        return " | ".join(parts)
+        if first is None or self.message.endswith(f"first divergence: {first}"):
+            return first or self.message
+        if first in self.message:
+            return self.message
+        return " | ".join(x for x in (first, self.message) if x)
 
     def details(self, max_failures: int = 10) -> str:
         """The full text of this step: header, message, notes, comparisons."""
@@ -186,6 +213,9 @@ class StepResult:
         lines.extend(f"note: {n}" for n in self.notes)
         for c in self.comparisons:
             lines.append(c.format(max_failures=max_failures) if not c.ok else c.summary())
+        if self.status == "inconclusive" and self.comparisons:
+            lines.append("note: an inconclusive step compared nothing that could differ in at least one leaf; "
+                         "it does not count as passed")
         tb = self.data.get("traceback")
         if self.status == "error" and tb:
             lines.append(str(tb).rstrip())
@@ -222,6 +252,50 @@ class StepResult:
         )
 
 
+def _value_failure(leaf: LeafComparison) -> bool:
+    """A leaf that failed on its values only (not on structure, shape or dtype)."""
+    return (leaf.values_compared and leaf.mismatched > 0 and not leaf.shape_mismatch
+            and not leaf.structure_mismatch)
+
+
+def _names(leaves: Sequence[LeafComparison], limit: int = 3) -> str:
+    text = ", ".join(leaf.name for leaf in leaves[:limit])
+    return text + (f" (+{len(leaves) - limit} more)" if len(leaves) > limit else "")
+
+
+def _failure_message(failures: Sequence[LeafComparison], total: int) -> str:
+    """Names the structural failures first (missing/extra keys, structure, shapes, dtypes), then the count."""
+    groups = [
+        ("missing", [f for f in failures if f.missing_in_actual]),
+        ("extra", [f for f in failures if f.missing_in_expected]),
+        ("structure", [f for f in failures if f.structure_mismatch]),
+    ]
+    parts = [f"{label}: {_names(leaves)}" for label, leaves in groups if leaves]
+    shapes = [f for f in failures if f.shape_mismatch]
+    if shapes:
+        parts.append("shape: " + ", ".join(f"{f.name} {_shape(f.expected_shape)} vs {_shape(f.actual_shape)}"
+                                           for f in shapes[:3]) + (" ..." if len(shapes) > 3 else ""))
+    dtypes = [f for f in failures if f.dtype_mismatch and not f.shape_mismatch and not _value_failure(f)]
+    if dtypes:
+        parts.append("dtype: " + ", ".join(f"{f.name} {f.expected_dtype} vs {f.actual_dtype}"
+                                           for f in dtypes[:3]) + (" ..." if len(dtypes) > 3 else ""))
+    count = f"{len(failures)} of {total} leaves differ"
+    if not parts:
+        return f"{count}; first divergence: {failures[0].name}"
+    return "; ".join(parts) + f"; {count}"
+
+
+def _shape(shape) -> str:
+    return "-" if shape is None else str(tuple(shape))
+
+
+def _inconclusive_message(pending: Sequence[LeafComparison], total: int) -> str:
+    if not pending:
+        return "inconclusive: nothing to compare"
+    first = pending[0]
+    return f"{first.name}: {first.inconclusive_reason}; {len(pending)} of {total} leaves compared nothing"
+
+
 # ---------------------------------------------------------------------------
 # EquivalenceReport
 # ---------------------------------------------------------------------------
@@ -251,13 +325,21 @@ class EquivalenceReport:
 
     @property
     def passed(self) -> bool:
-        """No failed or errored step, and at least one step passed."""
-        return not self.failed_steps and any(s.passed for s in self.steps)
+        """EQUIVALENT: every step passed, except steps skipped with a stated
+        reason, and at least one passed. A failed, errored or inconclusive
+        step means not passed."""
+        return (not self.failed_steps and not self.inconclusive_steps
+                and any(s.passed for s in self.steps))
 
     @property
     def failed_steps(self) -> tuple[StepResult, ...]:
         """Steps with status "failed" or "error", in order."""
         return tuple(s for s in self.steps if s.failed)
+
+    @property
+    def inconclusive_steps(self) -> tuple[StepResult, ...]:
+        """Steps that compared nothing that could differ in some leaf, in order."""
+        return tuple(s for s in self.steps if s.inconclusive)
 
     def step(self, name: str) -> StepResult:
         for s in self.steps:
@@ -275,6 +357,9 @@ class EquivalenceReport:
         if self.failed_steps:
             names = ", ".join(s.name for s in self.failed_steps)
             return f"Verdict: NOT EQUIVALENT ({tally}); failing: {names}"
+        if self.inconclusive_steps:
+            names = ", ".join(s.name for s in self.inconclusive_steps)
+            return f"Verdict: INCONCLUSIVE ({tally}); nothing that could differ was compared in: {names}"
         return f"Verdict: INCONCLUSIVE, no step passed ({tally or 'no steps'})"
 
     def table(self) -> str:
@@ -285,7 +370,7 @@ class EquivalenceReport:
                 s.name,
                 _STATUS_TEXT[s.status],
                 f"{s.seconds:.2f}s",
-                "-" if math.isnan(s.max_abs) else _fmt_err(s.max_abs),
+                s.error_cell(),
                 _shorten(s.summary_text(), _MESSAGE_WIDTH),
             )
             for s in self.steps
@@ -311,12 +396,13 @@ class EquivalenceReport:
     def __str__(self) -> str:
         parts = ["Equivalence report"] + (self.meta_lines() if self.meta else [])
         parts += [self.table(), self.verdict()]
-        for s in self.failed_steps:
-            parts += ["", s.details()]
+        for s in self.steps:
+            if s.failed or s.inconclusive:
+                parts += ["", s.details()]
         return "\n".join(parts)
 
     def raise_for_failure(self) -> "EquivalenceReport":
-        """Raise AssertionError with the report text unless passed; return self."""
+        """Raise AssertionError with the report text unless passed (failed, error or inconclusive); return self."""
         if not self.passed:
             raise AssertionError(str(self))
         return self
@@ -380,6 +466,10 @@ def _comparison_html(c: Comparison) -> str:
     parts = [f"<p>{_e(c.summary())}</p>"]
     if c.failures:
         parts.append("<p>Failing leaves:</p>" + _render.leaf_rows(c.failures))
+    if c.inconclusive_leaves:
+        parts.append("<p>Inconclusive leaves (nothing that could differ was compared):</p>"
+                     + _render.leaf_rows(c.inconclusive_leaves))
+    if not c.ok:
         parts.append(f"<pre>{_e(c.format())}</pre>")
     parts.append(f"<details><summary>all {len(c)} leaves</summary>{_render.leaf_rows(c.leaves)}</details>")
     return "".join(parts)
@@ -392,7 +482,7 @@ def _render_html(report: EquivalenceReport, plots: Mapping[int, str]) -> str:
         f'<td><a href="#step-{i}"><code>{_e(s.name)}</code></a></td><td>{_e(s.title)}</td>'
         f"<td>{_render.status_cell(s.status)}</td>"
         f'<td class="num">{s.seconds:.2f}s</td>'
-        f'<td class="num">{_e("-" if math.isnan(s.max_abs) else _fmt_err(s.max_abs))}</td>'
+        f'<td class="num">{_e(s.error_cell())}</td>'
         f"<td>{_e(s.summary_text())}</td>"
         "</tr>"
         for i, s in enumerate(report.steps)

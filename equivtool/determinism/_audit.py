@@ -259,7 +259,8 @@ class _Audit:
         reference = self.captures[0]
         comparisons = []
         for run, capture in enumerate(self.captures[1:], start=2):
-            c = compare(reference, capture, Tolerance.exact(), name="", check_dtype=True)
+            # bitwise: NaN and inf that match count as compared (the bits are checked next)
+            c = compare(reference, capture, Tolerance(0.0, 0.0, allow_nonfinite=True), name="", check_dtype=True)
             comparisons.append(dataclasses.replace(_bitwise(c, reference, capture), name=f"run {run} vs run 1"))
         name = _fn_name(self.fn)
         meta = {"fn": name, "runs": self.runs, "seed": "start state" if self.seed is None else self.seed,

@@ -111,13 +111,18 @@ class DeterminismReport:
 
     @property
     def reproducible(self) -> bool:
-        """Every run matched run 1 bit for bit."""
-        return all(c.ok for c in self.comparisons)
+        """Every run matched run 1 bit for bit (no leaf failed)."""
+        return not any(c.failures for c in self.comparisons)
+
+    @property
+    def compared_anything(self) -> bool:
+        """Some leaf held an element to compare (not only zero-size leaves, or none at all)."""
+        return any(leaf.compared for c in self.comparisons for leaf in c.leaves)
 
     @property
     def passed(self) -> bool:
-        """Reproducible, and no cause of non-determinism was found."""
-        return self.reproducible and not self.causes
+        """Reproducible, something was compared, and no cause of non-determinism was found."""
+        return self.reproducible and self.compared_anything and not self.causes
 
     @property
     def leaf_names(self) -> tuple[str, ...]:
@@ -129,7 +134,7 @@ class DeterminismReport:
         by_name: dict[str, list[tuple[int, LeafComparison]]] = {}
         for run, c in enumerate(self.comparisons, start=2):
             for leaf in c.leaves:
-                if not leaf.ok:
+                if leaf.failed:
                     by_name.setdefault(leaf.name, []).append((run, leaf))
         order = {name: i for i, name in enumerate(self.leaf_names)}
         result = []
@@ -170,6 +175,9 @@ class DeterminismReport:
         if not self.reproducible:
             return (f"Verdict: NOT REPRODUCIBLE ({self.runs} runs; {len(self.differing)} of {n} "
                     f"leaves differ; max abs diff {_fmt_err(self.max_abs)})")
+        if not self.compared_anything:
+            return (f"Verdict: INCONCLUSIVE: fn returned nothing to compare and no variable was found "
+                    f"({n} leaves, none with an element); return the step's tensors from fn")
         if self.causes:
             return (f"Verdict: AT RISK: {self.runs} runs agreed bit for bit on {n} leaves, "
                     f"but {len(self.causes)} cause(s) of non-determinism were found")
@@ -205,7 +213,7 @@ class DeterminismReport:
                          "differing leaf (threads, uninitialised memory, Python-side state, "
                          "GPU ops outside the known list).")
         parts.extend(f"note: {n}" for n in self.notes)
-        first = next((c for c in self.comparisons if not c.ok), None)
+        first = next((c for c in self.comparisons if c.failures), None)
         if first is not None:
             parts += ["", f"Details ({first.name}):", first.format(max_failures=5)]
         return "\n".join(parts)
@@ -246,7 +254,7 @@ class DeterminismReport:
 
     def to_html(self, path: Union[str, os.PathLike]) -> str:
         """Write a self-contained HTML page (plots need matplotlib); return its path."""
-        verdict_class = "ok" if self.passed else "bad"
+        verdict_class = "ok" if self.passed else ("bad" if self.reproducible is False or self.causes else "none")
         body = [f"<h1>Determinism audit of <code>{_e(self.name)}</code></h1>",
                 f'<p class="verdict {verdict_class}">{_e(self.verdict())}</p>']
         meta = "".join(f"<tr><th>{_e(k)}</th><td><code>{_e(v)}</code></td></tr>" for k, v in self.meta.items())
@@ -264,9 +272,9 @@ class DeterminismReport:
         if self.notes:
             body.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in self.notes) + "</ul>")
         for c in self.comparisons:
-            status = "passed" if c.ok else "failed"
+            status = "failed" if c.failures else "passed"
             body.append(f"<h2>{_e(c.name)} {_render.status_cell(status)}</h2><p>{_e(c.summary())}</p>")
-            if not c.ok and len(c.leaves) >= 2:
+            if c.failures and len(c.leaves) >= 2:
                 png = _render.error_plot_png(c.leaves, c.name, c.first_failure)
                 body.append(f'<img alt="{_e(c.name)}" src="data:image/png;base64,{png}">')
             if c.failures:
