@@ -173,7 +173,8 @@ def leaf_rows(leaves: Sequence[LeafComparison]) -> str:
     """An HTML table with one row per leaf."""
     head = (
         "<tr><th>leaf</th><th>status</th><th>shape</th><th>dtype</th><th>compared</th><th>mismatched</th>"
-        "<th>max abs</th><th>max rel</th><th>first mismatch</th><th>tolerance</th><th>note</th></tr>"
+        "<th>max abs</th><th>max rel</th><th>first mismatch</th><th>tolerance</th><th>would pass with / errors</th>"
+        "<th>note</th></tr>"
     )
     rows = []
     for leaf in leaves:
@@ -196,6 +197,7 @@ def leaf_rows(leaves: Sequence[LeafComparison]) -> str:
             f'<td class="num">{escape(_fmt_err(leaf.max_abs))}</td>'
             f'<td class="num">{escape(_fmt_err(leaf.max_rel))}</td>'
             f"<td>{escape(leaf.first_mismatch_str)}</td><td>{escape(leaf.tolerance)}</td>"
+            f"<td>{'<br>'.join(escape(line) for line in leaf.advice_lines())}</td>"
             f"<td>{escape(note)}</td>"
             "</tr>"
         )

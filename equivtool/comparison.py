@@ -69,6 +69,8 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from equivtool._advice import ToleranceAdvice, tolerance_advice
+
 __all__ = [
     "Tolerance",
     "ToleranceSpec",
@@ -414,6 +416,9 @@ class LeafComparison:
     ones under ``Tolerance(allow_nonfinite=True)``). ``inconclusive_reason``
     is set, and ``ok`` False, when the leaf agreed but nothing that could
     differ was compared; ``status`` is "passed", "failed" or "inconclusive".
+    ``advice`` (a leaf whose floating-point values differ) says what would
+    have passed: the smallest ``atol`` (``rtol`` unchanged) and ``rtol``
+    (``atol`` unchanged), error quantiles and the largest distance in ULPs.
     """
 
     name: str
@@ -442,6 +447,7 @@ class LeafComparison:
     structure_mismatch: bool = False
     compared: int = 0
     inconclusive_reason: str = ""
+    advice: Optional[ToleranceAdvice] = None
 
     def __post_init__(self) -> None:
         if self.inconclusive_reason and self.ok:
@@ -513,9 +519,30 @@ class LeafComparison:
                 lines.append(f"  NaN on one side only: {self.nan_mismatch} element(s)")
             if self.inf_mismatch:
                 lines.append(f"  Infinity differs: {self.inf_mismatch} element(s)")
+            lines.extend("  " + line for line in self.advice_lines())
         if self.note:
             lines.append(f"  Note: {self.note}")
         return "\n".join(lines)
+
+    def advice_lines(self) -> list[str]:
+        """The tolerance advice as text lines (none without advice)."""
+        adv = self.advice
+        if adv is None:
+            return []
+        if math.isinf(adv.needed_atol) and math.isinf(adv.needed_rtol):
+            lines = ["No tolerance passes it: "
+                     + ("NaN or infinity on one side only" if self.nan_mismatch or self.inf_mismatch
+                        else "expected is 0 where values differ, and no atol reaches them")]
+        else:
+            rtol_text = "no rtol" if math.isinf(adv.needed_rtol) else f"rtol >= {adv.needed_rtol:.3g}"
+            lines = [f"Would pass with atol >= {adv.needed_atol:.3g} (rtol {self.tolerance.rtol:g} unchanged) "
+                     f"or {rtol_text} (atol {self.tolerance.atol:g} unchanged)"]
+        if self.shape_mismatch or (self.dtype_mismatch and not self.ok):
+            lines[0] += "; the shapes or dtypes must match too"
+        ulp = "" if math.isnan(adv.max_ulp) else f"; largest distance {adv.max_ulp:.0f} ULP ({adv.ulp_dtype})"
+        lines.append(f"|actual - expected| where finite: median {_fmt_err(adv.median)}, "
+                     f"p99 {_fmt_err(adv.p99)}, max {_fmt_err(adv.max)}{ulp}")
+        return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -546,6 +573,7 @@ class LeafComparison:
             "status": self.status,
             "compared": self.compared,
             "inconclusive_reason": self.inconclusive_reason,
+            "advice": None if self.advice is None else self.advice.to_dict(),
         }
 
     @classmethod
@@ -588,6 +616,7 @@ class LeafComparison:
             structure_mismatch=bool(d.get("structure_mismatch", False)),
             compared=int(d.get("compared", d.get("size", 0) if d.get("values_compared", True) else 0)),
             inconclusive_reason=d.get("inconclusive_reason", ""),
+            advice=None if not d.get("advice") else ToleranceAdvice.from_dict(d["advice"]),
         )
 
 
@@ -902,8 +931,12 @@ class _Walker:
         ok = mismatched == 0 and not shape_mismatch and not (dtype_mismatch and self.check_dtype)
         compared = _compared(close, stats, tol)
         reason = _nothing_compared(e) if ok and compared == 0 else ""
+        advice = None
+        if mismatched and stats is not None and kind in (_FLOAT, _COMPLEX):
+            advice = tolerance_advice(e, a, stats["diff"], stats["abs_e"], stats["finite"], tol.rtol, tol.atol,
+                                      stats["nan"] + stats["inf"])
         return LeafComparison(
-            ok=ok and not reason, compared=compared, inconclusive_reason=reason,
+            ok=ok and not reason, compared=compared, inconclusive_reason=reason, advice=advice,
             size=int(close.size), mismatched=mismatched,
             fraction=mismatched / close.size if close.size else 0.0,
             max_abs=max_abs, max_rel=max_rel, first_mismatch=first,

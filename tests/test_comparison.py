@@ -547,3 +547,91 @@ def test_public_compare_is_the_function_even_after_its_module_is_imported():
     import equivtool.comparison  # noqa: F401  (a submodule import must not shadow the function)
     assert callable(equivtool.compare)
     assert equivtool.compare(1.0, 1.0).ok
+
+
+# -- tolerance that explains itself ------------------------------------------------------
+
+
+def _planted(n=1000, seed=0):
+    rng = np.random.default_rng(seed)
+    expected = rng.normal(size=n).astype(np.float32)
+    noise = (rng.normal(size=n) * 1e-5).astype(np.float32)
+    return expected, expected + noise
+
+
+@pytest.mark.parametrize("rtol, atol", [(1e-6, 1e-5), (0.0, 1e-7), (1e-3, 0.0)])
+def test_the_suggested_tolerances_pass_and_are_the_smallest(rtol, atol):
+    expected, actual = _planted()
+    leaf = compare(expected, actual, Tolerance(rtol=rtol, atol=atol)).leaves[0]
+    assert leaf.failed and leaf.advice is not None
+    adv = leaf.advice
+    assert compare(expected, actual, Tolerance(rtol=rtol, atol=adv.needed_atol)).ok
+    assert not compare(expected, actual, Tolerance(rtol=rtol, atol=adv.needed_atol * (1 - 1e-6))).ok
+    assert compare(expected, actual, Tolerance(rtol=adv.needed_rtol, atol=atol)).ok
+    assert not compare(expected, actual, Tolerance(rtol=adv.needed_rtol * (1 - 1e-6), atol=atol)).ok
+
+
+def test_error_quantiles_match_numpy():
+    expected, actual = _planted()
+    adv = compare(expected, actual).leaves[0].advice
+    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    assert adv.median == pytest.approx(np.median(diff))
+    assert adv.p99 == pytest.approx(np.quantile(diff, 0.99))
+    assert adv.max == pytest.approx(diff.max())
+
+
+def _up(x, n, dtype):
+    """``x`` moved ``n`` representable values towards +inf in ``dtype`` (np.nextafter; for bfloat16,
+    which np.nextafter does not know, one step of its 7-bit mantissa at a time)."""
+    x = np.array(x, dtype)
+    for _ in range(n):
+        if dtype == ml_dtypes.bfloat16:
+            x = np.array(float(x) + 2.0 ** (np.floor(np.log2(abs(float(x)))) - 7), dtype)
+        else:
+            x = np.nextafter(x, dtype(np.inf))
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("steps", [1, 7])
+def test_largest_ulp_distance_counts_representable_values(dtype, steps):
+    expected = np.array([0.75, 1.0, 3.0], dtype)
+    actual = expected.copy()
+    actual[0] = _up(expected[0], steps, dtype)
+    actual[2] = _up(expected[2], 2, dtype)
+    leaf = compare(expected, actual, Tolerance.exact()).leaves[0]
+    assert leaf.advice.max_ulp == max(steps, 2) and leaf.advice.ulp_dtype == np.dtype(dtype).name
+
+
+def test_ulp_distance_across_zero_counts_both_signs():
+    from equivtool._advice import ulp_distance
+    tiny = np.array([np.nextafter(np.float32(0), np.float32(1))])
+    assert ulp_distance(-tiny, tiny)[0] == 2
+    assert ulp_distance(np.array([0.0], np.float32), -tiny)[0] == 1
+    assert ulp_distance(np.array([0.0], np.float32), np.array([-0.0], np.float32))[0] == 0  # equal values
+    big = np.array([np.finfo(np.float64).max])
+    assert ulp_distance(-big, big)[0] > 9e18  # across zero, far apart: no int64 overflow
+
+
+def test_no_tolerance_passes_a_nan_on_one_side_and_the_text_says_so():
+    leaf = compare(np.array([1.0, 2.0]), np.array([np.nan, 2.5])).leaves[0]
+    assert math.isinf(leaf.advice.needed_atol) and math.isinf(leaf.advice.needed_rtol)
+    assert "No tolerance passes it: NaN or infinity on one side only" in str(leaf)
+
+
+def test_advice_is_in_text_json_and_html_and_only_for_differing_values(tmp_path):
+    from equivtool.report import EquivalenceReport, StepResult
+    expected, actual = _planted()
+    c = compare({"logits": expected, "same": expected}, {"logits": actual, "same": expected.copy()},
+                name="outputs")
+    assert c.leaf("outputs/same").advice is None
+    text = str(c)
+    assert "Would pass with atol >= " in text and "largest distance" in text and " ULP (float32)" in text
+    data = json.loads(json.dumps(_json_safe(c.to_dict())))
+    advice = data["leaves"][0]["advice"]
+    assert set(advice) >= {"needed_atol", "needed_rtol", "median", "p99", "max", "max_ulp"}
+    back = Comparison.from_dict(data).leaf("outputs/logits").advice
+    assert back == c.leaf("outputs/logits").advice
+    report = EquivalenceReport([StepResult.from_comparisons("fixed_weights", "Fixed weights", c)])
+    page = open(report.to_html(tmp_path / "r.html"), encoding="utf-8").read()
+    assert "would pass with / errors" in page and "Would pass with atol &gt;= " in page
