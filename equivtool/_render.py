@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
 import os
 import tempfile
@@ -20,7 +21,7 @@ import numpy as np
 from equivtool._results import LeafComparison, _fmt_err
 
 __all__ = ["CSS", "STATUS_TEXT", "escape", "json_safe", "shorten", "fmt_err", "text_table", "fixed_row",
-           "status_cell", "leaf_rows", "error_plot_png", "matplotlib_figure", "write_text_atomic"]
+           "status_cell", "leaf_rows", "error_plot_png", "matplotlib_figure", "write_text_atomic", "json_text"]
 
 STATUS_TEXT = {"passed": "passed", "failed": "FAILED", "inconclusive": "INCONCLUSIVE", "error": "ERROR",
                "skipped": "skipped"}
@@ -94,6 +95,15 @@ def json_safe(x: Any) -> Any:
     if hasattr(x, "to_dict"):
         return json_safe(x.to_dict())
     return str(x)
+
+
+def json_text(data: Any, path: Union[str, os.PathLike, None] = None, indent: Optional[int] = 2) -> str:
+    """Strict JSON of ``data`` (non-finite floats as "nan"/"inf"/"-inf" strings),
+    written atomically to ``path`` when given."""
+    text = json.dumps(json_safe(data), indent=indent, allow_nan=False)
+    if path is not None:
+        write_text_atomic(path, text + "\n")
+    return text
 
 
 # ---------------------------------------------------------------------------

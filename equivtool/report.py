@@ -419,10 +419,7 @@ class EquivalenceReport:
 
     def to_json(self, path: Union[str, os.PathLike, None] = None, *, indent: Optional[int] = 2) -> str:
         """Strict JSON (``allow_nan=False``); written to ``path`` when given."""
-        text = json.dumps(_json_safe(self.to_dict()), indent=indent, allow_nan=False)
-        if path is not None:
-            _render.write_text_atomic(path, text + "\n")
-        return text
+        return _render.json_text(self.to_dict(), path, indent)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "EquivalenceReport":

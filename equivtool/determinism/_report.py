@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import types
@@ -247,10 +246,7 @@ class DeterminismReport:
 
     def to_json(self, path: Union[str, os.PathLike, None] = None, *, indent: Optional[int] = 2) -> str:
         """Strict JSON (non-finite floats as "nan"/"inf" strings); written to ``path`` when given."""
-        text = json.dumps(_render.json_safe(self.to_dict()), indent=indent, allow_nan=False)
-        if path is not None:
-            _render.write_text_atomic(path, text + "\n")
-        return text
+        return _render.json_text(self.to_dict(), path, indent)
 
     def to_html(self, path: Union[str, os.PathLike]) -> str:
         """Write a self-contained HTML page (plots need matplotlib); return its path."""
