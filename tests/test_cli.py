@@ -383,3 +383,19 @@ def test_inconclusive_check_exits_one(tmp_path):
                      "--steps", "fixed_weights", cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Verdict: INCONCLUSIVE" in result.stdout
+
+
+def test_cli_reports_replace_a_symlink_at_the_destination_and_never_write_through_it(tmp_path, capsys,
+                                                                                     monkeypatch):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    for name in ("a.json", "a.html"):
+        (tmp_path / name).symlink_to(victim)
+    monkeypatch.chdir(TESTS)
+    code = cli.main(["audit", "audit_targets:reproducible_step", "--runs", "2",
+                     "--json", str(tmp_path / "a.json"), "--html", str(tmp_path / "a.html")])
+    assert code == 0, capsys.readouterr()
+    assert victim.read_text() == "precious"
+    assert json.loads((tmp_path / "a.json").read_text())["passed"] is True
+    assert not (tmp_path / "a.html").is_symlink() and "<html" in (tmp_path / "a.html").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "a.json", "victim.txt"]  # no temporaries
