@@ -38,14 +38,45 @@ def _run(name: str, tmp_path) -> str:
     nb = nbformat.read(copy, as_version=4)
     make_notebooks.execute(nb, cwd=str(tmp_path), timeout=600)
     nbformat.write(nb, copy)  # the executed copy, for a look after a failure
-    texts = []
+    return _text_outputs(nb)
+
+
+def _text_outputs(nb) -> str:
+    """All text outputs, one per line; consecutive outputs of one stream are concatenated.
+
+    The kernel may split one ``print`` into several stream outputs (it flushes
+    on a timer), so a stream's pieces are joined as written, never with a newline.
+    """
+    texts, stream = [], None
     for cell in nb.cells:
+        stream = None  # a new cell starts a new stream
         for output in cell.get("outputs", ()):
             if output.output_type == "stream":
-                texts.append(output.text)
-            elif "data" in output:
-                texts.append(output.data.get("text/plain", ""))
+                if stream == output.name:
+                    texts[-1] += output.text
+                else:
+                    texts.append(output.text)
+                stream = output.name
+            else:
+                stream = None
+                if "data" in output:
+                    texts.append(output.data.get("text/plain", ""))
     return "\n".join(texts)
+
+
+def test_text_outputs_join_a_split_print_as_written():
+    stream = nbformat.v4.new_output
+    cell = nbformat.v4.new_code_cell("print(...)", outputs=[
+        stream("stream", name="stdout", text="Verdict: EQUI"),
+        stream("stream", name="stdout", text="VALENT (6 passed)\n"),
+        stream("stream", name="stderr", text="a warning\n"),
+        stream("execute_result", data={"text/plain": "42"}, execution_count=1),
+        stream("stream", name="stdout", text="after\n")])
+    later = nbformat.v4.new_code_cell("print(...)", outputs=[stream("stream", name="stdout", text="next cell\n")])
+    text = _text_outputs(nbformat.v4.new_notebook(cells=[cell, later]))
+    assert "Verdict: EQUIVALENT (6 passed)" in text
+    assert text.split("\n") == ["Verdict: EQUIVALENT (6 passed)", "", "a warning", "", "42", "after", "",
+                                 "next cell", ""]
 
 
 def _image_outputs(path) -> int:
