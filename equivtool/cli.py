@@ -115,6 +115,10 @@ def cmd_doctor(args) -> int:
         print(f"  xent op         {state}")
     except Exception as exc:
         print(f"  xent op         unknown ({exc})")
+    from equivtool._selfcheck import run_selfchecks  # live: the random tool and the op, run here
+    for check in run_selfchecks():
+        print(f"  {check}")
+        problems += [] if check.ok else [f"{check.name}: {check.detail}"]
     if problems:
         print("\nProblems:")
         for problem in problems:
