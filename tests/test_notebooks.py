@@ -1,5 +1,9 @@
 """The two notebooks run top to bottom and show what they say (issue 6).
 
+Their sources are the Jupytext percent-format files ``notebooks/<name>.py``;
+the committed ``.ipynb`` must hold exactly those cells (with the outputs of
+their last execution).
+
 Each notebook is copied to a temporary directory and executed there (the
 committed file is never rewritten), in a kernel running this interpreter
 (``make_notebooks.execute``: ipykernel's built-in ``python3`` spec, no
@@ -84,13 +88,39 @@ def _image_outputs(path) -> int:
     return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", ()))
 
 
+def _cells(nb) -> list:
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
 @pytest.mark.parametrize("name", sorted(make_notebooks.NOTEBOOKS))
 def test_committed_notebook_matches_its_source(name):
     committed = nbformat.read(os.path.join(NOTEBOOKS, f"{name}.ipynb"), as_version=4)
     generated = make_notebooks.build(name)
-    assert [(c.cell_type, c.source) for c in committed.cells] == \
-           [(c.cell_type, c.source) for c in generated.cells], \
+    kinds = {kind for kind, _ in _cells(generated)}
+    assert len(generated.cells) > 5 and kinds == {"code", "markdown"}  # a real source was read
+    assert _cells(committed) == _cells(generated), \
         f"notebooks/{name}.ipynb is out of date: run notebooks/make_notebooks.py --execute {name}"
+    assert [c["id"] for c in committed.cells] == [c["id"] for c in generated.cells]
+
+
+def test_source_check_finds_an_edited_cell():
+    generated = make_notebooks.build("deterministic_xent")
+    edited = nbformat.from_dict(generated)
+    edited.cells[-1].source += "\nprint('edited')"
+    assert _cells(edited) != _cells(make_notebooks.build("deterministic_xent"))
+
+
+@pytest.mark.parametrize("name", sorted(make_notebooks.NOTEBOOKS))
+def test_sources_are_plain_python_in_percent_format(name):
+    with open(make_notebooks.source_path(name), encoding="utf-8") as handle:
+        text = handle.read()
+    compile(text, make_notebooks.source_path(name), "exec")  # the cells are code, not strings
+    assert text.count("# %%") == len(make_notebooks.build(name).cells)
+
+
+def test_build_rejects_an_unknown_name():
+    with pytest.raises(ValueError, match="name: expected one of validate_correctness, deterministic_xent"):
+        make_notebooks.build("nope")
 
 
 @pytest.mark.parametrize("name", sorted(make_notebooks.NOTEBOOKS))
