@@ -19,7 +19,9 @@ Each version's result goes to ``.venv-matrix/<minor>/result.json`` and its
 full output to ``.venv-matrix/<minor>/log.txt``; the table between the
 markers of COMPATIBILITY.md is rewritten (atomically) with one row per
 version, rows of versions not run this time are kept. ``--no-table`` leaves
-COMPATIBILITY.md alone (the CI leg). Exit status: 0 when every step of every
+COMPATIBILITY.md alone (the CI leg); ``--table-only`` runs nothing and
+rewrites the table from the last results. ``EQUIVTOOL_MATRIX_DIR`` moves
+the environments elsewhere. Exit status: 0 when every step of every
 version passed, 1 otherwise, 2 for bad arguments.
 
 Standard library only: it runs under the system ``python3`` before any
@@ -45,7 +47,8 @@ import xml.etree.ElementTree as ET
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DECLARED = ("2.16", "2.17", "2.18", "2.19", "2.20", "2.21")
-MATRIX_DIR = os.path.join(REPO, ".venv-matrix")
+# EQUIVTOOL_MATRIX_DIR puts the environments elsewhere (e.g. kept across fresh CI clones).
+MATRIX_DIR = os.path.abspath(os.environ.get("EQUIVTOOL_MATRIX_DIR") or os.path.join(REPO, ".venv-matrix"))
 TABLE_FILE = os.path.join(REPO, "COMPATIBILITY.md")
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 # What a TensorFlow version can break: the op (build, kernels, swap), the
@@ -70,6 +73,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="full suite (default), the op/seeding/equivalence tests, or none")
     parser.add_argument("--no-demo", action="store_true", help="skip the demo")
     parser.add_argument("--no-table", action="store_true", help="do not rewrite COMPATIBILITY.md")
+    parser.add_argument("--table-only", action="store_true",
+                        help="run nothing: rewrite COMPATIBILITY.md from the versions' last result.json")
     return parser.parse_args(argv)
 
 
@@ -304,6 +309,12 @@ def write_table(results: list[dict]) -> None:
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     versions = args.versions or list(DECLARED)
+    if args.table_only:
+        found = [os.path.join(MATRIX_DIR, v, "result.json") for v in versions]
+        results = [json.load(open(path)) for path in found if os.path.exists(path)]
+        write_table(results)
+        print(f"[matrix] table rewritten from {len(results)} result(s): {TABLE_FILE}")
+        return 0
     os.makedirs(MATRIX_DIR, exist_ok=True)
     results = []
     for version in versions:
