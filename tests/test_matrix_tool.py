@@ -107,3 +107,15 @@ def test_compat_suite_selects_existing_test_files_only():
     assert "tests/test_equivalence.py" in files and "tests/test_selfcheck.py" in files
     assert all(os.path.isfile(os.path.join(REPO, f)) for f in files)
     assert matrix._suite_files(REPO, "full") == []  # pytest's own testpaths: everything
+
+
+def test_log_keeps_each_command_and_returns_its_output(tmp_path):
+    log = matrix._Log(str(tmp_path / "log.txt"), "2.16")
+    try:
+        rc, out, seconds = log.run([os.sys.executable, "-c", "print('first'); raise SystemExit(3)"], str(tmp_path))
+        rc2, out2, _ = log.run([os.sys.executable, "-c", "print('second')"], str(tmp_path))
+    finally:
+        log.close()
+    assert (rc, out) == (3, "first\n") and (rc2, out2) == (0, "second\n") and seconds >= 0
+    text = (tmp_path / "log.txt").read_text()
+    assert "first\n[exit 3 after" in text and "second\n[exit 0 after" in text

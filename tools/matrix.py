@@ -95,14 +95,17 @@ class _Log:
     def run(self, cmd: list[str], cwd: str, env: dict | None = None) -> tuple[int, str, float]:
         self.file.write(f"\n$ (cd {cwd} && {' '.join(cmd)})\n")
         self.file.flush()
+        offset = os.path.getsize(self.path)
         start = time.monotonic()
-        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, errors="replace")
+        # straight into the log, so a long run can be followed with tail -f
+        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=self.file, stderr=subprocess.STDOUT)
         seconds = time.monotonic() - start
-        self.file.write(proc.stdout)
+        with open(self.path, "rb") as handle:
+            handle.seek(offset)
+            output = handle.read().decode("utf-8", "replace")
         self.file.write(f"[exit {proc.returncode} after {seconds:.0f} s]\n")
         self.file.flush()
-        return proc.returncode, proc.stdout, seconds
+        return proc.returncode, output, seconds
 
     def close(self) -> None:
         self.file.close()
