@@ -240,6 +240,15 @@ def doctor_xent_op() -> tuple[bool, str]:
     return False, f"NOT usable: {status.get('error') or 'not built'} (run: equivtool build-ops)"
 
 
+def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
+    """A live check of equivtool._selfcheck (the real code path, run tiny here)."""
+    def check() -> tuple[bool, str]:
+        from equivtool import _selfcheck
+        result = getattr(_selfcheck, name)()
+        return result.ok, ("ok: " if result.ok else "FAILS: ") + result.detail
+    return check
+
+
 # (label, check): add a line here to add a check to `equivtool doctor`.
 DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("tensorflow", _version_check("tensorflow")),
@@ -251,6 +260,8 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("shim", doctor_shim),
     ("devices", doctor_devices),
     ("xent op", doctor_xent_op),
+    ("random tool", _live_check("check_random_tool")),
+    ("xent op live", _live_check("check_op")),
 ]
 
 
