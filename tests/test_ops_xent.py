@@ -465,33 +465,77 @@ def test_bitwise_deterministic_across_runs_threads_and_batch_splits(dtype, label
 
 
 # ---------------------------------------------------------------------------
-# GPU (skipped without a device).
+# GPU (the `gpu` marker, tests/conftest.py, skips these without a device).
 
-def _gpu_or_skip():
-    if not tf.config.list_physical_devices("GPU"):
-        pytest.skip("no GPU device: the CUDA kernels are compiled but not run here")
+def _assert_ran_on_gpu(*tensors):
+    """TensorFlow falls back to the CPU silently when a GPU kernel is missing:
+    check the device each result was computed on."""
+    for t in tensors:
+        assert "GPU" in t.device, f"computed on {t.device}, not on the GPU"
+
+
+def test_device_check_rejects_a_result_computed_on_the_cpu():
+    with tf.device("/CPU:0"):
+        loss = ops.sparse_softmax_cross_entropy_with_logits(labels=[0], logits=[[1.0, 2.0]])
+    with pytest.raises(AssertionError, match="not on the GPU"):
+        _assert_ran_on_gpu(loss)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dense", [False, True], ids=["sparse", "dense"])
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.name)
-def test_gpu_bitwise_deterministic_and_close_to_reference(dtype):
-    _gpu_or_skip()
+def test_gpu_bitwise_deterministic_and_close_to_reference(dtype, dense):
     x, y = _inputs(12, (1024, 1000), dtype)
+    fn = ops.sparse_softmax_cross_entropy_with_logits
+    if dense:
+        y = tf.cast(np.random.default_rng(13).dirichlet(np.ones(1000), 1024), dtype)
+        fn = ops.softmax_cross_entropy_with_logits
     with tf.device("/GPU:0"):
-        first = _sparse_and_grad(ops.sparse_softmax_cross_entropy_with_logits, x, y)
-        second = _sparse_and_grad(ops.sparse_softmax_cross_entropy_with_logits, x, y)
+        first = _sparse_and_grad(fn, x, y)
+        second = _sparse_and_grad(fn, x, y)
+    _assert_ran_on_gpu(*first, *second)
     for a, b in zip(first, second):
         np.testing.assert_array_equal(_bits(a), _bits(b))
-    ref_loss, ref_grad = _sparse_reference(_f64(x), y)
+    if dense:
+        ref_loss, ref_grad = _dense_reference(_f64(x), _f64(y), np.ones(1024))
+    else:
+        ref_loss, ref_grad = _sparse_reference(_f64(x), y)
     np.testing.assert_allclose(_f64(first[1]), ref_grad, rtol=0, atol=TOL[dtype])
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dense", [False, True], ids=["sparse", "dense"])
+@pytest.mark.parametrize("sign", [1, -1], ids=["positive", "negative"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.name)
+def test_gpu_huge_finite_logits_give_tfs_values(dtype, sign, dense):
+    with tf.device("/GPU:0"):
+        test_huge_finite_logits_give_tfs_values(dtype, sign, dense)
+        big = HUGE[dtype][0]
+        x = tf.cast([[sign * big, 0.0, 1.0]], dtype)
+        fn = ops.softmax_cross_entropy_with_logits if dense \
+            else ops.sparse_softmax_cross_entropy_with_logits
+        y = tf.cast([[0.0, 1.0, 0.0]], dtype) if dense else tf.constant([1])
+        _assert_ran_on_gpu(*_fwd_bwd(fn, y, x))
+
+
+@pytest.mark.gpu
+def test_gpu_dense_zero_classes_and_tf_gradient():
+    with tf.device("/GPU:0"):
+        empty = tf.zeros([3, 0])
+        loss, grad = _fwd_bwd(ops.softmax_cross_entropy_with_logits, empty, empty)
+        ours = _fwd_bwd(ops.softmax_cross_entropy_with_logits, tf.constant([[0.0, 0.0]]),
+                        tf.constant([[1.0, 1.0]]))
+    _assert_ran_on_gpu(loss, *ours)
+    assert loss.numpy().tolist() == [0.0, 0.0, 0.0] and grad.shape == [3, 0]
+    np.testing.assert_allclose(ours[1].numpy(), [[0.5, 0.5]])
+
+
+@pytest.mark.gpu
 def test_invalid_label_gpu_gives_nan_loss_and_gradient_row():
-    _gpu_or_skip()
     x = tf.zeros([3, 4])
     with tf.device("/GPU:0"):
         loss, grad = _sparse_and_grad(ops.sparse_softmax_cross_entropy_with_logits, x,
                                       tf.constant([0, 7, 1]))
+    _assert_ran_on_gpu(loss, grad)
     assert np.isnan(loss.numpy()[1]) and np.isnan(grad.numpy()[1]).all()
     assert not np.isnan(loss.numpy()[[0, 2]]).any()
