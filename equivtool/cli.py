@@ -150,16 +150,20 @@ def cmd_check(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if repo not in sys.path:
-        sys.path.insert(0, repo)
-    try:
-        from examples.inception_resnet_v2 import parity
-    except ModuleNotFoundError as exc:
-        raise UsageError("equivtool demo runs examples/inception_resnet_v2 from a source checkout "
-                         f"(editable install or the repository as current directory): {exc}") from None
+    import importlib.util
+    # An installed equivtool ships the examples as equivtool.examples; a source
+    # checkout (editable install) has them as the repository's examples/.
+    if importlib.util.find_spec("equivtool.examples") is not None:
+        from equivtool.examples.inception_resnet_v2 import parity
+    else:
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if repo not in sys.path:
+            sys.path.insert(0, repo)
+        try:
+            from examples.inception_resnet_v2 import parity
+        except ModuleNotFoundError as exc:
+            raise UsageError("equivtool demo needs the examples: install equivtool, or run it "
+                             f"from a source checkout: {exc}") from None
     return parity.main(args.demo_args)
 
 
