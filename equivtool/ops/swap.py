@@ -135,6 +135,7 @@ _applied: list[tuple[ModuleType, str, object]] | None = None
 _open_blocks = 0          # deterministic_xent() blocks entered and not yet exited
 _enabled_by_call = False  # enable_deterministic_xent() without disable
 _holds_tf_op: dict[str, bool] = {}  # function name -> its FunctionDef has TF's op
+_scan_lock = threading.Lock()  # guards _holds_tf_op
 
 
 def is_enabled() -> bool:
@@ -149,18 +150,19 @@ def traced_functions_holding_tf_xent() -> list[str]:
     from tensorflow.python.eager import context
 
     ctx = context.context()
-    names = ctx.list_function_names()
-    # "__wrapped__<Op>_device_..." functions run single eager ops, not user traces.
-    names = {name for name in names if not name.startswith("__wrapped__")}
-    for name in set(_holds_tf_op) - names:  # forget functions TF has released
-        del _holds_tf_op[name]
-    for name in names - set(_holds_tf_op):
-        try:
-            fdef = ctx.get_function_def(name)
-        except Exception:  # released between the listing and the look-up
-            continue
-        _holds_tf_op[name] = any(node.op in _TF_XENT_OPS for node in fdef.node_def)
-    return sorted(name for name in names if _holds_tf_op.get(name))
+    with _scan_lock:
+        names = ctx.list_function_names()
+        # "__wrapped__<Op>_device_..." functions run single eager ops, not user traces.
+        names = {name for name in names if not name.startswith("__wrapped__")}
+        for name in set(_holds_tf_op) - names:  # forget functions TF has released
+            del _holds_tf_op[name]
+        for name in names - set(_holds_tf_op):
+            try:
+                fdef = ctx.get_function_def(name)
+            except Exception:  # released between the listing and the look-up
+                continue
+            _holds_tf_op[name] = any(node.op in _TF_XENT_OPS for node in fdef.node_def)
+        return sorted(name for name in names if _holds_tf_op.get(name))
 
 
 def _warn_about_stale_traces(released: set[str]) -> None:

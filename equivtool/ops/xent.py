@@ -34,12 +34,13 @@ reductions; ``exact_gradient=True`` routes to ``-sum(labels *
 log_softmax(logits))``, whose derivative is the exact one. Chosen over an XLA
 lowering of our own because XLA fuses TensorFlow's op with its neighbours
 and the numbers are exactly ``tf.nn``'s under XLA. Determinism there is
-XLA's: on the CPU a compiled reduction runs in one fixed order, so results
-are bitwise reproducible run to run (tested); on the GPU, XLA's reductions
-are deterministic by construction when ``tf.config.experimental.
-enable_op_determinism()`` is on (XLA's deterministic mode). Labels out of
-range give NaN rows under XLA (XLA cannot raise inside a kernel), as with
-``tf.nn`` under XLA.
+XLA's: the lowering is element-wise work and row reductions. On the CPU a
+compiled reduction runs in one fixed order, so results are bitwise
+reproducible run to run (tested); on the GPU it is deterministic by
+construction, since XLA names only scatter, select-and-scatter, GEMMs,
+convolutions and attention as non-deterministic, and the lowering has none
+(not run on a GPU here). Labels out of range give NaN rows under XLA (XLA
+cannot raise inside a kernel), as with ``tf.nn`` under XLA.
 """
 
 from __future__ import annotations
