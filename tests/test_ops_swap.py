@@ -219,9 +219,14 @@ def _sparse_loss_fn():
     return tf.function(lambda: tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x))
 
 
+def _trace_names(fn):
+    return {tf.compat.as_str(cf.name) for cf in fn._list_all_concrete_functions()}
+
+
 def test_entering_warns_about_functions_traced_before_with_tfs_op():
     early = _sparse_loss_fn()
     early()  # traced with TensorFlow's op
+    assert _trace_names(early) <= set(swap.traced_functions_holding_tf_xent())
     with pytest.warns(swap.StaleTraceWarning, match=r"function\(s\) traced before .*__inference"):
         with ops.deterministic_xent():
             early()
@@ -269,11 +274,15 @@ def test_keras_model_fitted_before_is_retraced_when_passed_to_the_block():
         with ops.deterministic_xent():
             pass
     before = _train_functions_holding(xent.SPARSE_OP)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", swap.StaleTraceWarning)  # its old trace is released
+    old_traces = _trace_names(model.train_function)
+    assert old_traces <= set(swap.traced_functions_holding_tf_xent())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", swap.StaleTraceWarning)
         with ops.deterministic_xent(model):
             model.fit(x, y, epochs=1, verbose=0)
             routed = _train_functions_holding(xent.SPARSE_OP) - before
+    reported = " ".join(str(w.message) for w in caught)
+    assert not any(name in reported for name in old_traces), reported  # released, not stale
     assert routed, "fit inside deterministic_xent(model) did not trace with equivtool's op"
     assert model.train_function is None  # reset on exit: the next fit traces with TF's op
 
