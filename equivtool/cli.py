@@ -326,21 +326,26 @@ def cmd_check(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    with importable_cwd():
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        added = repo not in sys.path
-        if added:
-            sys.path.append(repo)
-        try:
-            from examples.inception_resnet_v2 import parity
-        except ModuleNotFoundError as exc:
-            raise UsageError("equivtool demo runs examples/inception_resnet_v2 from a source checkout "
-                             f"(editable install or the repository as current directory): {exc}") from None
-        finally:
-            if added:
-                with contextlib.suppress(ValueError):
-                    sys.path.remove(repo)
+    import importlib.util
+    # An installed equivtool ships the examples as equivtool.examples; a source
+    # checkout has them as the repository's examples/ too.
+    if importlib.util.find_spec("equivtool.examples") is not None:
+        from equivtool.examples.inception_resnet_v2 import parity
         return parity.main(args.demo_args)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    added = repo not in sys.path
+    if added:
+        sys.path.append(repo)
+    try:
+        from examples.inception_resnet_v2 import parity
+    except ModuleNotFoundError as exc:
+        raise UsageError("equivtool demo needs the examples: install equivtool, or run it "
+                         f"from a source checkout: {exc}") from None
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(repo)
+    return parity.main(args.demo_args)
 
 
 def _check_runs(runs) -> int:

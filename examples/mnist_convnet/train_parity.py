@@ -34,8 +34,8 @@ import equivtool.ops
 
 import tensorflow as tf
 
-from examples.mnist_convnet.keras_model import make_model
-from examples.mnist_convnet.tf1_model import synthetic_batch, tf1_forward
+from .keras_model import make_model
+from .tf1_model import synthetic_batch, tf1_forward
 
 __all__ = ["MnistConvNetWithLoss", "TrainingParity", "main", "mean_cross_entropy", "run",
            "tf1_forward_with_loss"]
