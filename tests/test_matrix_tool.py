@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 
 import pytest
 
@@ -106,6 +107,7 @@ def test_compat_suite_selects_existing_test_files_only():
     assert "tests/test_ops_xent.py" in files and "tests/test_seeding.py" in files
     assert "tests/test_equivalence.py" in files and "tests/test_selfcheck.py" in files
     assert all(os.path.isfile(os.path.join(REPO, f)) for f in files)
+    assert "tests/test_ops_packaging.py" not in files  # TF-independent, and two more op builds
     assert matrix._suite_files(REPO, "full") == []  # pytest's own testpaths: everything
 
 
@@ -119,3 +121,13 @@ def test_log_keeps_each_command_and_returns_its_output(tmp_path):
     assert (rc, out) == (3, "first\n") and (rc2, out2) == (0, "second\n") and seconds >= 0
     text = (tmp_path / "log.txt").read_text()
     assert "first\n[exit 3 after" in text and "second\n[exit 0 after" in text
+
+
+def test_tree_copy_is_a_checkout_that_lists_the_same_files(tmp_path):
+    dest = tmp_path / "src"
+    matrix._copy_tree(str(dest))
+    assert (dest / "tools" / "matrix.py").read_bytes() == open(os.path.join(REPO, "tools", "matrix.py"), "rb").read()
+    assert not list(dest.glob("equivtool/ops/*.so"))  # build outputs are ignored: not copied
+    listed = subprocess.run(["git", "ls-files", "--others", "--exclude-standard"], cwd=dest,
+                            stdout=subprocess.PIPE, text=True, check=True).stdout.split()
+    assert "tools/matrix.py" in listed and "setup.cfg" in listed
