@@ -140,6 +140,15 @@ def _copy_tree(dest: str) -> None:
     subprocess.run(["git", "init", "-q", dest], check=True)
 
 
+def _commit() -> str:
+    """The tree proven: HEAD's short hash, with ``+changes`` when the work tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, stdout=subprocess.PIPE,
+                          text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal"], cwd=REPO,
+                           stdout=subprocess.PIPE, text=True).stdout.strip()
+    return head + ("+changes" if dirty else "")
+
+
 def _pip_versions(python: str) -> dict:
     code = ("import importlib.metadata as m, json\n"
             "out = {}\n"
@@ -178,7 +187,7 @@ def run_version(version: str, suite: str, demo: bool) -> dict:
     home = os.path.join(MATRIX_DIR, version)
     os.makedirs(home, exist_ok=True)
     log = _Log(os.path.join(home, "log.txt"), version)
-    result: dict = {"version": version, "python": platform.python_version(),
+    result: dict = {"version": version, "python": platform.python_version(), "commit": _commit(),
                     "date": datetime.date.today().isoformat(), "suite_scope": suite, "ok": False}
     python = os.path.join(home, "bin", "python")
     try:
@@ -288,11 +297,12 @@ def _row(result: dict) -> str:
         suite_cell = f"{scope}: {', '.join(parts)} ({suite['seconds']} s)"
     demo = result.get("demo")
     demo_cell = f"{demo['verdict']}, {demo['seconds']} s" if demo else "not run"
-    return f"| {stack} | {install} | {doctor} | {suite_cell} | {demo_cell} | {result.get('date', '')} |"
+    when = f"{result.get('date', '')} ({result['commit']})" if result.get("commit") else result.get("date", "")
+    return f"| {stack} | {install} | {doctor} | {suite_cell} | {demo_cell} | {when} |"
 
 
 HEADER = ("| TensorFlow | tf-keras | numpy | install (`pip install --no-build-isolation -e .`, op build) "
-          "| `equivtool doctor` | tests | demo (`--image-size 107`) | date |\n"
+          "| `equivtool doctor` | tests | demo (`--image-size 107`) | date (commit) |\n"
           "|---|---|---|---|---|---|---|---|")
 
 
