@@ -131,3 +131,51 @@ def test_tree_copy_is_a_checkout_that_lists_the_same_files(tmp_path):
     listed = subprocess.run(["git", "ls-files", "--others", "--exclude-standard"], cwd=dest,
                             stdout=subprocess.PIPE, text=True, check=True).stdout.split()
     assert "tools/matrix.py" in listed and "setup.cfg" in listed
+
+
+@pytest.fixture
+def dev_copy(tmp_path):
+    """./dev in a scratch tree whose .venv is a stub recording the pytest call (no install)."""
+    import hashlib
+    import shutil
+    shutil.copy2(os.path.join(REPO, "dev"), tmp_path / "dev")
+    for name in ("requirements.lock", "setup.py", "setup.cfg", "equivtool/ops/_build.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (tmp_path / ".venv" / ".equivtool-stamp").write_text(hashlib.sha256(b"").hexdigest() + "\n")
+    (venv_bin / "python").write_text('#!/bin/sh\necho "suite $*" >> calls\nexit ${SUITE_RC:-0}\n')
+    (venv_bin / "python").chmod(0o755)
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "matrix.py").write_text(
+        "import os, sys\nopen('calls', 'a').write('compat ' + ' '.join(sys.argv[1:]) + '\\n')\n"
+        "sys.exit(int(os.environ.get('COMPAT_RC', '0')))\n")
+
+    def run(*args, **env):
+        full = {k: v for k, v in os.environ.items() if k not in ("CI", "EQUIVTOOL_CI_COMPAT")}
+        full.update(env)
+        proc = subprocess.run([str(tmp_path / "dev"), *args], cwd=tmp_path, env=full, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+        (tmp_path / "calls").unlink(missing_ok=True)
+        return proc.returncode, calls, proc.stdout
+    return run
+
+
+def test_dev_test_runs_only_the_suite_outside_ci(dev_copy):
+    rc, calls, _ = dev_copy("test", "-x")
+    assert (rc, calls) == (0, ["suite -m pytest -x"])
+
+
+def test_dev_test_under_ci_also_proves_tensorflow_2_16_first(dev_copy):
+    rc, calls, _ = dev_copy("test", CI="true")
+    assert (rc, calls) == (0, ["compat --suite compat --no-demo --no-table 2.16", "suite -m pytest"])
+    assert dev_copy("test", CI="true", EQUIVTOOL_CI_COMPAT="0")[:2] == (0, ["suite -m pytest"])
+
+
+@pytest.mark.parametrize("compat_rc, suite_rc, expected", [("1", "0", 1), ("0", "1", 1), ("1", "2", 2), ("0", "5", 5)])
+def test_dev_test_under_ci_fails_when_either_leg_fails(dev_copy, compat_rc, suite_rc, expected):
+    rc, calls, out = dev_copy("test", CI="true", COMPAT_RC=compat_rc, SUITE_RC=suite_rc)
+    assert rc == expected and len(calls) == 2  # the suite runs even after a failed 2.16 leg
+    assert ("the TensorFlow 2.16 leg failed" in out) == (compat_rc != "0")
