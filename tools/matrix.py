@@ -144,7 +144,9 @@ def _commit() -> str:
     """The tree proven: HEAD's short hash, with ``+changes`` when the work tree differs from it."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, stdout=subprocess.PIPE,
                           text=True).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal"], cwd=REPO,
+    # the table this tool rewrites is not a change to the tree it proves
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal", "--", ".",
+                            f":!{os.path.relpath(TABLE_FILE, REPO)}"], cwd=REPO,
                            stdout=subprocess.PIPE, text=True).stdout.strip()
     return head + ("+changes" if dirty else "")
 
