@@ -198,11 +198,11 @@ def run_version(version: str, suite: str, demo: bool) -> dict:
         key = _deps_key(version)
         if not os.path.exists(python) or not os.path.exists(stamp) or open(stamp).read() != key:
             log.say(f"creating the environment: tensorflow=={version}.*, tf-keras=={version}.* (downloads a large wheel)")
-            if not os.path.exists(python):
-                rc, out, _ = log.run([sys.executable, "-m", "venv", home], REPO)
-                if rc:
-                    result["install"] = f"venv failed: {_tail(out)}"
-                    return result
+            # creates it, or repairs one whose creation was cut short (no pip); keeps what is installed
+            rc, out, _ = log.run([sys.executable, "-m", "venv", home], REPO)
+            if rc:
+                result["install"] = f"venv failed: {_tail(out)}"
+                return result
             rc, out, seconds = log.run([python, "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools", "wheel"], REPO)
             if rc == 0:
                 rc, out, seconds = log.run([python, "-m", "pip", "install", "-q",
