@@ -263,6 +263,12 @@ class _ConstantPair:
             tf2_out, tf2_reg, _, _ = self.tf2.forward(self.engine.inputs, training=False)
         return tf1_out, tf1_reg, tf2_out, tf2_reg
 
+    def localization_call(self, training: bool):
+        """One more TF2 forward pass for localization (with ``tf_function=True``
+        a new trace, which the op taps see being built)."""
+        with self.tf2_tool.scope():
+            return _call_layer(self.layer, self.engine.inputs, training, self.engine.tf_function)
+
     def close(self) -> None:
         self.tf1.close()
 
@@ -274,8 +280,9 @@ class _ConstantPair:
 class _Engine:
     def __init__(self, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances,
                  loss_fn, optimizers, train_steps, checkpoint, rename, tf_function,
-                 disable_arithmetic_optimization, seed, progress, strategy=None):
+                 disable_arithmetic_optimization, seed, progress, strategy=None, localize=False):
         self.tf1_fn = tf1_fn
+        self.localize = localize
         self.strategy = strategy
         self.inputs = inputs
         self.steps = steps
@@ -369,6 +376,18 @@ class _Engine:
                 comparisons.append(compare(expected, actual, spec, name=label))
         return StepResult.from_comparisons(name, _TITLES[name], comparisons, notes=notes, data=data)
 
+    def localized(self, result: StepResult, tf1: TF1Side, tf1_outputs, call_tf2: Callable[[], Any],
+                  state=None) -> StepResult:
+        """With ``localize=True``: ``result`` with the first divergent op attached as
+        ``data["localization"]`` (see :mod:`equivtool.localize`); its numbers and
+        status are left as they are. ``state`` (a context manager) puts back what
+        the localization run changed."""
+        if not self.localize:
+            return result
+        from equivtool.localize import localize_on_step
+        return localize_on_step(result, tf1, tf1_outputs, call_tf2, self.tolerances.get(result.name),
+                                state=state, strategy=self.strategy)
+
     # -- steps -------------------------------------------------------------
 
     def step_variables_once(self) -> StepResult:
@@ -410,8 +429,11 @@ class _Engine:
         else:
             tf1_out, tf1_reg, _, _ = pair.tf1_inference()
             tf2_out, tf2_reg, _, _ = pair.tf2_inference()
-        return self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg),
-                                 notes=[_PREBUILT_NOTE] if pair.prebuilt else [])
+        result = self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg),
+                                   notes=[_PREBUILT_NOTE] if pair.prebuilt else [])
+        forward = pair.training if training else pair.inference
+        return self.localized(result, pair.tf1, forward.outputs,
+                              lambda: pair.localization_call(training), state=pair.preserved)
 
     def step_gradients(self) -> StepResult:
         pair = self.pair
@@ -437,8 +459,10 @@ class _Engine:
             pair.tf2.assign_variables(values)
             unassigned = [k for k in pair.tf2.keys() if k not in values]
             outputs = pair.inference_now()
-        notes = [f"TF2 variables without a TF1 counterpart kept their values: {unassigned[:5]}"] if unassigned else []
-        return self.compare_step("fixed_weights", _forward_pairs(*outputs), notes=notes)
+            notes = [f"TF2 variables without a TF1 counterpart kept their values: {unassigned[:5]}"] if unassigned else []
+            result = self.compare_step("fixed_weights", _forward_pairs(*outputs), notes=notes)
+            return self.localized(result, pair.tf1, pair.inference.outputs,
+                                  lambda: pair.localization_call(False))
 
     def step_optimizer(self) -> StepResult:
         if self.optimizers is None:
@@ -526,8 +550,9 @@ class _Engine:
             if absent:
                 notes.append(f"{len(absent)} TF2 variables not in the checkpoint: {absent[:5]}")
             tf1_out, _, tf2_out, _ = pair.inference_now()
-        return self.compare_step("checkpoint", [("outputs", tf1_out, tf2_out)], notes=notes,
-                                 data={"loaded_variables": loaded, "missing": len(absent)})
+            result = self.compare_step("checkpoint", [("outputs", tf1_out, tf2_out)], notes=notes,
+                                       data={"loaded_variables": loaded, "missing": len(absent)})
+            return self.localized(result, pair.tf1, pair.inference.outputs, lambda: pair.localization_call(False))
 
     def step_random_fresh(self, mode: str, training: bool) -> StepResult:
         name = f"random/{mode}/{'training' if training else 'inference'}"
@@ -543,17 +568,26 @@ class _Engine:
             forward = tf1.forward(training=training)
             tf1_out, tf1_reg = tf1.run((forward.outputs, forward.regularization), update_ops=forward.update_ops)
         finally:
+            if not self.localize:  # localization fetches from this graph after the TF2 pass
+                tf1.close()
+        try:
+            tf2_tool = DeterministicRandomTestTool(seed=self.seed, mode=mode)
+            notes = []
+            if self.tf_function:
+                notes.append("called eagerly: tf.function traces a variable-creating call twice, and "
+                             "num_random_ops counts the random ops of both traces")
+            with tf2_tool.scope():
+                layer = self.new_layer()
+                tf2 = TF2Side(layer, renamer=self.renamer, loss_fn=self.loss_fn, use_tf_function=False)
+                tf2_out, tf2_reg, _, _ = tf2.forward(self.inputs, training=training)
+            result = self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
+
+            def fresh_call():  # the same first call of a fresh layer under a fresh tool
+                with DeterministicRandomTestTool(seed=self.seed, mode=mode).scope():
+                    return _call_layer(self.new_layer(), self.inputs, training, False)
+            return self.localized(result, tf1, forward.outputs, fresh_call)
+        finally:
             tf1.close()
-        tf2_tool = DeterministicRandomTestTool(seed=self.seed, mode=mode)
-        notes = []
-        if self.tf_function:
-            notes.append("called eagerly: tf.function traces a variable-creating call twice, and "
-                         "num_random_ops counts the random ops of both traces")
-        with tf2_tool.scope():
-            layer = self.new_layer()
-            tf2 = TF2Side(layer, renamer=self.renamer, loss_fn=self.loss_fn, use_tf_function=False)
-            tf2_out, tf2_reg, _, _ = tf2.forward(self.inputs, training=training)
-        return self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
 
     # -- the loop ----------------------------------------------------------
 
@@ -652,6 +686,14 @@ def _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg) -> list:
             ("regularization_loss", np.float32(tf1_reg), np.float32(tf2_reg))]
 
 
+def _call_layer(layer, inputs, training: bool, use_tf_function: bool):
+    """The layer's forward pass alone (no losses), eagerly or in a new ``tf.function``."""
+    inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+    if use_tf_function:
+        return tf.function(lambda x: layer(x, training=training))(inputs)
+    return layer(inputs, training=training)
+
+
 def _with_seconds(result: StepResult, seconds: float) -> StepResult:
     return dataclasses.replace(result, seconds=seconds)
 
@@ -676,6 +718,7 @@ def check_equivalence(
     progress: Callable[[StepResult], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
+    localize: bool = False,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -721,6 +764,12 @@ def check_equivalence(
         make training-mode outputs differ by design, so under a strategy the
         training-output steps are skipped with that reason and gradients and
         optimizer steps use ``training=False`` on both sides.
+      localize: for the steps that compare forward outputs (``fixed_weights``,
+        ``random/*``, ``checkpoint``), run the pass once more with every op's
+        output captured on both sides and attach the first op whose output
+        exceeds tolerance as ``step.data["localization"]`` (an
+        :class:`equivtool.localize.Localization`); verdicts and numbers are those
+        of the steps themselves. See :mod:`equivtool.localize`.
     """
     if not callable(tf1_fn):
         raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}")
@@ -743,6 +792,8 @@ def check_equivalence(
                         "zero-argument callables")
     if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(f"strategy: expected a tf.distribute.Strategy, got {type(strategy).__name__}")
+    if not isinstance(localize, bool):
+        raise TypeError(f"localize: expected True or False, got {localize!r}")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn: expected a callable loss_fn(outputs, regularization_loss), got {loss_fn!r}")
     engine = _Engine(tf1_fn, tf2_layer, inputs, steps=selected, modes=selected_modes,
@@ -750,7 +801,7 @@ def check_equivalence(
                      optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
                      rename=rename, tf_function=tf_function,
                      disable_arithmetic_optimization=disable_arithmetic_optimization,
-                     seed=seed, progress=progress, strategy=strategy)
+                     seed=seed, progress=progress, strategy=strategy, localize=localize)
     results = engine.run()
     info = {
         "tensorflow": tf.__version__,
@@ -763,5 +814,7 @@ def check_equivalence(
         "strategy": None if strategy is None else
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
     }
+    if localize:
+        info["localize"] = True
     info.update(meta or {})
     return EquivalenceReport(tuple(results), info)
