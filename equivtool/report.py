@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from equivtool.comparison import Comparison, LeafComparison, _fmt_err
+from equivtool.localize import result as _localize
 
 __all__ = ["StepResult", "EquivalenceReport", "STATUSES"]
 
@@ -219,6 +220,12 @@ class StepResult:
         if self.message:
             lines.append(self.message)
         lines.extend(f"note: {n}" for n in self.notes)
+        localization = _localize.as_localization(self.data.get("localization"))
+        if localization is not None:
+            lines.append(str(localization))
+        hint = _localize.rerun_hint(self.name, self.status, self.data)
+        if hint:
+            lines.append(f"hint: {hint}")
         for c in self.comparisons:
             lines.append(c.format(max_failures=max_failures) if not c.ok else c.summary())
         tb = self.data.get("traceback")
@@ -409,7 +416,11 @@ class EquivalenceReport:
         and return its path. Needs matplotlib."""
         _matplotlib()
         plots = {i: _error_plot_png(s) for i, s in enumerate(self.steps) if _plot_leaves(s)}
-        document = _render_html(self, plots)
+        localizations = {i: _localize.as_localization(s.data.get("localization")) for i, s in enumerate(self.steps)}
+        paths = {i: _localize.path_plot_png(loc, f"{self.steps[i].name}: path to the first divergent op "
+                                                 f"{loc.tf1_op}")
+                 for i, loc in localizations.items() if loc is not None and loc.diverged and loc.path}
+        document = _render_html(self, plots, paths)
         path = os.fspath(path)
         with open(path, "w", encoding="utf-8") as f:
             f.write(document)
@@ -551,7 +562,8 @@ def _comparison_html(c: Comparison) -> str:
     return "".join(parts)
 
 
-def _render_html(report: EquivalenceReport, plots: Mapping[int, str]) -> str:
+def _render_html(report: EquivalenceReport, plots: Mapping[int, str],
+                 path_plots: Optional[Mapping[int, str]] = None) -> str:
     verdict_class = "ok" if report.passed else ("bad" if report.failed_steps else "none")
     summary_rows = "".join(
         "<tr>"
@@ -578,6 +590,12 @@ def _render_html(report: EquivalenceReport, plots: Mapping[int, str]) -> str:
             body.append(
                 f'<img alt="{_e(s.name)}: max abs error per leaf" src="data:image/png;base64,{plots[i]}">'
             )
+        localization = _localize.as_localization(s.data.get("localization"))
+        if localization is not None:
+            body.append(_localize.localization_html(localization, _e, (path_plots or {}).get(i)))
+        hint = _localize.rerun_hint(s.name, s.status, s.data)
+        if hint:
+            body.append(f"<p><em>{_e(hint)}</em></p>")
         body.extend(_comparison_html(c) for c in s.comparisons)
         if s.data:
             data_text = json.dumps(_json_safe(dict(s.data)), indent=2, allow_nan=False)
