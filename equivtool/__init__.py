@@ -47,6 +47,7 @@ _EXPORTS = {
     # the engine
     "check_equivalence": "equivalence",
     "STEPS": "equivalence",
+    "Localization": "localize",
     # reproducibility
     "audit_determinism": "determinism",
     "DeterminismReport": "determinism",

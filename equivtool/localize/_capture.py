@@ -36,6 +36,7 @@ _SKIPPED_TYPES = frozenset({
     "ReadVariableOp", "NoOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
     "VarIsInitializedOp", "Shape", "ShapeN", "Size", "Rank", "StopGradient", "PyFunc", "EagerPyFunc",
     "PyFuncStateless", "DebugIdentityV2",
+    "Fill",  # a constant of a given shape (eager batch norm's implicit gamma of ones)
 })
 # Ops whose extra outputs are implementation details (batch-norm reserve spaces).
 _FIRST_OUTPUT_ONLY = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
