@@ -270,8 +270,8 @@ class _Lockstep:
     # -- comparing -----------------------------------------------------------
 
     def add(self, record: _Record) -> None:
-        if self.closed:
-            return
+        if self.closed or self.divergence is not None:
+            return  # comparison stops at the first divergence
         self.tf2_seen += 1
         op = self.align(record)
         if op is None:
@@ -279,8 +279,6 @@ class _Lockstep:
             return
         op.matched = True
         self.cursor = max(self.cursor, op.index)
-        if self.divergence is not None:
-            return  # aligned (for the counts) but no longer compared
         self.buffer.append((op, record))
         self.buffered += sum(int(getattr(v, "nbytes", 0)) for v in record.values)
         if self.buffered >= self.budget:
@@ -369,6 +367,9 @@ class _Tap:
         return None
 
     def _eager(self, op_type, outputs, indices) -> None:
+        if self.lockstep.divergence is not None:  # found: the rest of the call runs untapped
+            self.eager_ops += 1
+            return
         scope_now = tf.get_current_name_scope()
         if "/Initializer" in scope_now:  # a variable's initial value (a layer's first call)
             return
@@ -445,7 +446,12 @@ def localize_forward(tf1_graph, tf1_outputs, tf1_run: Callable[[list], list], tf
         lockstep.closed = True
     mode = "tf.function" if tap.graph_mode else "eager"
     tf2_ops = len(graph_records) if tap.graph_mode else tap.eager_ops
-    unaligned_tf1 = [f"{op.name} ({op.type})" for op in ops if not op.matched]
+    examined = ops
+    if lockstep.divergence is not None:  # ops after the divergent one were never looked for
+        examined = ops[:lockstep.divergence[0].index + 1]
+        notes.append(f"comparison stopped at the first divergence: {len(ops) - len(examined)} later TF1 ops "
+                     "not examined")
+    unaligned_tf1 = [f"{op.name} ({op.type})" for op in examined if not op.matched]
     common = dict(mode=mode, compared=lockstep.compared, tf1_ops=len(ops), tf2_ops=tf2_ops,
                   unaligned_tf1=unaligned_tf1[:_LIST_LIMIT], unaligned_tf2=lockstep.unaligned_tf2[:_LIST_LIMIT],
                   unaligned_tf1_count=len(unaligned_tf1), unaligned_tf2_count=len(lockstep.unaligned_tf2))
