@@ -60,6 +60,9 @@ def conv_changed(module, target: str, **changes):
         if full.endswith(target):
             kwargs.update(changes)
         return tf_slim.conv2d(*args, scope=scope, **kwargs)
+    # slim.arg_scope([slim.conv2d], ...) keys its defaults by this attribute: the
+    # original conv2d called inside still gets them, the changes override them
+    conv2d._key_op = tf_slim.conv2d._key_op
     return lambda: patched(module, "slim", SlimProxy(conv2d=conv2d))
 
 
