@@ -113,6 +113,9 @@ def cmd_doctor(args) -> int:
         else:
             state = f"NOT usable: {status.get('error') or 'not built'} (run: equivtool build-ops)"
         print(f"  xent op         {state}")
+        if status.get("cuda") and status.get("built") and not status.get("error"):
+            from equivtool.ops._build import cuda_report
+            print(f"  xent op CUDA    {cuda_report(status['path'])}")
     except Exception as exc:
         print(f"  xent op         unknown ({exc})")
     if problems:

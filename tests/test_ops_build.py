@@ -161,3 +161,32 @@ def test_nvcc_flags_match_the_cpu_builds_arithmetic():
     # no FMA contraction (the CPU build: -ffp-contract=off) and denormals
     # flushed (the CPU kernels flush them in every shard)
     assert "--fmad=false" in _build.NVCC_FLAGS and "-ftz=true" in _build.NVCC_FLAGS
+
+
+def test_cuda_report_states_runtime_driver_and_archs():
+    if not ops.op_status()["cuda"]:
+        pytest.skip("this op library was built without CUDA (no nvcc here): no CUDA code to report")
+    line = _build.cuda_report(_load.library_path())
+    assert "runtime linked statically (needs an NVIDIA driver R" in line
+    assert "SASS sm_80, sm_89, sm_90" in line and "PTX ISA" in line
+
+
+def test_cuda_report_flags_a_library_that_leaves_the_runtime_out(tmp_path):
+    blob = _fatbin([(2, 80, 1, 8)]) + b"EQUIVTOOL_XENT_BUILD{tensorflow=2.21.0;cuda=1;nvcc=12.5}"
+    array = ", ".join(str(b) for b in blob)
+    lib = _shared_library(tmp_path, f"""
+__attribute__((section(".nv_fatbin"), used)) const unsigned char fatbin[] = {{{array}}};
+extern int cudaGetLastError(void);
+int f(void) {{ return cudaGetLastError(); }}
+""")
+    line = _build.cuda_report(lib)
+    assert "NOT linked in (1 runtime symbols" in line and "equivtool build-ops" in line
+
+
+def test_doctor_prints_the_ops_cuda_line(capsys):
+    if not ops.op_status()["cuda"]:
+        pytest.skip("this op library was built without CUDA (no nvcc here): no CUDA line")
+    from equivtool import cli
+    cli.cmd_doctor(None)
+    out = capsys.readouterr().out
+    assert "xent op CUDA    CUDA " in out and "SASS sm_80" in out

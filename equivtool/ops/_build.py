@@ -343,3 +343,28 @@ def cuda_contents(path: str) -> "CudaContents":
                         ptx=tuple(sorted(ptx, key=lambda p: by_number(p[0]))),
                         undefined_cuda=tuple(sorted(undefined)),
                         exported_cuda=tuple(sorted(exported)))
+
+
+# The oldest driver each CUDA major's runtime runs on (12.x: with minor
+# version compatibility, PTX JIT excepted).
+MIN_DRIVER = {12: "R525", 13: "R580"}
+
+
+def cuda_report(path: str) -> str:
+    """One line for ``equivtool doctor``: the op library's CUDA runtime, SASS and PTX."""
+    contents = cuda_contents(path)
+    if not contents.has_cuda:
+        return "no CUDA kernels in this library"
+    with open(path, "rb") as f:
+        match = re.search(rb"EQUIVTOOL_XENT_BUILD\{[^}]*?nvcc=([0-9]+)\.([0-9]+)", f.read())
+    if match and not contents.undefined_cuda:
+        major = int(match.group(1))
+        runtime = (f"CUDA {major}.{int(match.group(2))} runtime linked statically (needs an NVIDIA "
+                   f"driver {MIN_DRIVER.get(major, 'for CUDA ' + str(major))} or newer)")
+    elif contents.undefined_cuda:
+        runtime = (f"CUDA runtime NOT linked in ({len(contents.undefined_cuda)} runtime symbols "
+                   "left to the process): rebuild with `equivtool build-ops`")
+    else:
+        runtime = "CUDA runtime linked statically (toolkit version not stamped)"
+    ptx = ", ".join(f"{arch} (PTX ISA {isa})" for arch, isa in contents.ptx) or "none"
+    return f"{runtime}; SASS {', '.join(contents.sass) or 'none'}; PTX {ptx}"
