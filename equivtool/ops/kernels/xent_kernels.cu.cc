@@ -26,8 +26,7 @@
 //
 // Denormals: built with -ftz=true, like the CPU kernels, which flush them in
 // every shard. Exponentials in float paths use the hardware exp2 with a
-// correction for the rounding of x * log2(e) (a few ulp; see exp_fast);
-// float32 gradients use expf (see exp_grad).
+// correction for the rounding of x * log2(e) (a few ulp; see exp_fast).
 
 #include <cuda_runtime.h>
 
@@ -66,16 +65,6 @@ __device__ __forceinline__ float exp_fast(float y) {
   return __fmaf_rn(r, lo * kLn2, r);
 }
 __device__ __forceinline__ double exp_fast(double y) { return exp(y); }
-
-// The gradient's exponential: float32 gradients are output at full precision,
-// so they take CUDA's expf (what PyTorch's kernels use; the fast one above
-// doubled the gradient's error against a float64 reference); 16-bit outputs
-// round far above either's error and keep the fast one.
-template <typename S> __device__ __forceinline__ typename Storage<S>::acc exp_grad(
-    typename Storage<S>::acc y) {
-  return exp_fast(y);
-}
-template <> __device__ __forceinline__ float exp_grad<float>(float y) { return expf(y); }
 
 // ---------------------------------------------------------------------------
 // The partition of a row (a function of C and the logits' type only).
@@ -551,7 +540,7 @@ SparseGradKernel(const S* __restrict__ x, const L* __restrict__ y, int64_t rows,
         if (j >= C) continue;
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          const A p = exp_grad<S>((v[i].at(e) - sh) - ln);
+          const A p = exp_fast((v[i].at(e) - sh) - ln);
           const A d = j + e == int64_t(label) ? g * (p - A(1)) : g * p;
           v[i].s[e] = Storage<S>::store(valid ? d : Limits<A>::quiet_nan());
         }
@@ -613,7 +602,7 @@ DenseGradKernel(const S* __restrict__ x, const S* __restrict__ y, int64_t rows, 
         if (j >= C) continue;
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          const A p = exp_grad<S>((v[i].at(e) - sh) - ln);
+          const A p = exp_fast((v[i].at(e) - sh) - ln);
           v[i].s[e] = Storage<S>::store(g * (ysum * p - w[i].at(e)));
         }
         store_group<S>(out, j, C, aligned, v[i]);
