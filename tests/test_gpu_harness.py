@@ -65,19 +65,22 @@ def test_dense_reference_matches_tensorflow(harness):
     data = harness.make_inputs(case, seed=4)
     x, y, g = data["logits"], data["labels"], data["grad_loss"]
     loss, grad = harness.reference_dense(x, y, g)
+    _, exact_grad = harness.reference_dense(x, y, g, exact=True)
     xt = tf.constant(x)
     with tf.GradientTape() as tape:
         tape.watch(xt)
         tf_loss = tf.nn.softmax_cross_entropy_with_logits(labels=y, logits=xt)
     tf_grad = tape.gradient(tf_loss, xt, output_gradients=tf.constant(g)).numpy()
     np.testing.assert_allclose(loss, tf_loss.numpy(), rtol=1e-12)
-    # TensorFlow's gradient is g * (p - y); the kernels' is g * (sum(y) p - y):
-    # equal on rows whose labels sum to one (make_inputs halves row 1)
+    # by default TensorFlow's gradient g * (p - y) on every row ...
+    np.testing.assert_allclose(grad, tf_grad, rtol=1e-10, atol=1e-14)
+    # ... the exact one g * (sum(y) p - y) agrees only where the labels sum to
+    # one (make_inputs halves row 1)
     sums = y.sum(1)
     normalised = np.abs(sums - 1) < 1e-12
     assert normalised.sum() == len(sums) - 1
-    np.testing.assert_allclose(grad[normalised], tf_grad[normalised], rtol=1e-10, atol=1e-14)
-    assert not np.allclose(grad[~normalised], tf_grad[~normalised])
+    np.testing.assert_allclose(exact_grad[normalised], tf_grad[normalised], rtol=1e-10, atol=1e-14)
+    assert not np.allclose(exact_grad[~normalised], tf_grad[~normalised])
 
 
 def test_reference_special_rows_follow_tensorflows_gpu_rules(harness):

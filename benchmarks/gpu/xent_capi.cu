@@ -82,14 +82,16 @@ const char* xent_dense_forward(int dtype, void* stream, const void* logits, cons
 
 const char* xent_dense_grad(int dtype, void* stream, const void* logits, const void* labels,
                             int64_t rows, int64_t classes, const void* shift,
-                            const void* log_norm, const void* grad_loss, void* dlogits) {
+                            const void* log_norm, const void* grad_loss, int exact_gradient,
+                            void* dlogits) {
   return ByType(dtype, [&](auto s) -> const char* {
     typedef decltype(s) S;
     return gpu::LaunchDenseGrad<S>(stream, static_cast<const S*>(logits),
                                    static_cast<const S*>(labels), rows, classes,
                                    static_cast<const Acc<S>*>(shift),
                                    static_cast<const Acc<S>*>(log_norm),
-                                   static_cast<const S*>(grad_loss), static_cast<S*>(dlogits));
+                                   static_cast<const S*>(grad_loss), exact_gradient != 0,
+                                   static_cast<S*>(dlogits));
   });
 }
 

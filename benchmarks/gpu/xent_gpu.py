@@ -160,15 +160,17 @@ def reference_sparse(x, labels, grad_loss):
     return loss, grad
 
 
-def reference_dense(x, y, grad_loss):
-    """(loss, dlogits) in float64 for dense labels; dlogits = g * (sum(y) p - y)."""
+def reference_dense(x, y, grad_loss, exact: bool = False):
+    """(loss, dlogits) in float64 for dense labels: dlogits = g * (p - y), as
+    TensorFlow's, or with ``exact`` the true derivative g * (sum(y) p - y)."""
     ops = _Ops(x)
     bad = _bad_rows(x, ops)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         z, lse = _log_softmax(x, ops)
         loss = ops.sum(y * (lse - z), 1)[:, 0]
         p = ops.exp(z - lse)
-        grad = grad_loss[:, None] * (ops.sum(y, 1) * p - y)
+        ysum = ops.sum(y, 1) if exact else 1.0
+        grad = grad_loss[:, None] * (ysum * p - y)
     loss[bad] = float("nan")
     grad[bad] = float("nan")
     return loss, grad
@@ -184,11 +186,13 @@ class Case:
     labels: str = "int64"      # int32 | int64 | dense
     kind: str = "normal"       # normal | offset | huge | special | bad_labels
     offset_bytes: int = 0      # logits start this many elements past a 16-byte boundary
+    exact: bool = False        # dense: the exact gradient (sum(y) p - y), not TF's (p - y)
 
     @property
     def name(self) -> str:
         extra = f" +{self.offset_bytes}" if self.offset_bytes else ""
-        return f"[{self.rows},{self.classes}] {self.dtype} {self.labels} {self.kind}{extra}"
+        exact = " exact" if self.exact else ""
+        return f"[{self.rows},{self.classes}] {self.dtype} {self.labels}{exact} {self.kind}{extra}"
 
 
 # Row lengths that hit every partition path and its edges (see PlanFor in the
@@ -212,10 +216,12 @@ def check_cases(full: bool = True) -> list[Case]:
                 if (rows, classes) in big and labels == "int32" and dtype != "float32":
                     continue
                 cases.append(Case(rows, classes, dtype, labels))
+            cases.append(Case(rows, classes, dtype, "dense", exact=True))
     for classes in EDGE_CLASSES:
         for dtype in DTYPES:
             cases.append(Case(37, classes, dtype, "int64"))
             cases.append(Case(5, classes, dtype, "dense"))
+            cases.append(Case(5, classes, dtype, "dense", exact=True))
             cases.append(Case(5, classes, dtype, "int32", offset_bytes=1))
     many = (1 << 20) + 3 if full else 4099
     cases += [Case(many, 10, "float32", "int32"), Case(many, 10, "bfloat16", "int64")]
@@ -235,6 +241,7 @@ def sanitize_cases() -> list[Case]:
         for classes in (3, 1000, 1025, 8193, 20000):
             cases.append(Case(9, classes, dtype, "int64"))
             cases.append(Case(3, classes, dtype, "dense"))
+            cases.append(Case(3, classes, dtype, "dense", exact=True))
             cases.append(Case(3, classes, dtype, "int32", "special", offset_bytes=1))
         cases.append(Case(4, 9000, dtype, "int32", "bad_labels"))
     return cases
@@ -332,7 +339,7 @@ class Kernels:
         lib.xent_sparse_forward.argtypes = [I, I, P, P, P, L, L, P, P, P]
         lib.xent_sparse_grad.argtypes = [I, I, P, P, P, L, L, P, P, P, P]
         lib.xent_dense_forward.argtypes = [I, P, P, P, L, L, P, P, P]
-        lib.xent_dense_grad.argtypes = [I, P, P, P, L, L, P, P, P, P]
+        lib.xent_dense_grad.argtypes = [I, P, P, P, L, L, P, P, P, I, P]
         for f in (lib.xent_sparse_forward, lib.xent_sparse_grad, lib.xent_dense_forward,
                   lib.xent_dense_grad):
             f.restype = ctypes.c_char_p
@@ -357,7 +364,7 @@ class Kernels:
                 code, stream, x.data_ptr(), labels.data_ptr(), b, c, loss.data_ptr(),
                 shift.data_ptr(), log_norm.data_ptr()), "dense forward")
 
-    def grad(self, x, labels, shift, log_norm, grad_loss, dx, stream) -> None:
+    def grad(self, x, labels, shift, log_norm, grad_loss, dx, stream, exact: bool = False) -> None:
         import torch
         b, c = x.shape
         code = DTYPE_CODE[str(x.dtype).replace("torch.", "")]
@@ -369,7 +376,7 @@ class Kernels:
         else:
             self._check(self.lib.xent_dense_grad(
                 code, stream, x.data_ptr(), labels.data_ptr(), b, c, shift.data_ptr(),
-                log_norm.data_ptr(), grad_loss.data_ptr(), dx.data_ptr()), "dense grad")
+                log_norm.data_ptr(), grad_loss.data_ptr(), int(exact), dx.data_ptr()), "dense grad")
 
 
 def _torch_dtype(name: str):
@@ -409,7 +416,7 @@ def run_case(k: Kernels, case: Case, seed: int, stream=None, poison: bool = True
     dx = _offset_view(torch.full((b, c), 7.0, dtype=dt, device=dev), case.offset_bytes)
     s = stream.cuda_stream if stream is not None else torch.cuda.current_stream().cuda_stream
     k.forward(x, labels, loss, shift, log_norm, s)
-    k.grad(x, labels, shift, log_norm, g, dx, s)
+    k.grad(x, labels, shift, log_norm, g, dx, s, case.exact)
     return {"x": x, "labels": labels, "g": g, "loss": loss, "dx": dx}
 
 
@@ -447,7 +454,7 @@ def check_one(k: Kernels, case: Case, seed: int) -> dict[str, Any]:
     x64 = r["x"].double()
     g64 = r["g"].double()
     if case.labels == "dense":
-        ref_loss, ref_dx = reference_dense(x64, r["labels"].double(), g64)
+        ref_loss, ref_dx = reference_dense(x64, r["labels"].double(), g64, case.exact)
     else:
         ref_loss, ref_dx = reference_sparse(x64, r["labels"].long(), g64)
     loss, dx = r["loss"], r["dx"]
@@ -469,7 +476,10 @@ def check_one(k: Kernels, case: Case, seed: int) -> dict[str, Any]:
               "loss_l2": _l2_rel(loss, ref_loss), "dx_l2": _l2_rel(dx, ref_dx)}
     # PyTorch's fused kernel on the same inputs, where it is defined (finite
     # logits, labels in range, sparse or probabilities).
-    comparable = case.kind in ("normal", "offset") and case.rows > 0 and case.classes > 0
+    # (PyTorch's soft-label gradient is the exact one: compare dense rows with it
+    # only in that mode)
+    comparable = (case.kind in ("normal", "offset") and case.rows > 0 and case.classes > 0
+                  and (case.labels != "dense" or case.exact))
     if comparable:
         xt = r["x"].detach().clone().requires_grad_(True)
         target = r["labels"].long() if case.labels != "dense" else r["labels"]
@@ -522,7 +532,8 @@ def _bits(t):
 def cmd_determinism(k: Kernels, log: Callable[[str], None], repeats: int = 100) -> bool:
     import torch
     cases = [Case(512, 1000, "float32"), Case(64, 32000, "bfloat16", "int32"),
-             Case(3, 100000, "float32"), Case(33, 20000, "float16", "dense"),
+             Case(3, 100000, "float32"), Case(33, 20000, "float16", "dense", exact=True),
+             Case(9, 40000, "float32", "dense"),
              Case(16, 5000, "float64"), Case(1000, 10, "bfloat16", "dense"),
              Case(2, 262144, "bfloat16")]
     base = {}
@@ -558,7 +569,8 @@ def cmd_determinism(k: Kernels, log: Callable[[str], None], repeats: int = 100) 
     log(f"determinism: 4 concurrent streams x 10 trials, rotated/reversed orders: "
         f"{'identical' if ok else 'DIFFERENT'}")
     # a row's bits do not depend on the batch around it
-    for case in (Case(300, 1000, "float32"), Case(40, 70000, "bfloat16"), Case(40, 3000, "float16", "dense")):
+    for case in (Case(300, 1000, "float32"), Case(40, 70000, "bfloat16"),
+                 Case(40, 3000, "float16", "dense", exact=True), Case(8, 30000, "float32", "dense", exact=True)):
         r = run_case(k, case, seed=5)
         x, labels, g = r["x"], r["labels"], r["g"]
         for row in (0, case.rows // 2, case.rows - 1):
@@ -573,7 +585,7 @@ def cmd_determinism(k: Kernels, log: Callable[[str], None], repeats: int = 100) 
             lab = labels[row:row + 1].contiguous()
             xr = x[row:row + 1].contiguous()
             k.forward(xr, lab, loss, sh, ln, s)
-            k.grad(xr, lab, sh, ln, g[row:row + 1].contiguous(), dx, s)
+            k.grad(xr, lab, sh, ln, g[row:row + 1].contiguous(), dx, s, case.exact)
             if not (torch.equal(_bits(loss), _bits(r["loss"][row:row + 1]))
                     and torch.equal(_bits(dx), _bits(r["dx"][row:row + 1]))):
                 ok = False

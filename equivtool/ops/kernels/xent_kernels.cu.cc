@@ -163,11 +163,7 @@ template <typename S> __device__ __forceinline__ S zero_s() {
 // taking it (an empty state's m = lowest minus a huge finite logit overflows
 // in float) and skips it for an empty label sum (0 * -inf would be NaN), so
 // a padding thread never turns a row with huge logits into NaN.
-template <typename A> struct DState {
-  LseState<A> lse;
-  wide ysum;
-  wide yx;  // sum y * (x - m)
-};
+template <typename A> using DState = DenseState<A>;  // lse, ysum, yx = sum y (x - m)
 
 template <typename A>
 __device__ __forceinline__ void merge(LseState<A>& a, const LseState<A>& b) {
@@ -176,15 +172,10 @@ __device__ __forceinline__ void merge(LseState<A>& a, const LseState<A>& b) {
   a.m = m;
 }
 
-__device__ __forceinline__ wide rescale(wide ysum, wide from, wide to) {
-  return ysum == 0.0 ? 0.0 : ysum * (from - to);
-}
-
 template <typename A>
 __device__ __forceinline__ void merge(DState<A>& a, const DState<A>& b) {
   const A m = max_keep(a.lse.m, b.lse.m);
-  a.yx = (a.yx + rescale(a.ysum, wide(a.lse.m), wide(m))) +
-         (b.yx + rescale(b.ysum, wide(b.lse.m), wide(m)));
+  a.yx = (a.yx + yx_rescale(a.ysum, a.lse.m, m)) + (b.yx + yx_rescale(b.ysum, b.lse.m, m));
   a.ysum = a.ysum + b.ysum;
   merge<A>(a.lse, b.lse);
 }
@@ -324,10 +315,10 @@ __device__ __forceinline__ DState<typename Storage<S>::acc> thread_dense(
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         part += exp_fast(g[i].at(v) - m);
-        // widened before subtracting: x - m overflows float for huge logits
-        // of both signs; padding is skipped (0 * -inf would be NaN)
+        // widened before subtracting (xent_row.h); padding is skipped
+        // (0 * -inf would be NaN)
         const bool in = j + v < C;
-        yx += in ? wide(y[i].at(v)) * (wide(g[i].at(v)) - wide(m)) : 0.0;
+        yx += in ? yx_term(y[i].at(v), g[i].at(v), m) : 0.0;
         ysum += wide(y[i].at(v));
       }
     }
@@ -384,7 +375,7 @@ __device__ __forceinline__ void finish_dense(int64_t row, const DState<typename 
                                              typename Storage<S>::acc* log_norm) {
   typedef typename Storage<S>::acc A;
   const RowStats<A> r = finish(s.lse);
-  loss[row] = Storage<S>::store(A(s.ysum * log(s.lse.d) - s.yx));
+  loss[row] = Storage<S>::store(dense_loss(s));
   shift[row] = r.shift;
   log_norm[row] = r.log_norm;
 }
@@ -549,12 +540,14 @@ SparseGradKernel(const S* __restrict__ x, const L* __restrict__ y, int64_t rows,
   }
 }
 
-// ysum: per-row label sums from LabelSum{,Merge}Kernel, or nullptr when the
-// row is one chunk (then the item sums its labels itself, in the same order).
+// TensorFlow's gradient uses ysum = 1 (softmax - labels); with exact_gradient
+// ysum is the row's label sum: from LabelSum{,Merge}Kernel (ysums), or, when
+// the row is one chunk (ysums == nullptr), summed by the item itself in the
+// same order.
 template <typename S, int T>
 __global__ void __launch_bounds__(kBlock)
 DenseGradKernel(const S* __restrict__ x, const S* __restrict__ y, int64_t rows, int64_t C,
-                Plan plan, bool aligned, const wide* __restrict__ ysums,
+                Plan plan, bool aligned, bool exact_gradient, const wide* __restrict__ ysums,
                 const typename Storage<S>::acc* __restrict__ shift,
                 const typename Storage<S>::acc* __restrict__ log_norm,
                 const S* __restrict__ grad_loss, S* __restrict__ dx) {
@@ -569,7 +562,9 @@ DenseGradKernel(const S* __restrict__ x, const S* __restrict__ y, int64_t rows, 
     S* out = dx + row * C;
     const int64_t start = chunk * plan.chunk;
     A ysum;
-    if (ysums != nullptr) {
+    if (!exact_gradient) {
+      ysum = A(1);
+    } else if (ysums != nullptr) {
       ysum = A(ysums[row]);
     } else {
       wide s = thread_ysum<S, T>(yr, C, start, plan.u, aligned);
@@ -748,7 +743,7 @@ const char* LaunchDenseGrad(void* stream, const S* logits, const S* labels,
                             int64_t rows, int64_t classes,
                             const typename Storage<S>::acc* shift,
                             const typename Storage<S>::acc* log_norm,
-                            const S* grad_loss, S* dlogits) {
+                            const S* grad_loss, bool exact_gradient, S* dlogits) {
   if (rows <= 0 || classes <= 0) return nullptr;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const Plan plan = PlanFor<S>(classes);
@@ -758,7 +753,7 @@ const char* LaunchDenseGrad(void* stream, const S* logits, const S* labels,
   wide* ysums = nullptr;
   Scratch scratch(s);
   cudaError_t e = cudaSuccess;
-  if (plan.chunks > 1) {
+  if (exact_gradient && plan.chunks > 1) {
     void* p;
     if ((e = scratch.Get(sizeof(wide) * size_t(items + rows), &p))) return ErrorString(e);
     wide* part = static_cast<wide*>(p);
@@ -772,11 +767,11 @@ const char* LaunchDenseGrad(void* stream, const S* logits, const S* labels,
   if (e == cudaSuccess) {
     if (plan.threads == kWarp)
       e = Launch(s, BlocksFor(items, kWarp), DenseGradKernel<S, kWarp>, logits, labels, rows,
-                 classes, plan, aligned, static_cast<const wide*>(ysums), shift, log_norm,
+                 classes, plan, aligned, exact_gradient, static_cast<const wide*>(ysums), shift, log_norm,
                  grad_loss, dlogits);
     else
       e = Launch(s, BlocksFor(items, kBlock), DenseGradKernel<S, kBlock>, logits, labels, rows,
-                 classes, plan, aligned, static_cast<const wide*>(ysums), shift, log_norm,
+                 classes, plan, aligned, exact_gradient, static_cast<const wide*>(ysums), shift, log_norm,
                  grad_loss, dlogits);
   }
   return ErrorString(e);
@@ -797,7 +792,7 @@ const char* LaunchDenseGrad(void* stream, const S* logits, const S* labels,
                                              Storage<S>::acc*);                    \
   template const char* LaunchDenseGrad<S>(void*, const S*, const S*, int64_t,      \
                                           int64_t, const Storage<S>::acc*,         \
-                                          const Storage<S>::acc*, const S*, S*);
+                                          const Storage<S>::acc*, const S*, bool, S*);
 INSTANTIATE(float)
 INSTANTIATE(double)
 INSTANTIATE(half_bits)
