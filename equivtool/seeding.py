@@ -112,7 +112,7 @@ __all__ = [
     "MODES",
 ]
 
-MODES = ("constant", "num_random_ops")
+from equivtool.steps import MODES  # noqa: E402  (defined once, in the step registry)
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
