@@ -10,8 +10,6 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
-import tensorflow as tf
-
 from equivtool.runners import TF1Side, TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.steps import SkipStep
@@ -24,10 +22,6 @@ DISTRIBUTED_TRAINING = (
     "not comparable under a distribution strategy: each replica normalises with its own batch "
     "statistics and draws its own dropout masks, so training-mode outputs differ from a single "
     "device by design (gradients and optimizer steps are compared with training=False)")
-
-
-def strategy_scope(strategy):
-    return contextlib.nullcontext() if strategy is None else strategy.scope()
 
 
 class ConstantPair:
@@ -58,12 +52,10 @@ class ConstantPair:
         # A layer instance built before the check got its initial values
         # elsewhere: it receives the TF1 graph's instead (noted in the steps).
         self.prebuilt = engine.user_layer is not None and bool(getattr(engine.user_layer, "built", False))
-        with strategy_scope(o.strategy), self.tf2_tool.scope():
-            self.layer = engine.new_layer()
-            if self.distributed:
-                self.layer(tf.nest.map_structure(tf.convert_to_tensor, o.inputs), training=False)
-        self.tf2 = TF2Side(self.layer, renamer=o.renamer, loss_fn=o.loss_fn,
-                           use_tf_function=o.tf_function, strategy=o.strategy)
+        with self.tf2_tool.scope():
+            self.tf2 = TF2Side.create(engine.new_layer, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
+                                      use_tf_function=o.tf_function, strategy=o.strategy)
+        self.layer = self.tf2.layer
         if self.prebuilt:
             self.tf2.assign_variables(self.tf1.read_variables())
         self.want_gradients = o.want_gradients

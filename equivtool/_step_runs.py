@@ -12,9 +12,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
 
-from equivtool._pair import strategy_scope
 from equivtool.comparison import compare
 from equivtool.report import StepResult
 from equivtool.runners import TF1Side, TF2Side, fixed_value, variable_key
@@ -113,14 +111,6 @@ def fixed_weights(e: "_Engine") -> StepResult:
     return e.compare_step("fixed_weights", forward_pairs(*outputs), notes=notes)
 
 
-def _build_optimizer(optimizer, variables) -> None:
-    """Create a Keras optimizer's slot variables now (new and legacy optimizers)."""
-    if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
-        optimizer.build(variables)
-    elif hasattr(optimizer, "_create_all_weights"):
-        optimizer._create_all_weights(variables)
-
-
 def optimizer(e: "_Engine") -> StepResult:
     o = e.options
     if o.optimizers is None:
@@ -130,29 +120,14 @@ def optimizer(e: "_Engine") -> StepResult:
     training = not pair.distributed
     pair.gradients()  # both sides have had the same calls (batch-norm statistics included)
     with pair.preserved():
-        # A forward pass of its own: its random ops are not shared with the
-        # training-output comparison.
-        forward = pair.tf1.forward(training=training, with_gradients=False)
-        with pair.tf1.graph.as_default():
-            loss = pair.tf1.loss_fn(forward.outputs, forward.regularization)
-            tf1_optimizer = make_tf1()
-            with tf.control_dependencies(forward.update_ops):
-                train_op = tf1_optimizer.minimize(loss, var_list=pair.tf1.trainable_variables())
-            known = set(pair.tf1.variables)
-            new_vars = [v for v in tf.compat.v1.global_variables() if v not in known]
-            pair.tf1.session.run(tf.compat.v1.variables_initializer(new_vars))
-        with strategy_scope(o.strategy):
-            tf2_optimizer = make_tf2()
-            # Slot variables made inside a traced step would make it trace twice.
-            _build_optimizer(tf2_optimizer, pair.layer.trainable_variables)
-
+        tf1_training = pair.tf1.build_training(make_tf1, training)
+        tf2_optimizer = pair.tf2.make_optimizer(make_tf2)
         comparisons, failed_at, losses = [], None, []
         tf2_keys = set(pair.tf2.keys())
         for step in range(o.train_steps):
             # Every step sees each random op's first draw on both sides: a
             # new TF1 session, and a new op per eager call (or per trace).
-            pair.tf1.renew_session()
-            tf1_loss, _ = pair.tf1.run((loss, train_op))
+            tf1_loss = pair.tf1.train_step(tf1_training)
             with pair.tf2_tool.scope():
                 tf2_loss = pair.tf2.train_step(o.inputs, tf2_optimizer, training=training)
             losses.append([float(tf1_loss), float(tf2_loss)])
@@ -164,7 +139,7 @@ def optimizer(e: "_Engine") -> StepResult:
             comparisons.append(comparison)
             if not comparison.ok and failed_at is None:
                 failed_at = step + 1
-    notes = [f"{o.train_steps} steps of {type(tf1_optimizer).__name__} (TF1) vs "
+    notes = [f"{o.train_steps} steps of {type(tf1_training.optimizer).__name__} (TF1) vs "
              f"{type(tf2_optimizer).__name__} (TF2)"]
     if pair.distributed:
         notes.append(_DISTRIBUTED_NOTE)
@@ -177,10 +152,7 @@ def optimizer(e: "_Engine") -> StepResult:
 
 def checkpoint(e: "_Engine") -> StepResult:
     pair = e.pair
-    renamer = e.options.renamer
     with pair.preserved() as saved, tempfile.TemporaryDirectory(prefix="equivtool-ckpt-") as workdir:
-        with pair.tf1.graph.as_default():
-            saver = tf.compat.v1.train.Saver(var_list=pair.tf1.variables)
         given = e.options.checkpoint
         path = given if isinstance(given, (str, os.PathLike)) else None
         notes = []
@@ -190,23 +162,11 @@ def checkpoint(e: "_Engine") -> StepResult:
             values = {key: fixed_value("ckpt/" + key, v.shape, v.dtype.base_dtype)
                       for key, v in zip(pair.tf1.keys, pair.tf1.variables)}
             pair.tf1.assign_variables(values)
-            with pair.tf1.graph.as_default():
-                path = saver.save(pair.tf1.session, os.path.join(workdir, "model.ckpt"))
+            path = pair.tf1.save_checkpoint(os.path.join(workdir, "model.ckpt"))
             pair.restore(saved)
             notes.append("checkpoint written by the TF1 side with tf.compat.v1.train.Saver")
-        with pair.tf1.graph.as_default():
-            saver.restore(pair.tf1.session, os.fspath(path))
-        reader = tf.train.load_checkpoint(os.fspath(path))
-        names = {variable_key(v.name, renamer): v.op.name for v in pair.tf1.variables}
-        loaded, absent = 0, []
-        for variable in pair.layer.variables:
-            key = variable_key(variable.name, renamer)
-            name = names.get(key, key)
-            if reader.has_tensor(name):
-                variable.assign(reader.get_tensor(name))
-                loaded += 1
-            else:
-                absent.append(name)
+        pair.tf1.restore_checkpoint(path)
+        loaded, absent = pair.tf2.load_checkpoint(path, pair.tf1.checkpoint_names())
         if absent:
             notes.append(f"{len(absent)} TF2 variables not in the checkpoint: {absent[:5]}")
         tf1_out, _, tf2_out, _ = pair.inference_now()

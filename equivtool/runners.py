@@ -13,7 +13,9 @@ number (see ``equivalence``).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
 import zlib
 from dataclasses import dataclass
@@ -160,6 +162,15 @@ class TF1Forward:
     update_ops: list        # the UPDATE_OPS this pass added (batch-norm statistics)
 
 
+@dataclass
+class TF1Training:
+    """A training pass built by :meth:`TF1Side.build_training`."""
+
+    loss: Any               # scalar tensor
+    train_op: Any           # the optimizer's minimize op
+    optimizer: Any          # the tf.compat.v1.train optimizer
+
+
 class TF1Side:
     """The user's TF1 function in one graph and session.
 
@@ -282,6 +293,53 @@ class TF1Side:
         self.session = tf.compat.v1.Session(graph=self.graph, config=self._config)
         self._load(list(zip(everything, values)))
 
+    # -- training and checkpoints ----------------------------------------------
+
+    def build_training(self, make_optimizer: Callable, training: bool) -> TF1Training:
+        """A forward pass of its own (its random ops are not shared with another
+        pass), its loss, and ``make_optimizer().minimize`` over the trainable
+        variables after the pass's UPDATE_OPS; the optimizer's new variables
+        (slots, step counters) are initialised."""
+        forward = self.forward(training=training, with_gradients=False)
+        with self.graph.as_default():
+            loss = self.loss_fn(forward.outputs, forward.regularization)
+            optimizer = make_optimizer()
+            with tf.control_dependencies(forward.update_ops):
+                train_op = optimizer.minimize(loss, var_list=self.trainable_variables())
+            known = set(self.variables)
+            new_vars = [v for v in tf.compat.v1.global_variables() if v not in known]
+            self.session.run(tf.compat.v1.variables_initializer(new_vars))
+        return TF1Training(loss, train_op, optimizer)
+
+    def train_step(self, training: TF1Training) -> float:
+        """One optimizer step in a new session (so every random op starts at its
+        first draw, as an eager TF2 call does); returns the loss before the step."""
+        self.renew_session()
+        loss, _ = self.run((training.loss, training.train_op))
+        return float(loss)
+
+    def _saver(self):
+        if getattr(self, "_checkpoint_saver", None) is None:
+            with self.graph.as_default():
+                self._checkpoint_saver = tf.compat.v1.train.Saver(var_list=self.variables)
+        return self._checkpoint_saver
+
+    def save_checkpoint(self, prefix: str | os.PathLike) -> str:
+        """Write the variables with ``tf.compat.v1.train.Saver``; returns the checkpoint path."""
+        saver = self._saver()
+        with self.graph.as_default():
+            return saver.save(self.session, os.fspath(prefix))
+
+    def restore_checkpoint(self, path: str | os.PathLike) -> None:
+        saver = self._saver()
+        with self.graph.as_default():
+            saver.restore(self.session, os.fspath(path))
+        self._initialized = True
+
+    def checkpoint_names(self) -> dict:
+        """Matching key -> the name a TF1 checkpoint stores the variable under."""
+        return {variable_key(v.name, self.renamer): v.op.name for v in self.variables}
+
     def close(self) -> None:
         self.session.close()
 
@@ -309,6 +367,18 @@ class TF2Side:
         self.use_tf_function = use_tf_function
         self.strategy = strategy
         self._functions: dict = {}
+
+    @classmethod
+    def create(cls, make_layer: Callable, inputs, *, renamer: Callable[[str], str], loss_fn: Callable | None,
+               use_tf_function: bool = False, strategy=None) -> "TF2Side":
+        """Create the layer with ``make_layer()``; under a strategy, inside its
+        scope, with a first (cross-replica) call that creates the variables."""
+        with strategy_scope(strategy):
+            layer = make_layer()
+            if strategy is not None:
+                layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=False)
+        return cls(layer, renamer=renamer, loss_fn=loss_fn, use_tf_function=use_tf_function,
+                   strategy=strategy)
 
     # -- one replica's work ---------------------------------------------------
 
@@ -390,6 +460,42 @@ class TF2Side:
             key = variable_key(variable.name, self.renamer)
             if key in values_by_key:
                 variable.assign(values_by_key[key])
+
+    def make_optimizer(self, factory: Callable):
+        """``factory()`` (under the strategy's scope), with its slot variables
+        created now: made inside a traced step they would make it trace twice."""
+        with strategy_scope(self.strategy):
+            optimizer = factory()
+            _build_optimizer(optimizer, self.layer.trainable_variables)
+        return optimizer
+
+    def load_checkpoint(self, path: str | os.PathLike, names: Mapping[str, str]) -> tuple[int, list]:
+        """Assign every variable found in the TF1 checkpoint at ``path``, looked up
+        as ``names[key]`` (default: the key itself); returns ``(loaded, absent names)``."""
+        reader = tf.train.load_checkpoint(os.fspath(path))
+        loaded, absent = 0, []
+        for variable in self.layer.variables:
+            key = variable_key(variable.name, self.renamer)
+            name = names.get(key, key)
+            if reader.has_tensor(name):
+                variable.assign(reader.get_tensor(name))
+                loaded += 1
+            else:
+                absent.append(name)
+        return loaded, absent
+
+
+def strategy_scope(strategy):
+    """``strategy.scope()``, or nothing without a strategy."""
+    return contextlib.nullcontext() if strategy is None else strategy.scope()
+
+
+def _build_optimizer(optimizer, variables) -> None:
+    """Create a Keras optimizer's slot variables now (new and legacy optimizers)."""
+    if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
+        optimizer.build(variables)
+    elif hasattr(optimizer, "_create_all_weights"):
+        optimizer._create_all_weights(variables)
 
 
 def split_batch(inputs, parts: int) -> list:

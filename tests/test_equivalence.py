@@ -252,3 +252,30 @@ def test_tf1_session_fixture_gives_a_graph_session(tf1_session):
     x = tf.compat.v1.placeholder(tf.float32, [2])
     assert tf1_session.graph is x.graph
     np.testing.assert_array_equal(tf1_session.run(x * 2, {x: [1, 2]}), [2, 4])
+
+
+def test_only_the_runners_execute_tensorflow():
+    # Graphs, sessions, optimizers and checkpoints live behind TF1Side/TF2Side:
+    # the engine, its steps and the shared pair touch none of their APIs.
+    import ast
+    import inspect
+
+    from equivtool import _pair, _step_runs, equivalence, steps
+    forbidden = {"session", "graph", "Session", "Saver", "minimize", "as_default", "variables_initializer"}
+    # type checks of arguments, and the version in the report header
+    allowed_tf = {"tf.distribute.Strategy", "tf.Module", "tf.distribute", "tf.__version__"}
+
+    def dotted(node):
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        return ".".join([node.id] + parts[::-1]) if isinstance(node, ast.Name) else ""
+
+    for module in (equivalence, _step_runs, _pair, steps):
+        tree = ast.parse(inspect.getsource(module))
+        attributes = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute)]
+        used = {node.attr for node in attributes}
+        assert not used & forbidden, (module.__name__, sorted(used & forbidden))
+        tf_uses = {dotted(node) for node in attributes if dotted(node).startswith("tf.")}
+        assert tf_uses <= allowed_tf, (module.__name__, sorted(tf_uses - allowed_tf))
