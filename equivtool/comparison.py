@@ -54,6 +54,8 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from equivtool._tree import is_namedtuple as _is_namedtuple
+
 __all__ = [
     "Tolerance",
     "ToleranceSpec",
@@ -604,10 +606,6 @@ class Comparison:
 # ---------------------------------------------------------------------------
 # compare()
 # ---------------------------------------------------------------------------
-
-
-def _is_namedtuple(x: Any) -> bool:
-    return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
 def _describe(x: Any) -> str:

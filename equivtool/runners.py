@@ -26,12 +26,29 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
+from equivtool._tree import flatten_tensors, pack_like, to_numpy
+
 _OUTPUT_INDEX = re.compile(r":\d+$")
+
+
+def strip_output_index(name: str) -> str:
+    """A tensor or variable name without its ``:N`` output index (``net/w:0`` -> ``net/w``)."""
+    return _OUTPUT_INDEX.sub("", name)
 
 
 def variable_key(name: str, renamer: Callable[[str], str]) -> str:
     """The name both sides are matched by: no ``:N`` suffix, then the user's rename rules."""
-    return renamer(_OUTPUT_INDEX.sub("", name))
+    return renamer(strip_output_index(name))
+
+
+def load_by_initializer(session, pairs) -> None:
+    """Set TF1 ``(variable, value)`` pairs in one ``session.run`` by feeding their
+    initializers' initial-value inputs: no new op in the graph (what the
+    deprecated ``Variable.load`` did)."""
+    pairs = list(pairs)
+    if pairs:
+        session.run([v.initializer for v, _ in pairs],
+                    feed_dict={v.initializer.inputs[1]: value for v, value in pairs})
 
 
 # --------------------------------------------------------------------------
@@ -69,52 +86,8 @@ def fixed_value(name: str, shape, dtype) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
-# Structures
+# Outputs and losses
 # --------------------------------------------------------------------------
-
-def _rebuild_mapping(original: Mapping, items: list):
-    return dict(items) if type(original) is dict else type(original)(items)
-
-
-def to_numpy(structure):
-    """Tensors (eager) to NumPy, keeping dict insertion order and containers."""
-    if isinstance(structure, Mapping):
-        return _rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
-    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        return type(structure)(*(to_numpy(v) for v in structure))
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(to_numpy(v) for v in structure)
-    if structure is None:
-        return None
-    if hasattr(structure, "numpy"):
-        return structure.numpy()
-    return np.asarray(structure)
-
-
-def flatten_tensors(structure) -> list:
-    """Leaves in insertion order (``tf.nest`` would sort dict keys)."""
-    if isinstance(structure, Mapping):
-        return [leaf for value in structure.values() for leaf in flatten_tensors(value)]
-    if isinstance(structure, (list, tuple)):
-        return [leaf for value in structure for leaf in flatten_tensors(value)]
-    return [structure]
-
-
-def pack_like(structure, leaves: list):
-    """Inverse of :func:`flatten_tensors`."""
-    iterator = iter(leaves)
-
-    def build(node):
-        if isinstance(node, Mapping):
-            return _rebuild_mapping(node, [(k, build(v)) for k, v in node.items()])
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            return type(node)(*(build(v) for v in node))
-        if isinstance(node, (list, tuple)):
-            return type(node)(build(v) for v in node)
-        return next(iterator)
-
-    return build(structure)
-
 
 def primary_output(outputs):
     """The model's main output: a tensor itself, the first element of a tuple or
@@ -267,16 +240,10 @@ class TF1Side:
         values = self.session.run(self.variables)
         return dict(zip(self.keys, values))
 
-    def _load(self, pairs: list) -> None:
-        """Set ``(variable, value)`` pairs in one ``Session.run`` by feeding their
-        initializers' initial-value inputs (no new ops in the graph)."""
-        if pairs:
-            self.session.run([v.initializer for v, _ in pairs],
-                             feed_dict={v.initializer.inputs[1]: value for v, value in pairs})
-
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
-        self._load([(variable, values_by_key[key]) for variable, key in zip(self.variables, self.keys)
-                    if key in values_by_key])
+        load_by_initializer(self.session, [(variable, values_by_key[key])
+                                           for variable, key in zip(self.variables, self.keys)
+                                           if key in values_by_key])
         self._initialized = True
 
     def renew_session(self) -> None:
@@ -291,7 +258,7 @@ class TF1Side:
         values = self.session.run(everything)
         self.session.close()
         self.session = tf.compat.v1.Session(graph=self.graph, config=self._config)
-        self._load(list(zip(everything, values)))
+        load_by_initializer(self.session, zip(everything, values))
 
     # -- training and checkpoints ----------------------------------------------
 

@@ -37,6 +37,7 @@ import tensorflow as tf
 from tensorflow.python.util import tf_decorator
 
 from equivtool._stack import user_frame_location
+from equivtool.runners import strip_output_index as _strip_output_index
 
 __all__ = [
     "VariableCreationError", "assert_no_variable_creations",
@@ -138,10 +139,6 @@ def _describe_variable(variable, location: str) -> CreatedVariable:
         shape=str(tuple(variable.shape.as_list())) if variable.shape.rank is not None else "?",
         dtype=variable.dtype.base_dtype.name, trainable=bool(variable.trainable),
         location=location)
-
-
-def _strip_output_index(name: str) -> str:
-    return re.sub(r":\d+$", "", name)
 
 
 # --------------------------------------------------------------------------
