@@ -55,7 +55,7 @@ from equivtool import steps as _steps
 from equivtool._pair import ConstantPair
 from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
-from equivtool.runners import flatten_tensors, restore_snapshot, snapshot_layer
+from equivtool.runners import checkpoint_exists, flatten_tensors, restore_snapshot, snapshot_layer
 from equivtool.steps import SkipStep, Step
 from equivtool.variables import _make_renamer
 
@@ -71,14 +71,48 @@ MODES = _steps.MODES
 # Options
 # --------------------------------------------------------------------------
 
-def _check_inputs(inputs) -> None:
+def _check_inputs(inputs) -> dict:
+    """Refuse inputs that cannot be compared; return the header notes for the report
+    (``non_finite_inputs`` when a leaf holds NaN or infinity)."""
     leaves = flatten_tensors(inputs)
     if not leaves:
         raise ValueError("inputs: expected an array (or a nested structure of arrays), got an empty structure")
-    for leaf in leaves:
+    non_finite = []
+    for i, leaf in enumerate(leaves):
         array = np.asarray(leaf)
         if array.dtype == object:
             raise TypeError(f"inputs: expected numeric arrays, got a leaf of type {type(leaf).__name__}")
+        if array.size == 0:
+            raise ValueError(
+                f"inputs: leaf {i} has shape {list(array.shape)}, with no elements: both sides would "
+                "return empty outputs and nothing could be compared; pass at least one example")
+        if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
+            counts = [(int(np.isnan(array).sum()), "NaN"), (int(np.isposinf(array).sum()), "+inf"),
+                      (int(np.isneginf(array).sum()), "-inf")]
+            found = ", ".join(f"{n} {what}" for n, what in counts if n)
+            non_finite.append(f"leaf {i} (shape {list(array.shape)}): {found} of {array.size}")
+    return {"non_finite_inputs": "; ".join(non_finite)} if non_finite else {}
+
+
+def _check_tolerance_spec(spec, argument: str) -> None:
+    if isinstance(spec, Tolerance):
+        return
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"{argument}: expected an equivtool.Tolerance or a {{output name or pattern: Tolerance}} "
+                        f"mapping, got {type(spec).__name__}")
+    for key, value in spec.items():
+        if not isinstance(key, str) or not isinstance(value, Tolerance):
+            raise TypeError(f"{argument}: expected {{output name or pattern (str): Tolerance}}, got the item "
+                            f"{key!r}: {type(value).__name__}; write Tolerance(rtol=..., atol=...)")
+
+
+def _step_keys() -> set:
+    """What a ``step_tolerances`` key may be: a step, a sub-step, or a prefix of one."""
+    keys = set(STEPS)
+    for name in _steps.SUB_STEPS:
+        parts = name.split("/")
+        keys.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+    return keys
 
 
 class _StepTolerances:
@@ -86,14 +120,18 @@ class _StepTolerances:
 
     def __init__(self, default, per_step: Mapping | None):
         self.default = Tolerance() if default is None else default
-        if not isinstance(self.default, (Tolerance, Mapping)):
-            raise TypeError(f"tolerance: expected an equivtool.Tolerance or a {{output name: Tolerance}} mapping, "
-                            f"got {type(default).__name__}")
+        _check_tolerance_spec(self.default, "tolerance")
+        if per_step is not None and not isinstance(per_step, Mapping):
+            raise TypeError("step_tolerances: expected a mapping {step name: Tolerance, {output: Tolerance} "
+                            f"or a function of the optimizer step}}, got {type(per_step).__name__}")
         self.per_step = dict(per_step or {})
-        for key in self.per_step:
-            if not any(key == s or key.startswith(s + "/") for s in STEPS):
-                raise ValueError(f"step_tolerances: unknown step {key!r}; use one of {list(STEPS)} or a "
-                                 "sub-step such as 'random/constant/training'")
+        known = _step_keys()
+        for key, spec in self.per_step.items():
+            if key not in known:
+                raise ValueError(f"step_tolerances: unknown step {key!r}; expected one of {list(STEPS)} or "
+                                 "a sub-step such as 'random/constant/training'")
+            if not (callable(spec) and not isinstance(spec, (Tolerance, Mapping))):
+                _check_tolerance_spec(spec, f"step_tolerances[{key!r}]")
 
     def get(self, step: str, index: int | None = None):
         spec = None
@@ -140,35 +178,79 @@ class _Options:
     def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
               optimizers, train_steps, checkpoint, rename, tf_function,
               disable_arithmetic_optimization, seed, progress, meta, strategy) -> "_Options":
-        """Check every argument (raising an error that names it) before any work starts."""
+        """Check every argument (raising an error that names it and the expected
+        form) before any work starts."""
         if not callable(tf1_fn):
             raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}")
         if not callable(tf2_layer):
             raise TypeError("tf2_layer: expected a Keras layer or a zero-argument factory returning one, "
                             f"got {type(tf2_layer).__name__}")
-        _check_inputs(inputs)
+        input_notes = _check_inputs(inputs)
         enabled = [name for name, given in (("optimizers", optimizers is not None),
                                             ("checkpoint", bool(checkpoint))) if given]
         selected = _steps.select_steps(steps, enabled)
         selected_modes = _steps.select_modes(modes)
         if "random" in selected and not selected_modes:
             raise ValueError(f"modes: the random step needs at least one mode from {list(MODES)}")
-        if isinstance(train_steps, bool) or not isinstance(train_steps, int) or train_steps < 1:
-            raise ValueError(f"train_steps: expected an int >= 1, got {train_steps!r}")
-        if optimizers is not None and not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2
-                                           and all(callable(o) for o in optimizers)):
-            raise TypeError("optimizers: expected a pair (make_tf1_optimizer, make_tf2_optimizer) of "
-                            "zero-argument callables")
-        if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
-            raise TypeError(f"strategy: expected a tf.distribute.Strategy, got {type(strategy).__name__}")
-        if loss_fn is not None and not callable(loss_fn):
-            raise TypeError(f"loss_fn: expected a callable loss_fn(outputs, regularization_loss), got {loss_fn!r}")
+        _check_training(train_steps, optimizers, loss_fn)
+        _check_run_options(tf_function, disable_arithmetic_optimization, seed, progress, strategy)
+        _check_checkpoint(checkpoint)
         return cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
                    tolerances=_StepTolerances(tolerance, step_tolerances), loss_fn=loss_fn,
                    optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
-                   renamer=_make_renamer(rename), tf_function=tf_function,
-                   disable_arithmetic_optimization=disable_arithmetic_optimization, seed=seed,
-                   progress=progress, meta=dict(meta or {}), strategy=strategy)
+                   renamer=_make_renamer(rename), tf_function=bool(tf_function),
+                   disable_arithmetic_optimization=bool(disable_arithmetic_optimization), seed=int(seed),
+                   progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy)
+
+
+def _check_training(train_steps, optimizers, loss_fn) -> None:
+    if isinstance(train_steps, bool) or not isinstance(train_steps, int) or train_steps < 1:
+        raise ValueError(f"train_steps: expected an int >= 1, got {train_steps!r}")
+    if optimizers is not None and not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2
+                                       and all(callable(o) for o in optimizers)):
+        raise TypeError("optimizers: expected a pair (make_tf1_optimizer, make_tf2_optimizer) of "
+                        "zero-argument callables")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn: expected a callable loss_fn(outputs, regularization_loss), got {loss_fn!r}")
+
+
+def _check_run_options(tf_function, disable_arithmetic_optimization, seed, progress, strategy) -> None:
+    for name, value in (("tf_function", tf_function),
+                        ("disable_arithmetic_optimization", disable_arithmetic_optimization)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True or False, got {value!r}")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed: expected an int (the random tool's global seed), got {seed!r}")
+    if not -2 ** 63 <= int(seed) < 2 ** 63:
+        raise ValueError(f"seed: expected an int that fits in 64 bits (-2**63 <= seed < 2**63), got {seed}")
+    if progress is not None and not callable(progress):
+        raise TypeError("progress: expected a callable progress(step_result) called after each step, "
+                        f"got {type(progress).__name__}")
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(f"strategy: expected a tf.distribute.Strategy, got {type(strategy).__name__}")
+
+
+def _check_checkpoint(checkpoint) -> None:
+    if checkpoint is None or isinstance(checkpoint, bool):
+        return
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError("checkpoint: expected a TF1 checkpoint path (str or os.PathLike), True to have "
+                        f"the TF1 side write one, or None; got {type(checkpoint).__name__}")
+    if not checkpoint_exists(checkpoint):
+        raise ValueError(f"checkpoint: no TF1 checkpoint at {os.fspath(checkpoint)!r}; expected the prefix "
+                         "Saver.save returned (e.g. 'model.ckpt', next to 'model.ckpt.index')")
+
+
+def _check_meta(meta) -> dict:
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta: expected a mapping {{name (str): value}} to show in the report's header, "
+                        f"got {type(meta).__name__}")
+    bad = [key for key in meta if not isinstance(key, str)]
+    if bad:
+        raise TypeError(f"meta: expected str keys (they are the report header's labels), got {bad[0]!r}")
+    return dict(meta)
 
 
 # --------------------------------------------------------------------------
@@ -326,6 +408,9 @@ def check_equivalence(
         variable values are restored at the end). Called as
         ``layer(inputs, training=...)``; must return the same structure.
       inputs: a NumPy array (or nested structure of arrays) fed to both sides.
+        A leaf with no elements is refused (nothing could be compared); NaN or
+        infinite values are allowed and counted in the report's header
+        (``non_finite_inputs``).
       steps: which of :data:`STEPS` to run (default :data:`DEFAULT_STEPS`, plus
         ``optimizer`` when ``optimizers`` is given and ``checkpoint`` when
         ``checkpoint`` is given).
@@ -364,18 +449,22 @@ def check_equivalence(
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         disable_arithmetic_optimization=disable_arithmetic_optimization, seed=seed, progress=progress,
         meta=meta, strategy=strategy)
-    engine = _Engine(options)
-    results = engine.run()
-    info = {
+    results = _Engine(options).run()
+    return EquivalenceReport(tuple(results), _header(options))
+
+
+def _header(options: _Options) -> dict:
+    """The report's header: how the check ran, then notes on the inputs and the user's ``meta``."""
+    strategy = options.strategy
+    return {
         "tensorflow": tf.__version__,
         "steps": list(options.steps),
         "modes": list(options.modes),
-        "tf_function": tf_function,
-        "disable_arithmetic_optimization": disable_arithmetic_optimization,
-        "seed": seed,
-        "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(inputs)],
+        "tf_function": options.tf_function,
+        "disable_arithmetic_optimization": options.disable_arithmetic_optimization,
+        "seed": options.seed,
+        "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(options.inputs)],
         "strategy": None if strategy is None else
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
+        **options.meta,
     }
-    info.update(options.meta)
-    return EquivalenceReport(tuple(results), info)

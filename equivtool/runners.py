@@ -452,6 +452,13 @@ class TF2Side:
         return loaded, absent
 
 
+def checkpoint_exists(path: str | os.PathLike) -> bool:
+    """A TF1 checkpoint at ``path``: a V2 prefix (``path.index`` exists) or a V1 file."""
+    path = os.fspath(path)
+    return tf.io.gfile.exists(path + ".index") or (
+        tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path))
+
+
 def strategy_scope(strategy):
     """``strategy.scope()``, or nothing without a strategy."""
     return contextlib.nullcontext() if strategy is None else strategy.scope()
