@@ -24,8 +24,7 @@ from typing import Any, Callable, Mapping
 import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import rewriter_config_pb2
-
+from equivtool import _tf_internals
 from equivtool._tree import flatten_tensors, pack_like, to_numpy
 
 _OUTPUT_INDEX = re.compile(r":\d+$")
@@ -117,8 +116,7 @@ def default_loss(outputs, regularization_loss):
 def session_config(disable_arithmetic_optimization: bool) -> tf.compat.v1.ConfigProto:
     config = tf.compat.v1.ConfigProto()
     if disable_arithmetic_optimization:
-        config.graph_options.rewrite_options.arithmetic_optimization = (
-            rewriter_config_pb2.RewriterConfig.OFF)
+        config.graph_options.rewrite_options.arithmetic_optimization = _tf_internals.RewriterConfig.OFF
     return config
 
 
@@ -468,8 +466,8 @@ def _build_optimizer(optimizer, variables) -> None:
     """Create a Keras optimizer's slot variables now (new and legacy optimizers)."""
     if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
         optimizer.build(variables)
-    elif hasattr(optimizer, "_create_all_weights"):
-        optimizer._create_all_weights(variables)
+    else:
+        _tf_internals.build_legacy_optimizer(optimizer, variables)
 
 
 def split_batch(inputs, parts: int) -> list:

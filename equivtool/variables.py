@@ -34,9 +34,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import tf_decorator
 
 from equivtool._stack import user_frame_location
+from equivtool._tf_internals import tf_decorator
 from equivtool.runners import strip_output_index as _strip_output_index
 
 __all__ = [
