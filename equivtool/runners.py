@@ -21,7 +21,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import numpy as np
 import tensorflow as tf
 from equivtool import _tf_internals

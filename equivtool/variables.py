@@ -31,7 +31,6 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import numpy as np
 import tensorflow as tf
 
@@ -328,18 +327,8 @@ class VariableSet:
         return tuple(v for v in self.variables if v.trainable)
 
     @property
-    def num_parameters(self) -> int:
-        return sum(v.size for v in self.variables)
-
-    @property
     def num_trainable_parameters(self) -> int:
         return sum(v.size for v in self.variables if v.trainable)
-
-    def by_name(self) -> "collections.OrderedDict[str, list]":
-        grouped: "collections.OrderedDict[str, list]" = collections.OrderedDict()
-        for info in self.variables:
-            grouped.setdefault(info.name, []).append(info)
-        return grouped
 
     @classmethod
     def from_variables(cls, variables: Iterable, source: str = "") -> "VariableSet":
