@@ -22,7 +22,7 @@ from typing import Any
 SYMBOLS: dict[str, str] = {
     # seeding (the random tool), determinism (the audit)
     "context": "tensorflow.python.eager.context",
-    # seeding: the graph whose seed a scope saves and restores
+    # seeding: the graph whose seed a scope saves and restores; equivtool.ops: gradient registration
     "ops": "tensorflow.python.framework.ops",
     # seeding: get_seed is replaced during a random-tool scope (a module attribute, patched in place)
     "random_seed": "tensorflow.python.framework.random_seed",
@@ -39,8 +39,7 @@ SYMBOLS: dict[str, str] = {
     "is_op_determinism_enabled": "tensorflow.python.framework.config:is_op_determinism_enabled",
     "ExternalStatePolicy": "tensorflow.python.data.ops.options:ExternalStatePolicy",
     "Trackable": "tensorflow:__internal__.tracking.Trackable",
-    # ops (equivtool.ops, not switched yet): gradient registration, the swap's routes
-    "framework_ops": "tensorflow.python.framework.ops",
+    # equivtool.ops (not switched yet): the swap's routes
     "nn": "tensorflow.python.ops.nn",
     "nn_ops": "tensorflow.python.ops.nn_ops",
 }
@@ -51,14 +50,13 @@ _XENT_NAMES = ("sparse_softmax_cross_entropy_with_logits", "sparse_softmax_cross
 #: Attributes equivtool reads on the symbols above (the test checks each one).
 ATTRIBUTES: dict[str, tuple] = {
     "context": ("context", "executing_eagerly", "set_global_seed"),
-    "ops": ("get_default_graph",),
+    "ops": ("get_default_graph", "RegisterGradient"),
     "random_seed": ("get_seed", "set_seed"),
     "tensor_util": ("constant_value",),
     "tf_decorator": ("make_decorator",),
     "RewriterConfig": ("OFF",),
     "op_callbacks": ("add_op_callback", "remove_op_callback"),
     "ExternalStatePolicy": ("IGNORE",),
-    "framework_ops": ("RegisterGradient",),
     "nn": _XENT_NAMES,
     "nn_ops": _XENT_NAMES + ("softmax_cross_entropy_with_logits_v2_helper",),
 }

@@ -55,7 +55,8 @@ from equivtool import steps as _steps
 from equivtool._pair import ConstantPair
 from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
-from equivtool.runners import checkpoint_exists, flatten_tensors, restore_snapshot, snapshot_layer
+from equivtool._tree import flatten_tensors
+from equivtool.runners import checkpoint_exists, restore_snapshot, snapshot_layer
 from equivtool.steps import SkipStep, Step
 from equivtool.variables import _make_renamer
 
