@@ -315,7 +315,7 @@ class _Engine:
         name, title = step.name, step.title
         start = time.perf_counter()
         try:
-            result = step.runner()(self, **step.params)
+            result = step.runner()(self, **dict(step.params))
         except SkipStep as skip:
             result = StepResult(name, title, "skipped", time.perf_counter() - start, message=str(skip))
         except Exception as exc:  # a step that crashes is reported, the others still run

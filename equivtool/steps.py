@@ -19,8 +19,8 @@ Everything else derives from :data:`REGISTRY`:
 from __future__ import annotations
 
 import pkgutil
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
 
 __all__ = ["Step", "REGISTRY", "STEPS", "DEFAULT_STEPS", "MODES", "SUB_STEPS", "get_step", "title",
            "run_order", "report_order", "select_steps", "select_modes", "default_selection", "SkipStep"]
@@ -43,7 +43,8 @@ class Step:
         as keyword arguments and returns a :class:`~equivtool.StepResult`.
       option: the name that selects the step in ``steps=[...]`` (default ``name``).
       mode: the random-tool mode the step needs to be selected in ``modes``, if any.
-      params: keyword arguments passed to ``run``.
+      params: keyword arguments passed to ``run``, as ``(name, value)`` pairs
+        (a tuple, so a step stays hashable).
       default: selected when ``steps`` is not given.
       enabled_by: a ``check_equivalence`` argument that, when given, adds the
         step to the default selection (``optimizers``, ``checkpoint``).
@@ -57,7 +58,7 @@ class Step:
     run: str
     option: str = ""
     mode: str | None = None
-    params: Mapping = field(default_factory=dict)
+    params: tuple = ()
     default: bool = True
     enabled_by: str | None = None
     run_rank: int = 0
@@ -76,7 +77,7 @@ def _random(mode: str, training: bool, run_rank: int, shared: bool) -> Step:
     what = "training" if training else "inference"
     return Step(f"random/{mode}/{what}", f"Random tool, {mode} mode: {what}",
                 _RUNS + ("random_constant" if shared else "random_fresh"), option="random", mode=mode,
-                params={"mode": mode, "training": training}, run_rank=run_rank, shared=shared)
+                params=(("mode", mode), ("training", training)), run_rank=run_rank, shared=shared)
 
 
 #: Every step, in report order. Run order: :func:`run_order`.

@@ -344,3 +344,19 @@ def test_a_checkpoint_path_written_by_tf1_is_accepted_and_loaded(tmp_path):
     assert report.passed, str(report)
     assert report.step("checkpoint").data["missing"] == 0
     assert report.step("checkpoint").data["loaded_variables"] > 0
+
+
+def test_the_engine_reads_one_frozen_options_object():
+    import dataclasses
+
+    from equivtool.equivalence import _Options
+    options = _Options.build(slim_net, SlimNetShim, X, steps=None, modes=equivtool.MODES, tolerance=None,
+                             step_tolerances=None, loss_fn=None, optimizers=SGD, train_steps=2,
+                             checkpoint=None, rename=None, tf_function=False,
+                             disable_arithmetic_optimization=True, seed=np.int64(7), progress=None,
+                             meta={"model": "small"}, strategy=None)
+    assert options.steps == equivtool.DEFAULT_STEPS + ("optimizer",)
+    assert options.seed == 7 and type(options.seed) is int
+    assert options.want_gradients and options.meta == {"model": "small"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.seed = 8

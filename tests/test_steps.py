@@ -1,5 +1,6 @@
 """The step registry: every list of steps and modes derives from it."""
 
+import dataclasses
 import inspect
 import os
 import subprocess
@@ -70,8 +71,16 @@ def test_every_step_resolves_to_a_function_taking_its_params():
     for step in steps.REGISTRY:
         fn = step.runner()
         assert callable(fn), step.name
-        inspect.signature(fn).bind(object(), **step.params)  # raises if a parameter is missing
+        inspect.signature(fn).bind(object(), **dict(step.params))  # raises if a parameter is missing
         assert step.title and step.title == steps.title(step.name)
+
+
+def test_steps_are_frozen_and_hashable():
+    step = steps.get_step("random/constant/training")
+    assert dict(step.params) == {"mode": "constant", "training": True}
+    assert len(set(steps.REGISTRY)) == len(steps.REGISTRY)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        step.title = "changed"
 
 
 def test_unknown_step_name_is_a_key_error_naming_the_registry():
