@@ -331,11 +331,13 @@ class ScopedFlushDenormals {
 };
 
 // Shards rows over the intra-op pool. cost: rough cycles per row.
+// The (total, cost_per_unit, fn) overload is adaptive sharding, as
+// SchedulingParams::Adaptive is; it exists in every TensorFlow from 2.16 to
+// 2.21, where Adaptive() first appears in 2.20's headers.
 template <typename Fn>
 void ForEachRow(OpKernelContext* ctx, int64_t rows, int64_t cost, Fn fn) {
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  pool->ParallelFor(rows, thread::ThreadPool::SchedulingParams::Adaptive(cost),
-                    [&fn](int64_t begin, int64_t end) {
+  pool->ParallelFor(rows, cost, [&fn](int64_t begin, int64_t end) {
     ScopedFlushDenormals flush;
     for (int64_t b = begin; b < end; ++b) fn(b);
   });
