@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import op_callbacks  # private: the hook tfdbg v2 uses
+from equivtool._tf_internals import op_callbacks  # private TF: the hook tfdbg v2 is built on
 
 from equivtool.comparison import Tolerance, compare, resolve_tolerance
 from equivtool.localize.result import Localization, OpError
