@@ -209,8 +209,9 @@ def random_fresh(e: "_Engine", mode: str, training: bool) -> StepResult:
         result = e.compare_step(name, forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
 
         def fresh_call():  # the same first call of a fresh layer under a fresh tool
+            from equivtool.localize._capture import call_layer
             with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
-                return _call_layer(e.new_layer(), o.inputs, training, False)
+                return call_layer(e.new_layer(), o.inputs, training, False)
         return e.localized(result, tf1, forward.outputs, fresh_call)
     finally:
         tf1.close()
@@ -219,14 +220,6 @@ def random_fresh(e: "_Engine", mode: str, training: bool) -> StepResult:
 def _localization_call(e: "_Engine", pair, training: bool):
     """One more TF2 forward pass of the pair's layer for localization (with
     ``tf_function=True`` a new trace, which the op taps see being built)."""
+    from equivtool.localize._capture import call_layer
     with pair.tf2_tool.scope():
-        return _call_layer(pair.layer, e.options.inputs, training, e.options.tf_function)
-
-
-def _call_layer(layer, inputs, training: bool, use_tf_function: bool):
-    """The layer's forward pass alone (no losses), eagerly or in a new ``tf.function``."""
-    import tensorflow as tf
-    inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
-    if use_tf_function:
-        return tf.function(lambda x: layer(x, training=training))(inputs)
-    return layer(inputs, training=training)
+        return call_layer(pair.layer, e.options.inputs, training, e.options.tf_function)

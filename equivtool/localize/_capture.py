@@ -526,6 +526,15 @@ def _sortable(x: float) -> float:
     return float("inf") if x != x else x
 
 
+def call_layer(layer, inputs, training: bool, use_tf_function: bool):
+    """The TF2 layer's forward pass alone (no losses), eagerly or in a new ``tf.function``
+    (a new trace, which the taps see being built)."""
+    inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+    if use_tf_function:
+        return tf.function(lambda x: layer(x, training=training))(inputs)
+    return layer(inputs, training=training)
+
+
 # --------------------------------------------------------------------------
 # The TF1 session runner
 # --------------------------------------------------------------------------
