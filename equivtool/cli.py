@@ -240,6 +240,15 @@ def doctor_xent_op() -> tuple[bool, str]:
     return False, f"NOT usable: {status.get('error') or 'not built'} (run: equivtool build-ops)"
 
 
+def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
+    """A live check of equivtool._selfcheck (the real code path, run tiny here)."""
+    def check() -> tuple[bool, str]:
+        from equivtool import _selfcheck
+        result = getattr(_selfcheck, name)()
+        return result.ok, ("ok: " if result.ok else "FAILS: ") + result.detail
+    return check
+
+
 # (label, check): add a line here to add a check to `equivtool doctor`.
 DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("tensorflow", _version_check("tensorflow")),
@@ -251,6 +260,8 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("shim", doctor_shim),
     ("devices", doctor_devices),
     ("xent op", doctor_xent_op),
+    ("random tool", _live_check("check_random_tool")),
+    ("xent op live", _live_check("check_op")),
 ]
 
 
@@ -315,21 +326,26 @@ def cmd_check(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    with importable_cwd():
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        added = repo not in sys.path
-        if added:
-            sys.path.append(repo)
-        try:
-            from examples.inception_resnet_v2 import parity
-        except ModuleNotFoundError as exc:
-            raise UsageError("equivtool demo runs examples/inception_resnet_v2 from a source checkout "
-                             f"(editable install or the repository as current directory): {exc}") from None
-        finally:
-            if added:
-                with contextlib.suppress(ValueError):
-                    sys.path.remove(repo)
+    import importlib.util
+    # An installed equivtool ships the examples as equivtool.examples; a source
+    # checkout has them as the repository's examples/ too.
+    if importlib.util.find_spec("equivtool.examples") is not None:
+        from equivtool.examples.inception_resnet_v2 import parity
         return parity.main(args.demo_args)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    added = repo not in sys.path
+    if added:
+        sys.path.append(repo)
+    try:
+        from examples.inception_resnet_v2 import parity
+    except ModuleNotFoundError as exc:
+        raise UsageError("equivtool demo needs the examples: install equivtool, or run it "
+                         f"from a source checkout: {exc}") from None
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(repo)
+    return parity.main(args.demo_args)
 
 
 def _check_runs(runs) -> int:
