@@ -291,9 +291,9 @@ def cmd_doctor(args) -> int:
 # --------------------------------------------------------------------------
 
 def cmd_check(args) -> int:
-    from equivtool import STEPS, check_equivalence
+    from equivtool import check_equivalence
     from equivtool._progress import print_progress, write_reports
-    from equivtool.seeding import MODES
+    from equivtool.steps import MODES, STEPS
 
     shape = parse_shape(args.input_shape)
     seed = check_seed(args.seed)

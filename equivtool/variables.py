@@ -31,13 +31,13 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import tf_decorator
 
 from equivtool._render import fixed_row, text_table
 from equivtool._stack import user_frame_location
+from equivtool._tf_internals import tf_decorator
+from equivtool.runners import strip_output_index as _strip_output_index
 
 __all__ = [
     "VariableCreationError", "assert_no_variable_creations",
@@ -139,10 +139,6 @@ def _describe_variable(variable, location: str) -> CreatedVariable:
         shape=str(tuple(variable.shape.as_list())) if variable.shape.rank is not None else "?",
         dtype=variable.dtype.base_dtype.name, trainable=bool(variable.trainable),
         location=location)
-
-
-def _strip_output_index(name: str) -> str:
-    return re.sub(r":\d+$", "", name)
 
 
 # --------------------------------------------------------------------------
@@ -332,18 +328,8 @@ class VariableSet:
         return tuple(v for v in self.variables if v.trainable)
 
     @property
-    def num_parameters(self) -> int:
-        return sum(v.size for v in self.variables)
-
-    @property
     def num_trainable_parameters(self) -> int:
         return sum(v.size for v in self.variables if v.trainable)
-
-    def by_name(self) -> "collections.OrderedDict[str, list]":
-        grouped: "collections.OrderedDict[str, list]" = collections.OrderedDict()
-        for info in self.variables:
-            grouped.setdefault(info.name, []).append(info)
-        return grouped
 
     @classmethod
     def from_variables(cls, variables: Iterable, source: str = "") -> "VariableSet":
