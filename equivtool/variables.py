@@ -172,6 +172,8 @@ class _InstalledCreator:
     slots: dict
     item: tuple
     thread: int
+    previous: list   # the stack before the entry, put back on an in-order exit
+    installed: list  # the stack the entry made
 
 
 class _GuardBase(contextlib.ContextDecorator):
@@ -199,8 +201,9 @@ class _GuardBase(contextlib.ContextDecorator):
         stack = list(slots["_variable_creator_stack"])
         stack.append(item)
         stack.sort(key=lambda entry: entry[0])  # stable, as TensorFlow's
+        previous = slots["_variable_creator_stack"]
         slots["_variable_creator_stack"] = stack
-        self._installed.append(_InstalledCreator(slots, item, threading.get_ident()))
+        self._installed.append(_InstalledCreator(slots, item, threading.get_ident(), previous, stack))
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -215,7 +218,12 @@ class _GuardBase(contextlib.ContextDecorator):
                       if self._installed[i].thread == me), len(self._installed) - 1)
         entry = self._installed.pop(index)
         stack = entry.slots.get("_variable_creator_stack", [])
-        entry.slots["_variable_creator_stack"] = [item for item in stack if item is not entry.item]
+        if stack is entry.installed:
+            # In order: the very list that was there before, as TensorFlow's own
+            # scopes expect (they check the stack's identity when they exit).
+            entry.slots["_variable_creator_stack"] = entry.previous
+        else:
+            entry.slots["_variable_creator_stack"] = [item for item in stack if item is not entry.item]
 
 
 class assert_no_variable_creations(_GuardBase):  # noqa: N801 (reads as a function)

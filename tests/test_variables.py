@@ -390,3 +390,24 @@ def test_one_guard_used_as_decorator_on_two_threads_removes_each_threads_entry()
         with pytest.raises(equivtool.VariableCreationError):  # this thread's entry still holds
             tf.Variable(1.0)
     _assert_no_guard_installed(before)
+
+
+def test_guards_nest_with_tensorflows_own_creator_scopes():
+    def passthrough(next_creator, **kwargs):
+        return next_creator(**kwargs)
+
+    before = _creator_stack()
+    with tf.variable_creator_scope(passthrough):
+        with equivtool.assert_no_variable_creations():
+            pass
+    with equivtool.catch_and_raise_created_variables():
+        with tf.variable_creator_scope(passthrough):
+            pass
+
+    @tf.function  # tracing wraps the body in TensorFlow's own creator scope
+    def traced():
+        with equivtool.assert_no_variable_creations():
+            return tf.constant(1.0)
+
+    assert float(traced()) == 1.0
+    _assert_no_guard_installed(before)
