@@ -337,7 +337,7 @@ class TF2Side:
             return self._replica_step(x, training, with_gradients, optimizer, scale)
         if not self.use_tf_function:
             return step
-        key = (training, with_gradients, id(optimizer))
+        key = _function_key(training, with_gradients, optimizer)
         if fresh or key not in self._functions:
             self._functions[key] = tf.function(step)
         return self._functions[key]
@@ -366,7 +366,14 @@ class TF2Side:
 
     def forward(self, inputs, training: bool, with_gradients: bool = False):
         """Return ``(outputs, regularization, loss, gradients_by_key)`` as NumPy."""
-        outputs, regularization, loss, gradients = self._run(inputs, training, with_gradients)
+        try:
+            outputs, regularization, loss, gradients = self._run(inputs, training, with_gradients)
+        except Exception:
+            # A tf.function whose first (variable-creating) trace failed returns
+            # None when called again: drop it, so the next call traces anew and
+            # raises its own error.
+            self._functions.pop(_function_key(training, with_gradients, None), None)
+            raise
         gradients_by_key = None
         if with_gradients:
             gradients_by_key = {variable_key(v.name, self.renamer): g.numpy()
@@ -390,6 +397,10 @@ class TF2Side:
             key = variable_key(variable.name, self.renamer)
             if key in values_by_key:
                 variable.assign(values_by_key[key])
+
+
+def _function_key(training: bool, with_gradients: bool, optimizer) -> tuple:
+    return (training, with_gradients, id(optimizer))
 
 
 def split_batch(inputs, parts: int) -> list:
