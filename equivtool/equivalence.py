@@ -47,7 +47,6 @@ import gc
 import os
 import tempfile
 import time
-import traceback
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import equivtool  # noqa: F401  (environment fix before TensorFlow)
@@ -58,6 +57,7 @@ from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
 from equivtool.runners import (TF1Side, TF2Side, fixed_value, flatten_tensors,
                                restore_snapshot, snapshot_layer, variable_key)
+from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.variables import (VariableCreationError, VariableInfo, VariableSet,
                                  _make_renamer, assert_no_variable_creations,
@@ -344,16 +344,17 @@ class _Engine:
         if self.progress is not None:
             self.progress(result)
 
-    def run_step(self, name: str, fn: Callable[[], StepResult]) -> None:
+    def run_step(self, name: str, fn: Callable[[], StepResult], error_notes: Sequence[str] = ()) -> None:
         start = time.perf_counter()
         try:
-            result = fn()
+            with unfiltered_tracebacks():  # keep tf-slim's and the user's frames
+                result = fn()
         except _SkipStep as skip:
             result = StepResult(name, _TITLES[name], "skipped", time.perf_counter() - start, message=str(skip))
         except Exception as exc:  # a step that crashes is reported, the others still run
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             result = StepResult(name, _TITLES[name], "error", time.perf_counter() - start,
-                                message=detail, data={"traceback": traceback.format_exc(limit=8)})
+                                message=one_line(exc), notes=tuple(error_notes),
+                                data={"traceback": full_traceback(exc)})
         else:
             result = _with_seconds(result, time.perf_counter() - start)
         self.record(result)
@@ -545,15 +546,18 @@ class _Engine:
         finally:
             tf1.close()
         tf2_tool = DeterministicRandomTestTool(seed=self.seed, mode=mode)
-        notes = []
-        if self.tf_function:
-            notes.append("called eagerly: tf.function traces a variable-creating call twice, and "
-                         "num_random_ops counts the random ops of both traces")
+        notes = list(self._random_fresh_notes())
         with tf2_tool.scope():
             layer = self.new_layer()
             tf2 = TF2Side(layer, renamer=self.renamer, loss_fn=self.loss_fn, use_tf_function=False)
             tf2_out, tf2_reg, _, _ = tf2.forward(self.inputs, training=training)
         return self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
+
+    def _random_fresh_notes(self) -> tuple:
+        if not self.tf_function:
+            return ()
+        return ("called eagerly: tf.function traces a variable-creating call twice, and "
+                "num_random_ops counts the random ops of both traces",)
 
     # -- the loop ----------------------------------------------------------
 
@@ -590,7 +594,8 @@ class _Engine:
         if "random" in steps and "num_random_ops" in modes:
             for training in (False, True):
                 name = f"random/num_random_ops/{'training' if training else 'inference'}"
-                self.run_step(name, lambda t=training: self.step_random_fresh("num_random_ops", t))
+                self.run_step(name, lambda t=training: self.step_random_fresh("num_random_ops", t),
+                              error_notes=self._random_fresh_notes())
 
     def _ordered(self) -> list[StepResult]:
         order = ["variables_once", "parity", "fixed_weights", "random/constant/inference",
