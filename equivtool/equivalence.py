@@ -20,12 +20,17 @@
                        inference outputs match
 =====================  ==========================================================
 
-How work is shared between steps, and why it changes no number:
+How work is shared between steps, and why it changes no key, name or number:
 
 * In ``constant`` mode every random op gets the same seeds whatever the order,
-  so one TF1 graph holds the inference pass and, reusing its variables, the
-  training pass with its gradients; one TF2 layer serves both calls. Its
-  second call is the ``variables_once`` check; its variables serve ``parity``.
+  so one TF1 build of the inference pass and one of the training pass (with
+  its gradients) serve every constant-mode step; one TF2 layer serves both
+  calls. Its second call is the ``variables_once`` check; its variables serve
+  ``parity``. The training pass has a graph of its own, so every name scope,
+  op name and name-scoped collection is that of a standalone build (built
+  second in the inference graph it would see ``net_1/...``); its variables
+  take the inference graph's values before it runs and hand them back after
+  (batch-norm statistics), as shared variables would.
 * ``fixed_weights``, ``optimizer`` and ``checkpoint`` run on that same pair,
   after the random-mode comparisons, and put the variables back afterwards.
 * ``num_random_ops`` seeds depend on program order, so each of its inference
@@ -168,7 +173,16 @@ class _ConstantPair:
                            random_tool=self.tf1_tool)
         self.inference = self.tf1.forward(training=False,
                                           with_gradients=e.want_gradients and self.distributed)
-        self.training = None if self.distributed else self.tf1.forward(
+        # The training pass is built in a graph of its own, exactly as a
+        # standalone build: built second in the same graph, its name scopes
+        # would be uniquified (net_1/...) and change name-derived output keys,
+        # op names and name-scoped collections. Its variables mirror the first
+        # graph's around every run (_tf1_fetch), as shared variables would.
+        self.tf1_train = None if self.distributed else TF1Side(
+            e.tf1_fn, e.inputs, renamer=e.renamer, loss_fn=e.loss_fn,
+            disable_arithmetic_optimization=e.disable_arithmetic_optimization,
+            random_tool=self.tf1_tool)
+        self.training = None if self.distributed else self.tf1_train.forward(
             training=True, with_gradients=e.want_gradients)
         # A layer instance built before the check got its initial values
         # elsewhere: it receives the TF1 graph's instead (noted in the steps).
@@ -209,13 +223,18 @@ class _ConstantPair:
     def tf2_second_call(self):
         return self.tf2_inference() if self.distributed else self.tf2_training()
 
-    def _tf1_fetch(self, key: str, forward):
+    def _tf1_fetch(self, key: str, forward, side: TF1Side | None = None):
         if key not in self._tf1_results:
+            side = self.tf1 if side is None else side
             fetches = (forward.outputs, forward.regularization, forward.loss, forward.gradients)
             wanted = tuple(x for x in fetches if x is not None)
+            if side is not self.tf1:  # the first graph's current values, in
+                side.assign_variables(self.tf1.read_variables())
             # Eager training calls update batch-norm statistics as they run; the
             # TF1 pass runs its UPDATE_OPS alongside so both sides stay equal.
-            values = iter(self.tf1.run(wanted, update_ops=forward.update_ops))
+            values = iter(side.run(wanted, update_ops=forward.update_ops))
+            if side is not self.tf1:  # and the updated values back out
+                self.tf1.assign_variables(side.read_variables())
             self._tf1_results[key] = tuple(None if x is None else next(values) for x in fetches)
         return self._tf1_results[key]
 
@@ -226,7 +245,7 @@ class _ConstantPair:
         if self.distributed:
             raise _SkipStep(_DISTRIBUTED_TRAINING)
         self.tf1_inference()
-        return self._tf1_fetch("training", self.training)
+        return self._tf1_fetch("training", self.training, self.tf1_train)
 
     def gradients(self) -> tuple:
         """``(tf1 loss, tf1 gradients, tf2 loss, tf2 gradients)``."""
@@ -265,6 +284,8 @@ class _ConstantPair:
 
     def close(self) -> None:
         self.tf1.close()
+        if self.tf1_train is not None:
+            self.tf1_train.close()
 
 
 # --------------------------------------------------------------------------
@@ -374,7 +395,7 @@ class _Engine:
 
     def step_variables_once(self) -> StepResult:
         pair = self.pair
-        notes = [f"includes building the shared TF1 graph and TF2 layer ({pair.build_seconds:.1f}s)"]
+        notes = [f"includes building the shared TF1 graphs and TF2 layer ({pair.build_seconds:.1f}s)"]
         try:
             pair.tf2_second_call()
         except VariableCreationError as exc:

@@ -5,10 +5,10 @@ runs it in a ``tf.compat.v1.Session``; ``TF2Side`` calls the user's Keras
 layer eagerly or inside ``tf.function``. Both return captures as NumPy values
 keyed by normalised variable names, so everything downstream is plain data.
 
-To save graph builds (a large model takes seconds per build), one TF1 graph
-holds the inference forward pass and, reusing its variables, the training
-forward pass with its gradients: this is only done where it cannot change a
-number (see ``equivalence``).
+A ``TF1Side`` can hold several forward passes, the later ones reusing the
+first one's variables; a later pass's name scopes are uniquified (``net_1/``),
+so a pass whose outputs are compared gets a ``TF1Side`` of its own (see
+``equivalence``).
 """
 
 from __future__ import annotations
