@@ -15,7 +15,7 @@ import re
 import traceback
 from typing import Iterator, Optional
 
-from equivtool._stack import innermost_user_frame, is_library_file
+from equivtool._stack import innermost_user_frame, is_library_frame
 
 # A frame line of TensorFlow's "in user code:" error messages (autograph).
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
@@ -61,13 +61,13 @@ def user_location(exc: BaseException) -> Optional[str]:
     that autograph converted runs from generated files, not the user's).
     """
     for item in _chain(exc):
-        location = innermost_user_frame(item.__traceback__)
-        if location is not None:
+        location = innermost_user_frame(traceback.extract_tb(item.__traceback__))
+        if location:
             return location
     for item in _chain(exc):
         frames = [m for m in map(_FRAME_LINE.match, str(item).splitlines()) if m]
         for match in reversed(frames):
-            if not is_library_file(match["file"]):
+            if not is_library_frame(match["file"]):
                 return f"{match['file']}:{match['line']} in {match['func']}"
     return None
 

@@ -331,7 +331,19 @@ class _KerasSeedSource:
         self._tool = tool
 
     def randint(self, a: int, b: int) -> int:
-        return self._tool._next_keras_seed(a, b)
+        # tf-keras 2.16-2.18 ask for randint(1, 1e9), a float bound. Python's
+        # random.randint (3.11) takes an integral float and returns an int; so
+        # must this, or TensorFlow gets a float seed ('Tseed' of float).
+        bounds = []
+        for name, value in (("a", a), ("b", b)):
+            try:
+                bounds.append(operator.index(value))
+            except TypeError:
+                if not (isinstance(value, float) and value.is_integer()):
+                    raise TypeError(f"randint bound {name} must be an integer (or an "
+                                    f"integral float), got {value!r}") from None
+                bounds.append(int(value))
+        return self._tool._next_keras_seed(*bounds)
 
 
 def _keras_backend():

@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import tf_decorator
 
+from equivtool._render import fixed_row, text_table
 from equivtool._stack import user_frame_location
 
 __all__ = [
@@ -419,8 +420,8 @@ class VariableSet:
                  f"{self.num_trainable_parameters:,} trainable parameters)"
                  + (f" from {self.source}" if self.source else "")]
         for info in self.variables:
-            lines.append(f"  {info.name:<60} {str(info.shape):<20} {info.dtype:<8}"
-                         f" {'trainable' if info.trainable else 'frozen'}")
+            cells = (info.name, str(info.shape), info.dtype, "trainable" if info.trainable else "frozen")
+            lines.append("  " + fixed_row(cells, (60, 20, 8, 0), sep=" "))
         return "\n".join(lines)
 
 
@@ -560,13 +561,7 @@ class VariableParity:
                  for side, n, count in self.duplicates]
         if not rows:
             return head
-        widths = [max(len(r[i]) for r in rows + [("problem", "variable", "TF1", "TF2")])
-                  for i in range(4)]
-        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-        lines = [head, fmt.format("problem", "variable", "TF1", "TF2"),
-                 fmt.format(*("-" * w for w in widths))]
-        lines += [fmt.format(*row) for row in rows]
-        return "\n".join(lines)
+        return "\n".join([head, *text_table(("problem", "variable", "TF1", "TF2"), rows)])
 
 
 def compare_variables(expected, actual, rename: RenameRules = None) -> VariableParity:

@@ -25,6 +25,7 @@ _EXPORTS = {
     "deterministic_xent": "swap",
     "enable_deterministic_xent": "swap",
     "disable_deterministic_xent": "swap",
+    "StaleTraceWarning": "swap",
     "build_ops": "_build",
     "op_status": "_load",
     "OpLibraryError": "_load",

@@ -13,10 +13,14 @@ What it does:
   defines ``GOOGLE_CUDA=1`` for the host file so the GPU kernels register,
   and links the CUDA runtime statically; otherwise it builds a CPU-only
   library and says so;
-- links with ``tf.sysconfig.get_link_flags()`` into ``output`` (atomically).
+- links with ``tf.sysconfig.get_link_flags()`` into a private temporary
+  folder beside ``output``, appends the integrity trailer (the SHA-256 of the
+  image, see :func:`digest_trailer`) and renames the file into place: a
+  reader never sees a half-written library, and a symlink or a stale file at
+  any temporary name is never followed (the folder is new and private).
 
 The library carries a build stamp (the TensorFlow version of the headers it
-was compiled against) that ``_load`` reads before loading it.
+was compiled against) and the trailer; ``_load`` checks both before loading.
 
 Environment: ``EQUIVTOOL_NVCC`` names the nvcc to use; ``EQUIVTOOL_OPS_CUDA=0``
 forces a CPU-only build; ``CXX`` overrides g++.
@@ -28,6 +32,7 @@ This module must stay importable by path (setup.py has no package on
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
 import shutil
@@ -51,6 +56,26 @@ LIBRARY_STEM = "_xent_ops"
 def default_output() -> str:
     """Where ``_load`` looks: next to this file, named like an extension module."""
     return os.path.join(_HERE, LIBRARY_STEM + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def digest_trailer(image: bytes) -> bytes:
+    """The integrity trailer appended to the library image: its SHA-256 and
+    size. ELF loaders ignore bytes after the image."""
+    return (b"\nEQUIVTOOL_XENT_DIGEST{sha256=" + hashlib.sha256(image).hexdigest().encode()
+            + b";size=" + str(len(image)).encode() + b"}\n")
+
+
+def _install(staged: str, output: str) -> None:
+    """Append the trailer to ``staged`` and rename it over ``output`` (os.replace
+    replaces a symlink at ``output`` itself, never its target)."""
+    with open(staged, "rb") as f:
+        image = f.read()
+    with open(staged, "ab") as f:
+        f.write(digest_trailer(image))
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(staged, 0o755)
+    os.replace(staged, output)
 
 
 class BuildError(RuntimeError):
@@ -206,10 +231,14 @@ def build_ops(output: str | None = None, verbose: bool = False) -> str:
         _run([cxx, *common, *compile_flags, *host_defines, "-c", host_source,
               "-o", host_obj], verbose)
         objects.insert(0, host_obj)
-        staged = os.path.join(tmp, os.path.basename(output))
-        _run([cxx, "-shared", "-o", staged, *objects, *link_flags, *extra_libs], verbose)
-        partial = output + ".partial"
-        shutil.copyfile(staged, partial)
-        os.replace(partial, output)
+        # a new private folder in output's own folder: same file system, so the
+        # final rename is atomic, and no name in it can be pre-planted
+        private = tempfile.mkdtemp(prefix=".equivtool-build-", dir=os.path.dirname(output))
+        try:
+            staged = os.path.join(private, os.path.basename(output))
+            _run([cxx, "-shared", "-o", staged, *objects, *link_flags, *extra_libs], verbose)
+            _install(staged, output)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
     _log(verbose, f"wrote {output} ({'CPU + CUDA' if nvcc else 'CPU only'})")
     return output

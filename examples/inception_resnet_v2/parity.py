@@ -18,7 +18,7 @@ import equivtool  # noqa: F401  (must come before tensorflow)
 import numpy as np
 
 from equivtool._progress import print_progress, write_reports
-from examples.inception_resnet_v2.keras_shim import make_shim, tf1_forward
+from .keras_shim import make_shim, tf1_forward
 
 MIN_IMAGE_SIZE = 107
 DEFAULT_STEPS = ("variables_once", "parity", "fixed_weights", "random", "gradients")

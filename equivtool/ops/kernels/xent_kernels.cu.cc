@@ -131,7 +131,8 @@ __global__ void __launch_bounds__(T)
 DenseGradKernel(const S* __restrict__ x, const S* __restrict__ y, int64_t rows,
                 int64_t classes, const typename Storage<S>::acc* __restrict__ shift,
                 const typename Storage<S>::acc* __restrict__ log_norm,
-                const S* __restrict__ grad_loss, S* __restrict__ dx) {
+                const S* __restrict__ grad_loss, bool exact_gradient,
+                S* __restrict__ dx) {
   typedef typename Storage<S>::acc A;
   __shared__ A sums[T];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -142,7 +143,9 @@ DenseGradKernel(const S* __restrict__ x, const S* __restrict__ y, int64_t rows,
     for (int64_t j = threadIdx.x; j < classes; j += T) part += Storage<S>::load(yr[j]);
     sums[threadIdx.x] = part;
     TreeMerge<T>(sums, [](A& a, const A& b) { a = a + b; });
-    const A ysum = sums[0];
+    // TensorFlow's gradient is softmax - labels; sum(labels) * softmax - labels
+    // only on request (exact_gradient).
+    const A ysum = exact_gradient ? sums[0] : A(1);
     const A g = Storage<S>::load(grad_loss[row]);
     const A sh = shift[row], ln = log_norm[row];
     for (int64_t j = threadIdx.x; j < classes; j += T) {
@@ -216,12 +219,13 @@ const char* LaunchDenseGrad(void* stream, const S* logits, const S* labels,
                             int64_t rows, int64_t classes,
                             const typename Storage<S>::acc* shift,
                             const typename Storage<S>::acc* log_norm,
-                            const S* grad_loss, S* dlogits) {
+                            const S* grad_loss, bool exact_gradient, S* dlogits) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return WithThreads(classes, [&](auto t) {
     DenseGradKernel<S, decltype(t)::value>
         <<<BlocksFor(rows), decltype(t)::value, 0, s>>>(
-            logits, labels, rows, classes, shift, log_norm, grad_loss, dlogits);
+            logits, labels, rows, classes, shift, log_norm, grad_loss, exact_gradient,
+            dlogits);
   });
 }
 
@@ -240,7 +244,7 @@ const char* LaunchDenseGrad(void* stream, const S* logits, const S* labels,
                                              Storage<S>::acc*);                    \
   template const char* LaunchDenseGrad<S>(void*, const S*, const S*, int64_t,      \
                                           int64_t, const Storage<S>::acc*,         \
-                                          const Storage<S>::acc*, const S*, S*);
+                                          const Storage<S>::acc*, const S*, bool, S*);
 INSTANTIATE(float)
 INSTANTIATE(double)
 INSTANTIATE(half_bits)
