@@ -229,6 +229,7 @@ class _ConstantPair:
             fetches = (forward.outputs, forward.regularization, forward.loss, forward.gradients)
             wanted = tuple(x for x in fetches if x is not None)
             if side is not self.tf1:  # the first graph's current values, in
+                side.initialize()  # (a variable only the training pass creates keeps its own)
                 side.assign_variables(self.tf1.read_variables())
             # Eager training calls update batch-norm statistics as they run; the
             # TF1 pass runs its UPDATE_OPS alongside so both sides stay equal.

@@ -102,3 +102,22 @@ def test_training_pass_runs_on_the_inference_graphs_variable_values():
     layer(X)  # built before the check: it receives the TF1 graph's values
     report = equivtool.check_equivalence(numpy_init_tf1, layer, X, steps=["random"], modes=["constant"])
     assert report.step("random/constant/training").status == "passed", str(report)
+
+
+def test_a_variable_only_the_training_pass_creates_is_initialised():
+    def training_extra_tf1(x, training):
+        y = tf.compat.v1.layers.dense(x, 3, name="d")
+        if training:
+            y = y * tf.compat.v1.get_variable("gain", initializer=tf.constant(2.0))
+        return y
+
+    class TrainingExtraShim(tf.keras.layers.Layer):
+        @tf.compat.v1.keras.utils.track_tf1_style_variables
+        def call(self, x, training=None):  # creates its variables on the first call
+            y = tf.compat.v1.layers.dense(x, 3, name="d")
+            gain = tf.compat.v1.get_variable("gain", initializer=tf.constant(2.0))
+            return y * gain if training else y
+
+    report = equivtool.check_equivalence(training_extra_tf1, TrainingExtraShim, X, steps=["random"],
+                                         modes=["constant"])
+    assert report.step("random/constant/training").status == "passed", str(report)
