@@ -46,7 +46,9 @@ _EXPORTS = {
     "EquivalenceReport": "report",
     # the engine
     "check_equivalence": "equivalence",
-    "STEPS": "equivalence",
+    "STEPS": "steps",
+    "DEFAULT_STEPS": "steps",
+    "MODES": "steps",
     # reproducibility
     "audit_determinism": "determinism",
     "DeterminismReport": "determinism",

@@ -240,6 +240,16 @@ def doctor_xent_op() -> tuple[bool, str]:
     return False, f"NOT usable: {status.get('error') or 'not built'} (run: equivtool build-ops)"
 
 
+def doctor_xent_cuda() -> tuple[bool, str]:
+    """The op library's CUDA runtime, the driver it needs, SASS and PTX (read from the file)."""
+    from equivtool.ops import op_status
+    from equivtool.ops._build import cuda_contents, cuda_report
+    status = op_status()
+    if not (status.get("built") and not status.get("error") and status.get("cuda")):
+        return True, "no CUDA kernels in this library"
+    return not cuda_contents(status["path"]).undefined_cuda, cuda_report(status["path"])
+
+
 def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
     """A live check of equivtool._selfcheck (the real code path, run tiny here)."""
     def check() -> tuple[bool, str]:
@@ -260,6 +270,7 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("shim", doctor_shim),
     ("devices", doctor_devices),
     ("xent op", doctor_xent_op),
+    ("xent op CUDA", doctor_xent_cuda),
     ("random tool", _live_check("check_random_tool")),
     ("xent op live", _live_check("check_op")),
 ]
@@ -291,9 +302,9 @@ def cmd_doctor(args) -> int:
 # --------------------------------------------------------------------------
 
 def cmd_check(args) -> int:
-    from equivtool import STEPS, check_equivalence
+    from equivtool import check_equivalence
     from equivtool._progress import print_progress, write_reports
-    from equivtool.seeding import MODES
+    from equivtool.steps import MODES, STEPS
 
     shape = parse_shape(args.input_shape)
     seed = check_seed(args.seed)

@@ -101,10 +101,11 @@ from typing import Iterable, Optional, Sequence, Tuple, Union
 from equivtool._stack import user_frame_location
 
 import tensorflow as tf  # safe: importing the equivtool package applied the environment fix
-from tensorflow.python.eager import context as _context
-from tensorflow.python.framework import ops as _ops
-from tensorflow.python.framework import random_seed as _random_seed
-from tensorflow.python.framework import tensor_util as _tensor_util
+from equivtool import _tf_internals as _tfi
+from equivtool._tf_internals import context as _context
+from equivtool._tf_internals import ops as _ops
+from equivtool._tf_internals import random_seed as _random_seed
+from equivtool._tf_internals import tensor_util as _tensor_util
 
 __all__ = [
     "DeterministicRandomTestTool",
@@ -114,7 +115,7 @@ __all__ = [
     "MODES",
 ]
 
-MODES = ("constant", "num_random_ops")
+from equivtool.steps import MODES  # noqa: E402  (defined once, in the step registry)
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
@@ -346,15 +347,6 @@ class _KerasSeedSource:
         return self._tool._next_keras_seed(*bounds)
 
 
-def _keras_backend():
-    """tf-keras' backend module, or None without tf-keras."""
-    try:
-        from tf_keras.src import backend
-    except ImportError:
-        return None
-    return backend if hasattr(backend, "_SEED_GENERATOR") else None
-
-
 class _Scope:
     """The context manager returned by ``DeterministicRandomTestTool.scope()``."""
 
@@ -505,13 +497,13 @@ class DeterministicRandomTestTool:
             try:
                 # As the original: the global seed is the tool's seed to start with.
                 self._set_global_seed(self._seed)
-                backend = _keras_backend()
-                if backend is not None:
+                holder = _tfi.keras_seed_generator()
+                if holder is not None:
                     # _SEED_GENERATOR is a threading.local: its __dict__ is the
                     # entering thread's own slot dict. Keeping that dict (not
                     # the holder) lets an exit on any thread restore the slot
                     # the entering thread sees.
-                    slots = backend._SEED_GENERATOR.__dict__
+                    slots = holder.__dict__
                     self._keras_slots = slots
                     self._saved_keras = slots.get("generator", _MISSING)
                     slots["generator"] = _KerasSeedSource(self)
@@ -550,8 +542,7 @@ class DeterministicRandomTestTool:
         saved = self._saved_global_seeds
         if _context.executing_eagerly():
             if "eager" not in saved:
-                ctx = _context.context()
-                saved["eager"] = (ctx._seed, getattr(ctx, "_rng", _MISSING))
+                saved["eager"] = (_tfi.eager_global_seed(), _tfi.eager_rng(_MISSING))
         else:
             graph = _ops.get_default_graph()
             key = id(graph)
@@ -565,7 +556,7 @@ class DeterministicRandomTestTool:
                 seed, rng = saved
                 _context.set_global_seed(seed)  # also clears the kernel cache
                 if rng is not _MISSING:
-                    _context.context()._rng = rng
+                    _tfi.set_eager_rng(rng)
             else:
                 graph, seed = saved
                 graph.seed = seed

@@ -34,13 +34,14 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import tf_decorator
 
 from equivtool._render import fixed_row, text_table
 from equivtool._stack import user_frame_location
+from equivtool import _tf_internals as _tfi
+from equivtool._tf_internals import tf_decorator
+from equivtool.runners import strip_output_index as _strip_output_index
 
 __all__ = [
     "VariableCreationError", "assert_no_variable_creations",
@@ -144,26 +145,12 @@ def _describe_variable(variable, location: str) -> CreatedVariable:
         location=location)
 
 
-def _strip_output_index(name: str) -> str:
-    return re.sub(r":\d+$", "", name)
-
-
 # --------------------------------------------------------------------------
 # Step 1: guards
 # --------------------------------------------------------------------------
 
 # tf.variable_creator_scope's priority for user creators.
 _CREATOR_PRIORITY = 100
-
-
-def _creator_stack_slots(graph) -> dict:
-    """The current thread's slot dict of ``graph``'s thread-local creator stack.
-
-    ``Graph._thread_local`` is a ``threading.local``; its ``__dict__`` is the
-    calling thread's own dict, so keeping it lets another thread restore it.
-    """
-    graph._variable_creator_stack  # creates the thread's empty stack if missing
-    return graph._thread_local.__dict__
 
 
 @dataclass(frozen=True, eq=False)
@@ -197,7 +184,7 @@ class _GuardBase(contextlib.ContextDecorator):
         raise NotImplementedError
 
     def __enter__(self):
-        slots = _creator_stack_slots(tf.compat.v1.get_default_graph())
+        slots = _tfi.variable_creator_slots(tf.compat.v1.get_default_graph())
         item = (_CREATOR_PRIORITY, self._creator)  # a new tuple: identity marks this entry
         stack = list(slots["_variable_creator_stack"])
         stack.append(item)
@@ -384,18 +371,8 @@ class VariableSet:
         return tuple(v for v in self.variables if v.trainable)
 
     @property
-    def num_parameters(self) -> int:
-        return sum(v.size for v in self.variables)
-
-    @property
     def num_trainable_parameters(self) -> int:
         return sum(v.size for v in self.variables if v.trainable)
-
-    def by_name(self) -> "collections.OrderedDict[str, list]":
-        grouped: "collections.OrderedDict[str, list]" = collections.OrderedDict()
-        for info in self.variables:
-            grouped.setdefault(info.name, []).append(info)
-        return grouped
 
     @classmethod
     def from_variables(cls, variables: Iterable, source: str = "") -> "VariableSet":

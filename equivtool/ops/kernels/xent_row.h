@@ -253,19 +253,21 @@ template <typename A> XENT_FN DenseState<A> dense_empty() {
   DenseState<A> s; s.lse = lse_empty<A>(); s.ysum = 0.0; s.yx = 0.0; return s;
 }
 
-// The two label terms, both in wide: the operands are widened before they
-// are subtracted, because a difference of two finite acc values can overflow
-// acc (x = 1e32 against an empty state's floor -3.4e38 in float) and an
-// overflow to -inf times a zero label sum is NaN.
+// The two label terms.
 //   ysum * (m_old - m): yx's rescale when the maximum moves from m_old to m.
-//     Exactly zero when ysum is zero: in double even the widened difference
-//     overflows (an empty state's floor -1.8e308 against x = 1e308).
-//   y * (x - m): one element's term.
+//     The operands are widened before they are subtracted: in acc the
+//     difference of two finite values can overflow (x = 1e32 against an
+//     empty state's floor -3.4e38 in float), and -inf times a zero label sum
+//     is NaN. It is exactly zero when ysum is zero, because in double even the
+//     widened difference overflows (the floor -1.8e308 against x = 1e308).
+//     Once per block on the CPU, so the double arithmetic costs nothing.
+//   y * (x - m): one element's term, in acc like TensorFlow's kernel (per
+//     element; x - m <= 0 overflows only when the loss itself does).
 template <typename A> XENT_FN wide yx_rescale(wide ysum, A m_old, A m) {
   return ysum == 0.0 ? 0.0 : ysum * (wide(m_old) - wide(m));
 }
 template <typename A> XENT_FN wide yx_term(A y, A x, A m) {
-  return wide(y) * (wide(x) - wide(m));
+  return wide(y * (x - m));
 }
 
 template <typename A> XENT_FN void dense_push(DenseState<A>& s, A x, A y) {
