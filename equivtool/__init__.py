@@ -46,7 +46,10 @@ _EXPORTS = {
     "EquivalenceReport": "report",
     # the engine
     "check_equivalence": "equivalence",
-    "STEPS": "equivalence",
+    "STEPS": "steps",
+    "DEFAULT_STEPS": "steps",
+    "MODES": "steps",
+    "Localization": "localize",
     # reproducibility
     "audit_determinism": "determinism",
     "DeterminismReport": "determinism",

@@ -70,6 +70,7 @@ from equivtool._results import Comparison, LeafComparison
 from equivtool._tolerance import (_COMPLEX, _EXACT, _FLOAT, _OTHER, Index, Tolerance, ToleranceSpec,
                                   _close_mask, _common_kind, _compared, _kind, _max_errors,
                                   _nothing_compared, _resolve, _scalar, _validate_spec, resolve_tolerance)
+from equivtool._tree import is_namedtuple as _is_namedtuple
 
 __all__ = [
     "Tolerance",
@@ -84,10 +85,6 @@ __all__ = [
 # ---------------------------------------------------------------------------
 # compare()
 # ---------------------------------------------------------------------------
-
-
-def _is_namedtuple(x: Any) -> bool:
-    return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
 def _describe(x: Any) -> str:

@@ -67,9 +67,11 @@ Not covered (unchanged inside a scope):
 
 Safety
 ------
-On every exit path (including an exception in the block) the scope puts back
-``get_seed``, the tf-keras seed source, and the global seeds it set (the eager
-global seed, and the seed of every graph it touched). Entering a scope while
+On every exit path (including an exception in the block, and an exit on
+another thread, as when a generator holding the scope is closed elsewhere) the
+scope puts back ``get_seed``, the tf-keras seed source of the thread that
+entered it, and the global seeds it set (the eager global seed, and the seed of
+every graph it touched). Entering a scope while
 any equivtool scope is active, or while something else has replaced
 ``get_seed`` (for example the original tool's scope), raises ``RuntimeError``.
 
@@ -99,10 +101,11 @@ from typing import Iterable, Optional, Sequence, Tuple, Union
 from equivtool._stack import user_frame_location
 
 import tensorflow as tf  # safe: importing the equivtool package applied the environment fix
-from tensorflow.python.eager import context as _context
-from tensorflow.python.framework import ops as _ops
-from tensorflow.python.framework import random_seed as _random_seed
-from tensorflow.python.framework import tensor_util as _tensor_util
+from equivtool import _tf_internals as _tfi
+from equivtool._tf_internals import context as _context
+from equivtool._tf_internals import ops as _ops
+from equivtool._tf_internals import random_seed as _random_seed
+from equivtool._tf_internals import tensor_util as _tensor_util
 
 __all__ = [
     "DeterministicRandomTestTool",
@@ -112,7 +115,7 @@ __all__ = [
     "MODES",
 ]
 
-MODES = ("constant", "num_random_ops")
+from equivtool.steps import MODES  # noqa: E402  (defined once, in the step registry)
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
@@ -198,8 +201,23 @@ def _shapes_match(a: Shape, b: Shape) -> bool:
     return all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
-def _as_trace(value) -> Sequence[RandomOpRecord]:
-    return getattr(value, "trace", value)
+def _as_trace(name: str, value) -> Sequence[RandomOpRecord]:
+    """A tool's trace, or ``value`` itself when it is a sequence of records."""
+    if isinstance(value, DeterministicRandomTestTool):
+        return value.trace
+    if isinstance(value, (list, tuple)):
+        for i, record in enumerate(value):
+            if not isinstance(record, RandomOpRecord):
+                raise TypeError(
+                    f"compare_random_traces: {name}[{i}] is a "
+                    f"{type(record).__name__}, not a RandomOpRecord. Pass a "
+                    "DeterministicRandomTestTool or its `trace` (a tuple of "
+                    "RandomOpRecord).")
+        return value
+    raise TypeError(
+        f"compare_random_traces: {name} must be a DeterministicRandomTestTool or "
+        f"its `trace` (a tuple of RandomOpRecord), got {type(value).__name__}. "
+        f"Pass the tool itself or `tool.trace`.")
 
 
 def compare_random_traces(
@@ -213,7 +231,7 @@ def compare_random_traces(
     dtype and operation seed; a trace that ends early diverges with reason
     ``"length"``. The result names both sides' source lines.
     """
-    left, right = _as_trace(a), _as_trace(b)
+    left, right = _as_trace("a", a), _as_trace("b", b)
     for i, (x, y) in enumerate(zip(left, right)):
         if x.kind != y.kind:
             reason = "kind"
@@ -329,15 +347,6 @@ class _KerasSeedSource:
         return self._tool._next_keras_seed(*bounds)
 
 
-def _keras_backend():
-    """tf-keras' backend module, or None without tf-keras."""
-    try:
-        from tf_keras.src import backend
-    except ImportError:
-        return None
-    return backend if hasattr(backend, "_SEED_GENERATOR") else None
-
-
 class _Scope:
     """The context manager returned by ``DeterministicRandomTestTool.scope()``."""
 
@@ -364,7 +373,11 @@ class DeterministicRandomTestTool:
     ``equivtool.seeding`` lists exactly what a scope covers.
 
     Args:
-      seed: the global seed every op receives, as the first of its two seeds.
+      seed: the global seed every op receives, as the first of its two seeds;
+        an integer in [-2**63, 2**63 - 1] (TensorFlow's seeds are int64). With
+        ``seed=0`` the op that would get the pair ``(0, 0)``, which TensorFlow
+        reads as "draw a random seed", gets ``(0, 2**31 - 1)`` instead, as
+        TensorFlow's own ``get_seed`` does.
       mode: ``"constant"`` (every op gets the operation seed ``operation_seed``,
         so equal shapes give equal values) or ``"num_random_ops"`` (the
         operation seed counts the random ops seeded so far, so values follow
@@ -389,7 +402,7 @@ class DeterministicRandomTestTool:
                 f"DeterministicRandomTestTool: mode must be one of {list(MODES)}, "
                 f"got {mode!r}. Use 'constant' for the same seeds on every op, "
                 "or 'num_random_ops' for seeds that follow program order.")
-        self._seed = _as_int("seed", seed)
+        self._seed = _as_int64("seed", seed)
         self._mode = mode
         self._constant = mode == "constant"
         self._operation_seed = 0
@@ -402,7 +415,7 @@ class DeterministicRandomTestTool:
         self._entered_at = ""
         self._saved_global_seeds: dict = {}
         self._saved_keras = _MISSING
-        self._keras_holder = None
+        self._keras_slots: Optional[dict] = None
 
     # ---- public surface --------------------------------------------------
 
@@ -424,11 +437,11 @@ class DeterministicRandomTestTool:
     @operation_seed.setter
     def operation_seed(self, value: int) -> None:
         value = _as_int("operation_seed", value)
-        if value < 0:
+        if not 0 <= value <= _INT64_MAX:
             raise ValueError(
                 f"DeterministicRandomTestTool.operation_seed must be a non-negative "
-                f"integer (it becomes the op's second seed), got {value}. Set it to 0 "
-                "or a positive integer.")
+                f"integer in [0, {_INT64_MAX}] (it becomes the op's second seed, an "
+                f"int64), got {value}. Set it to 0 or a positive integer in that range.")
         self._operation_seed = value
 
     @property
@@ -484,12 +497,16 @@ class DeterministicRandomTestTool:
             try:
                 # As the original: the global seed is the tool's seed to start with.
                 self._set_global_seed(self._seed)
-                backend = _keras_backend()
-                if backend is not None:
-                    holder = backend._SEED_GENERATOR
-                    self._keras_holder = holder
-                    self._saved_keras = holder.__dict__.get("generator", _MISSING)
-                    holder.generator = _KerasSeedSource(self)
+                holder = _tfi.keras_seed_generator()
+                if holder is not None:
+                    # _SEED_GENERATOR is a threading.local: its __dict__ is the
+                    # entering thread's own slot dict. Keeping that dict (not
+                    # the holder) lets an exit on any thread restore the slot
+                    # the entering thread sees.
+                    slots = holder.__dict__
+                    self._keras_slots = slots
+                    self._saved_keras = slots.get("generator", _MISSING)
+                    slots["generator"] = _KerasSeedSource(self)
                 _random_seed.get_seed = _seeded_get_seed
             except BaseException:
                 self._restore()
@@ -505,15 +522,15 @@ class DeterministicRandomTestTool:
         global _active
         try:
             _random_seed.get_seed = _TF_GET_SEED
-            holder = self._keras_holder
-            if holder is not None:
+            slots = self._keras_slots
+            if slots is not None:
                 if self._saved_keras is _MISSING:
-                    holder.__dict__.pop("generator", None)
+                    slots.pop("generator", None)
                 else:
-                    holder.generator = self._saved_keras
+                    slots["generator"] = self._saved_keras
             self._restore_global_seeds()
         finally:
-            self._keras_holder = None
+            self._keras_slots = None
             self._saved_keras = _MISSING
             self._saved_global_seeds = {}
             self._owner = None
@@ -525,8 +542,7 @@ class DeterministicRandomTestTool:
         saved = self._saved_global_seeds
         if _context.executing_eagerly():
             if "eager" not in saved:
-                ctx = _context.context()
-                saved["eager"] = (ctx._seed, getattr(ctx, "_rng", _MISSING))
+                saved["eager"] = (_tfi.eager_global_seed(), _tfi.eager_rng(_MISSING))
         else:
             graph = _ops.get_default_graph()
             key = id(graph)
@@ -540,7 +556,7 @@ class DeterministicRandomTestTool:
                 seed, rng = saved
                 _context.set_global_seed(seed)  # also clears the kernel cache
                 if rng is not _MISSING:
-                    _context.context()._rng = rng
+                    _tfi.set_eager_rng(rng)
             else:
                 graph, seed = saved
                 graph.seed = seed
@@ -557,6 +573,10 @@ class DeterministicRandomTestTool:
                 raise ValueError(self._reuse_message(op_seed))
             self._observed_seeds.add(op_seed)
             self._operation_seed = op_seed + 1
+        if self._seed == 0 and op_seed == 0:
+            # TensorFlow reads the pair (0, 0) as "no seed" and draws a random
+            # one per op; its own get_seed substitutes (0, 2**31 - 1), so do we.
+            op_seed = _ZERO_PAIR_OPERATION_SEED
         if self._record:
             frame = sys._getframe(2)  # the op's Python wrapper
             try:
@@ -609,6 +629,21 @@ class DeterministicRandomTestTool:
             f"already used ({_summarise(used)}). Set `operation_seed` to a value "
             f"whose sequence stays clear of them (for example {fresh}), or use a "
             "new tool for the new program.")
+
+
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+_ZERO_PAIR_OPERATION_SEED = 2 ** 31 - 1  # TensorFlow's substitute for the pair (0, 0)
+
+
+def _as_int64(name: str, value) -> int:
+    """An integer that fits TensorFlow's int64 seed attributes."""
+    value = _as_int(name, value)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(
+            f"DeterministicRandomTestTool: {name} must be an integer in "
+            f"[{_INT64_MIN}, {_INT64_MAX}] (TensorFlow's seeds are int64), got "
+            f"{value}. Pick a seed in that range, for example 42.")
+    return value
 
 
 def _as_int(name: str, value) -> int:

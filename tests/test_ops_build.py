@@ -217,3 +217,120 @@ def test_build_ops_ignores_a_planted_partial_symlink(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".equivtool-build-")] == []
     proc = _python(_USE_OP, output)
     assert proc.returncode == 0 and "LOADED" in proc.stdout, proc.stdout[-2000:]
+
+
+# ---------------------------------------------------------------------------
+# What the built library holds: read from the file (nm/readelf's view, parsed
+# by _build.cuda_contents), so CI without a GPU checks what users' GPUs load.
+
+def test_built_library_carries_its_cuda_runtime_and_hopper_machine_code():
+    if not ops.op_status()["cuda"]:
+        pytest.skip("this op library was built without CUDA (no nvcc here): no CUDA code to read")
+    contents = _build.cuda_contents(_load.library_path())
+    # every CUDA runtime symbol resolved inside the library (static cudart
+    # linked before TensorFlow's framework library, which exports a stub) ...
+    assert contents.undefined_cuda == (), contents.undefined_cuda
+    # ... and kept private, so it neither serves nor shadows TensorFlow's
+    assert contents.exported_cuda == (), contents.exported_cuda
+    assert {"sm_80", "sm_89", "sm_90"} <= set(contents.sass), contents.sass
+    assert contents.ptx, "no PTX: GPUs newer than the SASS list could not run the kernels"
+    assert "CUDA runtime linked statically" in str(contents)
+
+
+def _fatbin(entries):
+    """A fatbin container with (kind, arch, isa_major, isa_minor) entries of 8-byte payloads."""
+    import struct
+    body = b""
+    for kind, arch, major, minor in entries:
+        header = struct.pack("<HHIQII", kind, 0x0101, 64, 8, 0, 0)
+        header += struct.pack("<II", (major << 16) | minor, arch)
+        body += header.ljust(64, b"\0") + b"payload!"
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def _shared_library(tmp_path, c_source: str):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to make a test library")
+    src, lib = tmp_path / "x.c", tmp_path / "libx.so"
+    src.write_text(c_source)
+    import subprocess
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return str(lib)
+
+
+def test_cuda_contents_reports_a_runtime_left_undefined_and_the_fatbin_entries(tmp_path):
+    # the fault the old link order made: runtime symbols left for the process
+    blob = _fatbin([(2, 75, 1, 8), (1, 86, 8, 5)])
+    array = ", ".join(str(b) for b in blob)
+    lib = _shared_library(tmp_path, f"""
+__attribute__((section(".nv_fatbin"), used)) const unsigned char fatbin[] = {{{array}}};
+extern int cudaGetLastError(void);
+extern void* __cudaRegisterFatBinary(void*);
+int f(void) {{ return cudaGetLastError() + (__cudaRegisterFatBinary(0) != 0); }}
+int cudaLaunchKernelExported(void) {{ return 1; }}
+""")
+    contents = _build.cuda_contents(lib)
+    assert contents.undefined_cuda == ("__cudaRegisterFatBinary", "cudaGetLastError")
+    assert contents.exported_cuda == ("cudaLaunchKernelExported",)
+    assert contents.sass == ("sm_75",)
+    assert contents.ptx == (("compute_86", "8.5"),)
+    assert "NOT linked in (2 undefined symbols" in str(contents)
+
+
+def test_cuda_contents_of_a_library_without_cuda_code(tmp_path):
+    lib = _shared_library(tmp_path, "int f(void) { return 1; }\n")
+    contents = _build.cuda_contents(lib)
+    assert not contents.has_cuda and contents.sass == () and contents.ptx == ()
+    assert str(contents) == "no CUDA code"
+
+
+def test_cuda_contents_refuses_a_file_that_is_not_elf(tmp_path):
+    path = tmp_path / "not.so"
+    path.write_bytes(b"MZ not an ELF file at all")
+    with pytest.raises(ValueError, match="not a little-endian 64-bit ELF"):
+        _build.cuda_contents(str(path))
+
+
+def test_gencode_adds_hopper_machine_code_to_tensorflows_list():
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    flags, used, _ = _build._gencode_flags(nvcc, ["sm_80", "sm_89", "compute_90"])
+    assert "arch=compute_90,code=sm_90" in flags and "arch=compute_90,code=compute_90" in flags
+    assert used == ["sm_80", "sm_89", "sm_90", "compute_90"]
+
+
+def test_nvcc_flags_match_the_cpu_builds_arithmetic():
+    # no FMA contraction (the CPU build: -ffp-contract=off) and denormals
+    # flushed (the CPU kernels flush them in every shard)
+    assert "--fmad=false" in _build.NVCC_FLAGS and "-ftz=true" in _build.NVCC_FLAGS
+
+
+def test_cuda_report_states_runtime_driver_and_archs():
+    if not ops.op_status()["cuda"]:
+        pytest.skip("this op library was built without CUDA (no nvcc here): no CUDA code to report")
+    line = _build.cuda_report(_load.library_path())
+    assert "runtime linked statically (needs an NVIDIA driver R" in line
+    assert "SASS sm_80, sm_89, sm_90" in line and "PTX ISA" in line
+
+
+def test_cuda_report_flags_a_library_that_leaves_the_runtime_out(tmp_path):
+    blob = _fatbin([(2, 80, 1, 8)]) + b"EQUIVTOOL_XENT_BUILD{tensorflow=2.21.0;cuda=1;nvcc=12.5}"
+    array = ", ".join(str(b) for b in blob)
+    lib = _shared_library(tmp_path, f"""
+__attribute__((section(".nv_fatbin"), used)) const unsigned char fatbin[] = {{{array}}};
+extern int cudaGetLastError(void);
+int f(void) {{ return cudaGetLastError(); }}
+""")
+    line = _build.cuda_report(lib)
+    assert "NOT linked in (1 runtime symbols" in line and "equivtool build-ops" in line
+
+
+def test_doctor_prints_the_ops_cuda_line():
+    if not ops.op_status()["cuda"]:
+        pytest.skip("this op library was built without CUDA (no nvcc here): no CUDA line")
+    from equivtool import cli
+    assert ("xent op CUDA", cli.doctor_xent_cuda) in cli.DOCTOR_CHECKS
+    ok, text = cli.doctor_xent_cuda()
+    assert ok and text.startswith("CUDA ") and "SASS sm_80" in text

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool.determinism import _tf
+from equivtool.runners import load_by_initializer, strip_output_index
 
 
 def _object_location(fn: Callable) -> str:
@@ -214,7 +215,7 @@ class _VariableStore:
             if self.in_graph(v):
                 # Variable.load, without its deprecation warning: feed the initializer.
                 session = self._session_for(v)
-                session.run(v.initializer, {v.initializer.inputs[1]: value})
+                load_by_initializer(session, [(v, value)])
             else:
                 v.assign(value)
 
@@ -222,7 +223,7 @@ class _VariableStore:
         counts: dict[str, int] = {}
         names = []
         for v in self.variables:
-            name = v.name[:-2] if v.name.endswith(":0") else v.name
+            name = strip_output_index(v.name)
             counts[name] = counts.get(name, 0) + 1
             names.append(name if counts[name] == 1 else f"{name} ({counts[name]})")
         return names

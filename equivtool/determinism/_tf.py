@@ -1,41 +1,40 @@
-"""Every private TensorFlow symbol the determinism audit uses, in one place.
+"""The TensorFlow the determinism audit needs, as small functions.
 
-A TensorFlow upgrade that moves one of these breaks this module only; the
-rest of the package calls the small functions below.
+Every private symbol comes from :mod:`equivtool._tf_internals` (the one file
+a TensorFlow upgrade has to check); this module only gives the audit the
+few operations it performs on them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-import tensorflow as tf
-from tensorflow.core.framework import graph_pb2
-from tensorflow.python.client import session as _session_lib
-from tensorflow.python.data.ops import options as _data_options
-from tensorflow.python.eager import context as _context
-from tensorflow.python.framework import config as _config
-from tensorflow.python.framework import op_callbacks as _op_callbacks
+from equivtool import _tf_internals as _tfi
+from equivtool._tf_internals import BaseSession, Trackable, is_op_determinism_enabled  # noqa: F401
 
-BaseSession = _session_lib.BaseSession
-Trackable = tf.__internal__.tracking.Trackable
 
-executing_eagerly = _context.executing_eagerly
-is_op_determinism_enabled = _config.is_op_determinism_enabled
-add_op_callback = _op_callbacks.add_op_callback
-remove_op_callback = _op_callbacks.remove_op_callback
+def executing_eagerly() -> bool:
+    return _tfi.context.executing_eagerly()
+
+
+def add_op_callback(callback) -> None:
+    _tfi.op_callbacks.add_op_callback(callback)
+
+
+def remove_op_callback(callback) -> None:
+    _tfi.op_callbacks.remove_op_callback(callback)
 
 
 def global_seed_state() -> tuple[Optional[int], Any]:
     """TensorFlow's global seed and its op-seed counter's random state."""
-    ctx = _context.context()
-    rng = getattr(ctx, "_rng", None)
-    return ctx._seed, (rng.getstate() if rng is not None else None)
+    rng = _tfi.eager_rng()
+    return _tfi.eager_global_seed(), (rng.getstate() if rng is not None else None)
 
 
 def set_global_seed_state(seed: Optional[int], rng_state: Any) -> None:
     """Put back what :func:`global_seed_state` returned (also clears the kernel cache)."""
-    _context.set_global_seed(seed)
-    rng = getattr(_context.context(), "_rng", None)
+    _tfi.context.set_global_seed(seed)
+    rng = _tfi.eager_rng()
     if rng is not None and rng_state is not None:
         rng.setstate(rng_state)
 
@@ -43,7 +42,7 @@ def set_global_seed_state(seed: Optional[int], rng_state: Any) -> None:
 def has_function(name: str) -> bool:
     """Whether ``name`` is a function registered in the eager context."""
     try:
-        return bool(_context.context().has_function(name))
+        return bool(_tfi.context.context().has_function(name))
     except Exception:  # noqa: BLE001
         return False
 
@@ -51,20 +50,19 @@ def has_function(name: str) -> bool:
 def get_function_def(name: str):
     """The FunctionDef registered in the eager context under ``name``, or None."""
     try:
-        return _context.context().get_function_def(name)
+        return _tfi.context.context().get_function_def(name)
     except Exception:  # noqa: BLE001 - not registered in this context
         return None
 
 
 def dataset_graph_nodes(dataset) -> list:
     """The NodeDefs of the graph a ``tf.data.Dataset`` was built from."""
-    serialized = dataset._as_serialized_graph(
-        external_state_policy=_data_options.ExternalStatePolicy.IGNORE)
-    graph = graph_pb2.GraphDef()
+    serialized = _tfi.serialized_dataset_graph(dataset)
+    graph = _tfi.GraphDef()
     graph.ParseFromString(serialized.numpy() if hasattr(serialized, "numpy") else serialized)
     return list(graph.node)
 
 
 def iterator_dataset(iterator) -> Any:
     """The dataset a ``tf.data.Iterator`` iterates, or None when it does not say."""
-    return getattr(iterator, "_dataset", None)
+    return _tfi.iterator_dataset(iterator)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 
 _EXPORTS = {
     "sparse_softmax_cross_entropy_with_logits": "xent",

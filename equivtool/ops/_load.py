@@ -25,7 +25,6 @@ import os
 import re
 import threading
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 
 from equivtool.ops._build import default_output
 

@@ -45,10 +45,9 @@ cannot raise inside a kernel), as with ``tf.nn`` under XLA.
 
 from __future__ import annotations
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as _tf_ops
+from equivtool._tf_internals import ops as _tf_ops
 
 from equivtool.ops._load import load_library
 
@@ -82,7 +81,7 @@ def _in_xla_context() -> bool:
     """Whether the graph being built is compiled by XLA (jit_compile=True)."""
     if tf.executing_eagerly():
         return False
-    from tensorflow.python.ops import control_flow_util
+    from equivtool._tf_internals import control_flow_util
 
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
