@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 
 import pytest
 
@@ -106,6 +107,7 @@ def test_compat_suite_selects_existing_test_files_only():
     assert "tests/test_ops_xent.py" in files and "tests/test_seeding.py" in files
     assert "tests/test_equivalence.py" in files and "tests/test_selfcheck.py" in files
     assert all(os.path.isfile(os.path.join(REPO, f)) for f in files)
+    assert "tests/test_ops_packaging.py" not in files  # TF-independent, and two more op builds
     assert matrix._suite_files(REPO, "full") == []  # pytest's own testpaths: everything
 
 
@@ -119,3 +121,61 @@ def test_log_keeps_each_command_and_returns_its_output(tmp_path):
     assert (rc, out) == (3, "first\n") and (rc2, out2) == (0, "second\n") and seconds >= 0
     text = (tmp_path / "log.txt").read_text()
     assert "first\n[exit 3 after" in text and "second\n[exit 0 after" in text
+
+
+def test_tree_copy_is_a_checkout_that_lists_the_same_files(tmp_path):
+    dest = tmp_path / "src"
+    matrix._copy_tree(str(dest))
+    assert (dest / "tools" / "matrix.py").read_bytes() == open(os.path.join(REPO, "tools", "matrix.py"), "rb").read()
+    assert not list(dest.glob("equivtool/ops/*.so"))  # build outputs are ignored: not copied
+    listed = subprocess.run(["git", "ls-files", "--others", "--exclude-standard"], cwd=dest,
+                            stdout=subprocess.PIPE, text=True, check=True).stdout.split()
+    assert "tools/matrix.py" in listed and "setup.cfg" in listed
+
+
+@pytest.fixture
+def dev_copy(tmp_path):
+    """./dev in a scratch tree whose .venv is a stub recording the pytest call (no install)."""
+    import hashlib
+    import shutil
+    shutil.copy2(os.path.join(REPO, "dev"), tmp_path / "dev")
+    for name in ("requirements.lock", "setup.py", "setup.cfg", "equivtool/ops/_build.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (tmp_path / ".venv" / ".equivtool-stamp").write_text(hashlib.sha256(b"").hexdigest() + "\n")
+    (venv_bin / "python").write_text('#!/bin/sh\necho "suite $*" >> calls\nexit ${SUITE_RC:-0}\n')
+    (venv_bin / "python").chmod(0o755)
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "matrix.py").write_text(
+        "import os, sys\nopen('calls', 'a').write('compat ' + ' '.join(sys.argv[1:]) + '\\n')\n"
+        "sys.exit(int(os.environ.get('COMPAT_RC', '0')))\n")
+
+    def run(*args, **env):
+        full = {k: v for k, v in os.environ.items() if k not in ("CI", "EQUIVTOOL_CI_COMPAT")}
+        full.update(env)
+        proc = subprocess.run([str(tmp_path / "dev"), *args], cwd=tmp_path, env=full, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+        (tmp_path / "calls").unlink(missing_ok=True)
+        return proc.returncode, calls, proc.stdout
+    return run
+
+
+def test_dev_test_runs_only_the_suite_outside_ci(dev_copy):
+    rc, calls, _ = dev_copy("test", "-x")
+    assert (rc, calls) == (0, ["suite -m pytest -x"])
+
+
+def test_dev_test_under_ci_also_proves_tensorflow_2_16_first(dev_copy):
+    rc, calls, _ = dev_copy("test", CI="true")
+    assert (rc, calls) == (0, ["compat --suite compat --no-demo --no-table 2.16", "suite -m pytest"])
+    assert dev_copy("test", CI="true", EQUIVTOOL_CI_COMPAT="0")[:2] == (0, ["suite -m pytest"])
+
+
+@pytest.mark.parametrize("compat_rc, suite_rc, expected", [("1", "0", 1), ("0", "1", 1), ("1", "2", 2), ("0", "5", 5)])
+def test_dev_test_under_ci_fails_when_either_leg_fails(dev_copy, compat_rc, suite_rc, expected):
+    rc, calls, out = dev_copy("test", CI="true", COMPAT_RC=compat_rc, SUITE_RC=suite_rc)
+    assert rc == expected and len(calls) == 2  # the suite runs even after a failed 2.16 leg
+    assert ("the TensorFlow 2.16 leg failed" in out) == (compat_rc != "0")

@@ -1,6 +1,11 @@
 """Tests of equivtool's softmax cross-entropy op: numerics against NumPy,
 TensorFlow parity on special values and bad input, gradients, determinism."""
 
+import functools
+import os
+import subprocess
+import sys
+
 import equivtool  # noqa: F401  (must precede TensorFlow)
 
 import numpy as np
@@ -209,11 +214,23 @@ def test_dense_labels_broadcast_when_shapes_are_known_only_at_run_time():
     np.testing.assert_allclose(fn(y, x).numpy(), expected.numpy(), rtol=1e-6)
 
 
+@functools.lru_cache(maxsize=None)
+def _tf_dense_xent_survives_zero_classes() -> bool:
+    """TensorFlow 2.16's own dense kernel crashes the process (SIGSEGV) on zero classes; probe it in a child."""
+    code = "import tensorflow as tf; x = tf.zeros([3, 0]); tf.nn.softmax_cross_entropy_with_logits(labels=x, logits=x)"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=600).returncode == 0
+
+
 @pytest.mark.parametrize("shape", [[3, 0], [2, 2, 0]])
 def test_dense_zero_classes_give_a_zero_loss_like_tf(shape):
     x = tf.zeros(shape)
     ours = _fwd_bwd(ops.softmax_cross_entropy_with_logits, x, x)
-    _assert_like_tf(ours, _fwd_bwd(tf.nn.softmax_cross_entropy_with_logits, x, x), tol=0)
+    if _tf_dense_xent_survives_zero_classes():
+        theirs = _fwd_bwd(tf.nn.softmax_cross_entropy_with_logits, x, x)
+    else:  # what TensorFlow's kernel returns in 2.18 and 2.21, where 2.16's crashes
+        theirs = (tf.zeros(shape[:-1]), tf.zeros(shape))
+    _assert_like_tf(ours, theirs, tol=0)
     assert ours[0].shape == shape[:-1] and not np.any(ours[0].numpy())
 
 

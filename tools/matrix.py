@@ -55,6 +55,8 @@ BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 # random tool (seeding, tf-keras' seed source) and the equivalence engine.
 COMPAT_TESTS = ("tests/test_ops*.py", "tests/ops/test_*.py", "tests/test_seeding*.py",
                 "tests/test_equivalence*.py", "tests/test_selfcheck.py")
+# Packaging does not depend on the TensorFlow version and compiles the op twice more.
+COMPAT_EXCLUDE = ("tests/test_ops_packaging.py",)
 DEMO_ARGS = ("--image-size", "107")
 
 
@@ -134,6 +136,19 @@ def _copy_tree(dest: str) -> None:
         target = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copy2(source, target)
+    # a checkout of its own (nothing committed): tests that list the tree with git work in the copy
+    subprocess.run(["git", "init", "-q", dest], check=True)
+
+
+def _commit() -> str:
+    """The tree proven: HEAD's short hash, with ``+changes`` when the work tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, stdout=subprocess.PIPE,
+                          text=True).stdout.strip() or "unknown"
+    # the table this tool rewrites is not a change to the tree it proves
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal", "--", ".",
+                            f":!{os.path.relpath(TABLE_FILE, REPO)}"], cwd=REPO,
+                           stdout=subprocess.PIPE, text=True).stdout.strip()
+    return head + ("+changes" if dirty else "")
 
 
 def _pip_versions(python: str) -> dict:
@@ -151,7 +166,7 @@ def _suite_files(src: str, suite: str) -> list[str]:
     if suite == "full":
         return []
     found = sorted({path for pattern in COMPAT_TESTS for path in glob.glob(os.path.join(src, pattern))})
-    return [os.path.relpath(path, src) for path in found]
+    return [rel for rel in (os.path.relpath(path, src) for path in found) if rel not in COMPAT_EXCLUDE]
 
 
 def _junit_counts(path: str) -> dict | None:
@@ -174,7 +189,7 @@ def run_version(version: str, suite: str, demo: bool) -> dict:
     home = os.path.join(MATRIX_DIR, version)
     os.makedirs(home, exist_ok=True)
     log = _Log(os.path.join(home, "log.txt"), version)
-    result: dict = {"version": version, "python": platform.python_version(),
+    result: dict = {"version": version, "python": platform.python_version(), "commit": _commit(),
                     "date": datetime.date.today().isoformat(), "suite_scope": suite, "ok": False}
     python = os.path.join(home, "bin", "python")
     try:
@@ -183,11 +198,11 @@ def run_version(version: str, suite: str, demo: bool) -> dict:
         key = _deps_key(version)
         if not os.path.exists(python) or not os.path.exists(stamp) or open(stamp).read() != key:
             log.say(f"creating the environment: tensorflow=={version}.*, tf-keras=={version}.* (downloads a large wheel)")
-            if not os.path.exists(python):
-                rc, out, _ = log.run([sys.executable, "-m", "venv", home], REPO)
-                if rc:
-                    result["install"] = f"venv failed: {_tail(out)}"
-                    return result
+            # creates it, or repairs one whose creation was cut short (no pip); keeps what is installed
+            rc, out, _ = log.run([sys.executable, "-m", "venv", home], REPO)
+            if rc:
+                result["install"] = f"venv failed: {_tail(out)}"
+                return result
             rc, out, seconds = log.run([python, "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools", "wheel"], REPO)
             if rc == 0:
                 rc, out, seconds = log.run([python, "-m", "pip", "install", "-q",
@@ -284,11 +299,12 @@ def _row(result: dict) -> str:
         suite_cell = f"{scope}: {', '.join(parts)} ({suite['seconds']} s)"
     demo = result.get("demo")
     demo_cell = f"{demo['verdict']}, {demo['seconds']} s" if demo else "not run"
-    return f"| {stack} | {install} | {doctor} | {suite_cell} | {demo_cell} | {result.get('date', '')} |"
+    when = f"{result.get('date', '')} ({result['commit']})" if result.get("commit") else result.get("date", "")
+    return f"| {stack} | {install} | {doctor} | {suite_cell} | {demo_cell} | {when} |"
 
 
 HEADER = ("| TensorFlow | tf-keras | numpy | install (`pip install --no-build-isolation -e .`, op build) "
-          "| `equivtool doctor` | tests | demo (`--image-size 107`) | date |\n"
+          "| `equivtool doctor` | tests | demo (`--image-size 107`) | date (commit) |\n"
           "|---|---|---|---|---|---|---|---|")
 
 
