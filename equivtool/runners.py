@@ -219,6 +219,8 @@ class TF1Side:
                 return TF1Forward(outputs, regularization, gradients, loss, update_ops)
 
         result = self._scoped(build)
+        if self._forwards:
+            result.outputs = align_pass_keys(result.outputs, self._forwards[0].outputs)
         self._forwards.append(result)
         self._collect_variables()
         return result
@@ -284,6 +286,46 @@ class TF1Side:
 
     def close(self) -> None:
         self.session.close()
+
+
+_UNIQUIFIED = re.compile(r"^(.*)_\d+$")
+
+
+def _same_but_uniquified(key: str, first: str) -> bool:
+    """``alexnet_v2_1/pool1`` vs ``alexnet_v2/pool1``: equal but for ``_N`` suffixes
+    that a graph adds to a name scope used a second time."""
+    parts, first_parts = key.split("/"), first.split("/")
+    if len(parts) != len(first_parts):
+        return False
+    for part, first_part in zip(parts, first_parts):
+        if part != first_part:
+            match = _UNIQUIFIED.match(part)
+            if match is None or match.group(1) != first_part:
+                return False
+    return True
+
+
+def align_pass_keys(outputs, first):
+    """A later pass's end-point keys as the first pass named them.
+
+    Every pass after the first is built in the same graph, so name-scope-based
+    end-point keys (slim's pooling layers) get ``_N`` suffixes; eagerly, the
+    TF2 side never uniquifies. A dict whose keys match the first pass's, in
+    order, up to such suffixes takes the first pass's keys; anything else is
+    left as it is.
+    """
+    if isinstance(outputs, Mapping) and isinstance(first, Mapping):
+        keys, first_keys = list(outputs), list(first)
+        if (keys != first_keys and len(keys) == len(first_keys)
+                and all(isinstance(k, str) and isinstance(f, str) and _same_but_uniquified(k, f)
+                        for k, f in zip(keys, first_keys))):
+            return _rebuild_mapping(outputs, [(f, align_pass_keys(outputs[k], first[f]))
+                                              for k, f in zip(keys, first_keys)])
+        return _rebuild_mapping(outputs, [(k, align_pass_keys(v, first.get(k))) for k, v in outputs.items()])
+    if (isinstance(outputs, (list, tuple)) and not hasattr(outputs, "_fields")
+            and isinstance(first, (list, tuple)) and len(outputs) == len(first)):
+        return type(outputs)(align_pass_keys(v, f) for v, f in zip(outputs, first))
+    return outputs
 
 
 # --------------------------------------------------------------------------
