@@ -56,7 +56,7 @@ import tensorflow as tf
 
 from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
-from equivtool.runners import (TF1Side, TF2Side, fixed_value, flatten_tensors,
+from equivtool.runners import (TF1Side, TF2Side, dense_gradient, fixed_value, flatten_tensors,
                                restore_snapshot, snapshot_layer, variable_key)
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.variables import (VariableCreationError, VariableInfo, VariableSet,
@@ -425,8 +425,11 @@ class _Engine:
     def step_gradients(self) -> StepResult:
         pair = self.pair
         tf1_loss, tf1_grads, tf2_loss, tf2_grads = pair.gradients()
+        tf1_dense = {key: dense_gradient(value) for key, value in tf1_grads.items()}
+        tf1_grads = {key: dense for key, (dense, _) in tf1_dense.items()}
         missing = sorted(set(tf1_grads) ^ set(tf2_grads))
         notes = [f"loss: TF1 {float(tf1_loss):.9g}, TF2 {float(tf2_loss):.9g}"]
+        notes += _sparse_note([k for k, (_, sparse) in tf1_dense.items() if sparse], pair.tf2.sparse_gradients)
         if missing:
             notes.append("gradients present on one side only: " + ", ".join(missing[:10]))
         tf1_ordered = {k: tf1_grads[k] for k in pair.tf1.keys if k in tf1_grads}
@@ -493,6 +496,9 @@ class _Engine:
                     failed_at = step + 1
         notes = [f"{self.train_steps} steps of {type(optimizer).__name__} (TF1) vs "
                  f"{type(tf2_optimizer).__name__} (TF2)"]
+        tf1_gradients = (pair.training or pair.inference).gradients or {}
+        notes += _sparse_note([k for k, g in tf1_gradients.items() if isinstance(g, tf.IndexedSlices)],
+                              pair.tf2.sparse_gradients, applied=True)
         if pair.distributed:
             notes.append(_DISTRIBUTED_NOTE)
         if failed_at is not None:
@@ -696,6 +702,18 @@ def _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg) -> list:
     (0 on a side without regularizers)."""
     return [("outputs", tf1_out, tf2_out),
             ("regularization_loss", np.float32(tf1_reg), np.float32(tf2_reg))]
+
+
+def _sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:
+    """A note naming the variables whose gradients were sparse (tf.IndexedSlices)."""
+    keys = sorted(set(tf1_keys) | set(tf2_keys))
+    if not keys:
+        return []
+    how = ("applied sparsely by both optimizers; the updated variables are compared" if applied
+           else "scattered into dense arrays and compared densely")
+    sides = ("on both sides" if set(tf1_keys) == set(tf2_keys)
+             else f"TF1: {sorted(tf1_keys)[:5]}, TF2: {sorted(tf2_keys)[:5]}")
+    return [f"sparse gradients (tf.IndexedSlices, {sides}) for {len(keys)} variable(s) {keys[:5]}: {how}"]
 
 
 def _with_seconds(result: StepResult, seconds: float) -> StepResult:

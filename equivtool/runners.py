@@ -75,7 +75,10 @@ def _rebuild_mapping(original: Mapping, items: list):
 
 
 def to_numpy(structure):
-    """Tensors (eager) to NumPy, keeping dict insertion order and containers."""
+    """Tensors (eager) to NumPy, keeping dict insertion order and containers;
+    sparse gradients (``tf.IndexedSlices``, ``IndexedSlicesValue``) become dense arrays."""
+    if _is_sparse(structure):
+        return dense_gradient(structure)[0]
     if isinstance(structure, Mapping):
         return _rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
     if isinstance(structure, tuple) and hasattr(structure, "_fields"):
@@ -87,6 +90,38 @@ def to_numpy(structure):
     if hasattr(structure, "numpy"):
         return structure.numpy()
     return np.asarray(structure)
+
+
+def _is_sparse(value) -> bool:
+    """``tf.IndexedSlices``, or the ``IndexedSlicesValue`` a session returns for one
+    (a namedtuple with no public name, recognised by its fields)."""
+    return isinstance(value, tf.IndexedSlices) or (
+        isinstance(value, tuple) and getattr(value, "_fields", None) == ("values", "indices", "dense_shape"))
+
+
+def dense_gradient(value, shape=None) -> tuple:
+    """``(dense NumPy array, was_sparse)`` for a gradient.
+
+    The gradient of ``tf.gather``/``tf.nn.embedding_lookup`` w.r.t. the table
+    is sparse: ``tf.IndexedSlices`` eagerly, ``IndexedSlicesValue`` from a
+    session. Both sides are scattered into a dense array the same way (rows
+    of repeated indices summed in index order), so the comparison sees only
+    the values and where they go.
+    """
+    if not _is_sparse(value):
+        return (value.numpy() if hasattr(value, "numpy") else np.asarray(value)), False
+    values, indices = value.values, value.indices
+    values = values.numpy() if hasattr(values, "numpy") else np.asarray(values)
+    indices = indices.numpy() if hasattr(indices, "numpy") else np.asarray(indices)
+    dense_shape = getattr(value, "dense_shape", None)
+    if dense_shape is not None:
+        dense_shape = dense_shape.numpy() if hasattr(dense_shape, "numpy") else np.asarray(dense_shape)
+        shape = tuple(int(d) for d in dense_shape)
+    elif shape is None:
+        raise ValueError("a sparse gradient without dense_shape needs the variable's shape")
+    dense = np.zeros(tuple(int(d) for d in shape), dtype=values.dtype)
+    np.add.at(dense, indices, values)
+    return dense, True
 
 
 def flatten_tensors(structure) -> list:
@@ -351,6 +386,7 @@ class TF2Side:
         self.use_tf_function = use_tf_function
         self.strategy = strategy
         self._functions: dict = {}
+        self.sparse_gradients: tuple = ()  # keys whose last gradient was tf.IndexedSlices
 
     # -- one replica's work ---------------------------------------------------
 
@@ -411,8 +447,14 @@ class TF2Side:
         outputs, regularization, loss, gradients = self._run(inputs, training, with_gradients)
         gradients_by_key = None
         if with_gradients:
-            gradients_by_key = {variable_key(v.name, self.renamer): g.numpy()
-                                for v, g in zip(self.layer.trainable_variables, gradients) if g is not None}
+            gradients_by_key, sparse = {}, []
+            for v, g in zip(self.layer.trainable_variables, gradients):
+                if g is not None:
+                    key = variable_key(v.name, self.renamer)
+                    gradients_by_key[key], was_sparse = dense_gradient(g, v.shape)
+                    if was_sparse:
+                        sparse.append(key)
+            self.sparse_gradients = tuple(sparse)
             loss = float(loss.numpy())
         return to_numpy(outputs), float(regularization.numpy()), loss, gradients_by_key
 
