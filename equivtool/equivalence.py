@@ -56,7 +56,7 @@ import tensorflow as tf
 
 from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
-from equivtool.runners import (TF1Side, TF2Side, dense_gradient, fixed_value, flatten_tensors,
+from equivtool.runners import (TF1Side, TF2Side, dense_gradient, depends_on, fixed_value, flatten_tensors,
                                restore_snapshot, snapshot_layer, variable_key)
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.variables import (VariableCreationError, VariableInfo, VariableSet,
@@ -419,8 +419,10 @@ class _Engine:
         else:
             tf1_out, tf1_reg, _, _ = pair.tf1_inference()
             tf2_out, tf2_reg, _, _ = pair.tf2_inference()
-        return self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg),
-                                 notes=[_PREBUILT_NOTE] if pair.prebuilt else [])
+        result = self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg),
+                                   notes=[_PREBUILT_NOTE] if pair.prebuilt else [])
+        forward = pair.training if training else pair.inference
+        return _judge_loop_random(result, forward.loop_random_ops, _forward_leaf_tensors(result, forward))
 
     def step_gradients(self) -> StepResult:
         pair = self.pair
@@ -435,10 +437,14 @@ class _Engine:
         tf1_ordered = {k: tf1_grads[k] for k in pair.tf1.keys if k in tf1_grads}
         if pair.distributed:
             notes.append(_DISTRIBUTED_NOTE)
-        return self.compare_step("gradients",
-                                 [("loss", np.float32(tf1_loss), np.float32(tf2_loss)),
-                                  ("gradients", tf1_ordered, tf2_grads)],
-                                 notes=notes, data={"variables": len(tf1_grads)})
+        result = self.compare_step("gradients",
+                                   [("loss", np.float32(tf1_loss), np.float32(tf2_loss)),
+                                    ("gradients", tf1_ordered, tf2_grads)],
+                                   notes=notes, data={"variables": len(tf1_grads)})
+        forward = pair.inference if pair.distributed else pair.training
+        tensors = {"loss": forward.loss}
+        tensors.update({f"gradients/{key}": g for key, g in (forward.gradients or {}).items()})
+        return _judge_loop_random(result, forward.loop_random_ops, tensors)
 
     def step_fixed_weights(self) -> StepResult:
         pair = self.pair
@@ -503,9 +509,18 @@ class _Engine:
             notes.append(_DISTRIBUTED_NOTE)
         if failed_at is not None:
             notes.append(f"first step that exceeds tolerance: {failed_at}")
-        return StepResult.from_comparisons("optimizer", _TITLES["optimizer"], comparisons, notes=notes,
-                                           data={"steps": self.train_steps, "first_failing_step": failed_at,
-                                                 "losses": losses})
+        result = StepResult.from_comparisons("optimizer", _TITLES["optimizer"], comparisons, notes=notes,
+                                             data={"steps": self.train_steps, "first_failing_step": failed_at,
+                                                   "losses": losses})
+        # A variable's update is explained by the loops when its gradient (in
+        # the shared pair's training pass, with that pass's loops) is.
+        gradient_pass = pair.training or pair.inference
+        gradient_of = gradient_pass.gradients or {}
+        tensors = {}
+        for step in range(self.train_steps):
+            tensors[f"step_{step + 1}/loss"] = loss
+            tensors.update({f"step_{step + 1}/variables/{key}": gradient_of.get(key) for key in tf2_keys})
+        return _judge_loop_random(result, {**forward.loop_random_ops, **gradient_pass.loop_random_ops}, tensors)
 
     def step_checkpoint(self) -> StepResult:
         pair = self.pair
@@ -568,7 +583,8 @@ class _Engine:
             layer = self.new_layer()
             tf2 = TF2Side(layer, renamer=self.renamer, loss_fn=self.loss_fn, use_tf_function=False)
             tf2_out, tf2_reg, _, _ = tf2.forward(self.inputs, training=training)
-        return self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
+        result = self.compare_step(name, _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
+        return _judge_loop_random(result, forward.loop_random_ops, _forward_leaf_tensors(result, forward))
 
     # -- the loop ----------------------------------------------------------
 
@@ -702,6 +718,48 @@ def _forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg) -> list:
     (0 on a side without regularizers)."""
     return [("outputs", tf1_out, tf2_out),
             ("regularization_loss", np.float32(tf1_reg), np.float32(tf2_reg))]
+
+
+def _forward_leaf_tensors(result: StepResult, forward) -> dict:
+    """``{leaf name: TF1 tensor}`` for a forward-pass step's comparisons, matched
+    by position (the comparison walks the TF1 structure in order); a part whose
+    leaf count differs (keys on one side only) is left out."""
+    parts = [flatten_tensors(part) for _, part, _ in _split_outputs(forward.outputs, forward.outputs)]
+    parts.append([forward.regularization])
+    tensors = {}
+    for comparison, part in zip(result.comparisons, parts):
+        if len(comparison.leaves) == len(part):
+            tensors.update({leaf.name: tensor for leaf, tensor in zip(comparison.leaves, part)})
+    return tensors
+
+
+def _judge_loop_random(result: StepResult, loops: Mapping, tensors: Mapping) -> StepResult:
+    """A failed step is "not comparable" when the TF1 pass draws random numbers
+    inside a while loop and every failing leaf is computed from such a loop.
+
+    In a TF1 session a random op inside ``tf.while_loop`` (``DropoutWrapper``
+    under ``dynamic_rnn``) is one stateful op that draws a new value at every
+    iteration; run eagerly, every iteration creates a new op, which the random
+    tool seeds afresh, so the two sides' draws cannot be aligned. A failing
+    leaf that does not depend on such a loop is a real difference: the step
+    stays failed, with a note.
+    """
+    if result.status != "failed" or not loops:
+        return result
+    failing = [leaf.name for comparison in result.comparisons for leaf in comparison.failures]
+    unexplained = [name for name in failing if not depends_on(tensors.get(name), loops)]
+    described = "; ".join(f"{loop}: {', '.join(found[:3])}" for loop, found in list(loops.items())[:3])
+    if unexplained:
+        note = (f"the TF1 pass draws random numbers inside while loops ({described}), but these failing "
+                f"leaves do not depend on them: {unexplained[:5]}")
+        return dataclasses.replace(result, notes=result.notes + (note,))
+    message = ("not comparable: the TF1 pass draws random numbers inside a while loop (one stateful op "
+               "drawing anew at every iteration, while eagerly each iteration creates a new op), so the "
+               f"two sides' draws cannot be aligned; every failing leaf ({len(failing)}) depends on it. "
+               f"Loops: {described}. The inference steps compare the same layers without those draws.")
+    return dataclasses.replace(result, status="skipped", message=message,
+                               data={**dict(result.data), "not_comparable": "random ops inside while loops",
+                                     "failed_leaves": failing[:20]})
 
 
 def _sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:

@@ -13,6 +13,7 @@ number (see ``equivalence``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import zlib
@@ -193,6 +194,7 @@ class TF1Forward:
     gradients: dict | None  # key -> tensor
     loss: Any               # scalar tensor or None
     update_ops: list        # the UPDATE_OPS this pass added (batch-norm statistics)
+    loop_random_ops: dict = dataclasses.field(default_factory=dict)  # see loop_random_ops()
 
 
 class TF1Side:
@@ -237,6 +239,7 @@ class TF1Side:
         def build():
             with self.graph.as_default():
                 updates_before = len(self.graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+                ops_before = len(self.graph.get_operations())
                 reuse = tf.compat.v1.AUTO_REUSE if self._forwards else None
                 with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=reuse):
                     outputs = self.tf1_fn(self.placeholders, training)
@@ -251,7 +254,8 @@ class TF1Side:
                     gradients = {variable_key(v.name, self.renamer): g
                                  for v, g in zip(trainable, grads) if g is not None}
                 update_ops = self.graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)[updates_before:]
-                return TF1Forward(outputs, regularization, gradients, loss, update_ops)
+                loops = loop_random_ops(self.graph, self.graph.get_operations()[ops_before:])
+                return TF1Forward(outputs, regularization, gradients, loss, update_ops, loops)
 
         result = self._scoped(build)
         if self._forwards:
@@ -321,6 +325,78 @@ class TF1Side:
 
     def close(self) -> None:
         self.session.close()
+
+
+# Stateful random ops: inside a while loop, one such op draws anew at every
+# iteration of a TF1 session run, while an eager loop creates a new op (seeded
+# afresh by the random tool) at every iteration.
+_STATEFUL_RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
+    "RandomPoisson", "RandomPoissonV2", "RandomCrop"})
+_WHILE_OPS = ("While", "StatelessWhile")
+
+
+def _function_random_ops(library: dict, name: str, seen: set) -> list:
+    """Stateful random ops in a graph function and the functions it calls."""
+    if name in seen or name not in library:
+        return []
+    seen.add(name)
+    found = []
+    for node in library[name].node_def:
+        if node.op in _STATEFUL_RANDOM_OPS:
+            found.append(f"{node.name} ({node.op})")
+        for attr in node.attr.values():
+            called = [attr.func.name] if attr.HasField("func") else [f.name for f in attr.list.func]
+            for function_name in called:
+                found += _function_random_ops(library, function_name, seen)
+    return found
+
+
+def loop_random_ops(graph: tf.Graph, ops) -> dict:
+    """``{loop: [random ops]}`` for the while loops among ``ops`` whose body draws random numbers.
+
+    A loop is a ``While`` op (control flow v2; the random ops are in its body
+    function) or a v1 loop frame (named by its ``Enter`` ops; the random ops
+    are graph ops under the loop's name scope).
+    """
+    ops = list(ops)
+    loops: dict = {}
+    whiles = [op for op in ops if op.type in _WHILE_OPS]
+    if whiles:
+        library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+        for op in whiles:
+            found = _function_random_ops(library, op.get_attr("body").name, set())
+            if found:
+                loops[op.name] = found
+    frames = {op.get_attr("frame_name").decode() for op in ops if op.type == "Enter"}
+    for frame in frames:
+        prefix = frame.rsplit("/", 1)[0] + "/"
+        found = [f"{op.name} ({op.type})" for op in ops
+                 if op.type in _STATEFUL_RANDOM_OPS and op.name.startswith(prefix)]
+        if found:
+            loops[prefix.rstrip("/")] = found
+    return loops
+
+
+def depends_on(value, loops: Mapping) -> bool:
+    """Whether a graph tensor (or op, or IndexedSlices) is computed from one of ``loops``."""
+    if value is None:
+        return False
+    targets = set(loops) | {entry.split(" (", 1)[0] for found in loops.values() for entry in found}
+    start = getattr(value, "values", value) if isinstance(value, tf.IndexedSlices) else value
+    stack = [getattr(start, "op", start)]
+    seen = set()
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.name in targets:
+            return True
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return False
 
 
 _UNIQUIFIED = re.compile(r"^(.*)_\d+$")
