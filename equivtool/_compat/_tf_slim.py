@@ -151,11 +151,18 @@ def _membership_is_broken() -> bool:
     return False
 
 
+def _repaired(module_name: str, attribute: str) -> bool:
+    """Whether the module's ``ops`` is already our proxy with ``attribute`` repaired."""
+    module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    return isinstance(module.ops, _OpsProxy) and attribute in vars(module.ops)
+
+
 def _membership() -> Repair:
     name = "collection membership by identity"
-    if not _membership_is_broken():
+    todo = [m for m in MEMBERSHIP_MODULES if not _repaired(m, "get_collection")]
+    if not todo or not _membership_is_broken():
         return Repair(LIBRARY, name, NOT_NEEDED, "")
-    for module_name in MEMBERSHIP_MODULES:
+    for module_name in todo:
         proxy = _proxied_ops(module_name)
         real_get_collection = object.__getattribute__(proxy, "_equivtool_real").get_collection
 
@@ -163,7 +170,7 @@ def _membership() -> Repair:
             return _IdentityList(_real(key, scope))
 
         object.__setattr__(proxy, "get_collection", get_collection)
-    return Repair(LIBRARY, name, APPLIED, "ops.get_collection in " + ", ".join(MEMBERSHIP_MODULES))
+    return Repair(LIBRARY, name, APPLIED, "ops.get_collection in " + ", ".join(todo))
 
 
 # -- 3. eager name scopes ------------------------------------------------------
