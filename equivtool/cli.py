@@ -95,6 +95,11 @@ def cmd_doctor(args) -> int:
     print(f"  tf-slim fix     {slim_state}")
     if slim_state == "broken":
         problems.append("tf_keras.legacy_tf_layers cannot be resolved: slim.batch_norm will fail")
+    from equivtool import _compat
+    for repair in _compat.repairs(import_libraries=True):
+        print(f"  {repair.library} repair  {repair.name}: {repair.state}" + (f" ({repair.detail})" if repair.detail else ""))
+        if repair.state == "failed":
+            problems.append(f"{repair.library} repair failed: {repair.name} ({repair.detail})")
     try:
         import tensorflow as tf
         print(f"  shim            track_tf1_style_variables "
