@@ -5,6 +5,7 @@ Usage: python -m tests._slim_suite_child tf_slim.layers.layers_test [--bare]
 Prints one line: SLIM_SUITE {"run": N, "skipped": N, "problems": {test id: last line}}.
 """
 
+import importlib
 import json
 import os
 import sys
@@ -17,7 +18,8 @@ else:
 
 
 def main(module_name: str) -> None:
-    suite = unittest.defaultTestLoader.loadTestsFromName(module_name)
+    # by module object: tf_slim's star imports shadow some subpackage attributes (tf_slim.ops)
+    suite = unittest.defaultTestLoader.loadTestsFromModule(importlib.import_module(module_name))
     with open(os.devnull, "w") as sink:
         result = unittest.TextTestRunner(stream=sink, verbosity=0).run(suite)
     problems = {test.id(): (trace.strip().splitlines() or [""])[-1][:300]

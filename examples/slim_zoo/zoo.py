@@ -14,7 +14,7 @@ layers into ``VALID`` convolutions of fixed size (tf-slim 1.1.0 has no
 kernel's size: 224 px (vgg, 7x7), 195 px (alexnet_v2, 5x5), 231 px
 (overfeat, 6x6). inception_v1's final 7x7 average pool is fixed too (224
 px); inception_v2 shrinks its final pool to fit (32 px), inception_v3 needs
-75 px, the resnets 32 px.
+107 px (its auxiliary head pools 5x5 over Mixed_6e), the resnets 32 px.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ ZOO = {net.name: net for net in (
     ZooNet("alexnet_v2", alexnet.alexnet_v2, alexnet.alexnet_v2_arg_scope, 195),
     ZooNet("inception_v1", inception.inception_v1, inception.inception_v1_arg_scope, 224),
     ZooNet("inception_v2", inception.inception_v2, inception.inception_v2_arg_scope, 32),
-    ZooNet("inception_v3", inception.inception_v3, inception.inception_v3_arg_scope, 75),
+    ZooNet("inception_v3", inception.inception_v3, inception.inception_v3_arg_scope, 107),
     ZooNet("overfeat", overfeat.overfeat, overfeat.overfeat_arg_scope, 231),
     ZooNet("resnet_v1_50", resnet_v1.resnet_v1_50, resnet_v1.resnet_arg_scope, 32),
     ZooNet("resnet_v1_101", resnet_v1.resnet_v1_101, resnet_v1.resnet_arg_scope, 32),
