@@ -1,12 +1,19 @@
 """Packaging. ``build_ext`` compiles the cross-entropy custom op against the
 TensorFlow installed in the running interpreter (install with
 ``--no-build-isolation``); the recipe lives in ``equivtool/ops/_build.py`` so
-that ``equivtool build-ops`` uses the very same one."""
+that ``equivtool build-ops`` uses the very same one.
+
+The distribution ships the ``equivtool`` package, its op sources
+(``equivtool/ops/kernels``, package data) and the repository's ``examples/``
+as ``equivtool.examples``, so that ``equivtool demo`` runs from an installed
+package. In a source checkout the same files import as ``examples.*`` (the
+tests, notebooks and benchmarks do); the examples import each other
+relatively so that both names work."""
 
 import importlib.util
 import os
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,6 +38,10 @@ class BuildTensorFlowOps(build_ext):
 
 
 setup(
+    packages=find_packages(include=["equivtool", "equivtool.*"])
+    + ["equivtool.examples"]
+    + [f"equivtool.examples.{name}" for name in find_packages(where="examples")],
+    package_dir={"equivtool.examples": "examples"},
     ext_modules=[Extension("equivtool.ops._xent_ops", sources=[])],
     cmdclass={"build_ext": BuildTensorFlowOps},
 )

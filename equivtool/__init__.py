@@ -47,7 +47,9 @@ _EXPORTS = {
     # the engine
     "check_equivalence": "equivalence",
     "slim_shim": "slim",
-    "STEPS": "equivalence",
+    "STEPS": "steps",
+    "DEFAULT_STEPS": "steps",
+    "MODES": "steps",
     # reproducibility
     "audit_determinism": "determinism",
     "DeterminismReport": "determinism",

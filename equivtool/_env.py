@@ -27,10 +27,12 @@ import os
 import sys
 from dataclasses import dataclass
 
+from equivtool._tf_internals import KERAS_LEGACY_TF_LAYERS
+
 LEGACY_KERAS_VAR = "TF_USE_LEGACY_KERAS"
 _TRUE_VALUES = ("1", "true", "True")
 _OLD_PREFIX = "tf_keras.legacy_tf_layers"
-_NEW_PREFIX = "tf_keras.src.legacy_tf_layers"
+_NEW_PREFIX = KERAS_LEGACY_TF_LAYERS  # a private tf-keras location, named in _tf_internals
 
 
 class EquivtoolEnvironmentError(RuntimeError):

@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from equivtool._render import fixed_row
+
 
 def print_progress(start: float, stream=None):
     """A ``progress=`` callback printing step name, elapsed time and status."""
@@ -14,8 +16,8 @@ def print_progress(start: float, stream=None):
         out = stream or sys.stdout
         elapsed = time.perf_counter() - start
         extra = f"  {step.first_divergence}" if getattr(step, "first_divergence", None) else ""
-        print(f"  [{elapsed:7.1f}s] {step.name:<34} {step.status.upper():<8} ({step.seconds:.1f}s){extra}",
-              file=out, flush=True)
+        cells = (f"[{elapsed:7.1f}s]", step.name, step.status.upper(), f"({step.seconds:.1f}s){extra}")
+        print("  " + fixed_row(cells, (0, 34, 8, 0), sep=" "), file=out, flush=True)
     return report
 
 

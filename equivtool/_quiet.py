@@ -1,7 +1,9 @@
 """Start TensorFlow without its start-up chatter, for the command line only.
 
-TensorFlow 2.21 prints oneDNN, CUDA-stub and CPU-feature notices from C++ on
-start-up, before ``TF_CPP_MIN_LOG_LEVEL`` is honoured. The CLI imports
+The one mechanism for it: ``TF_CPP_MIN_LOG_LEVEL`` defaults to 2 (an
+explicit value in the environment wins), and since TensorFlow 2.21 prints
+oneDNN, CUDA-stub and CPU-feature notices from C++ on start-up, before
+``TF_CPP_MIN_LOG_LEVEL`` is honoured, the CLI imports
 TensorFlow and initialises its devices with file descriptor 2 sent to a
 temporary file, then writes back every captured line that is not one of those
 known notices, so a real error still reaches the user.
@@ -24,6 +26,7 @@ def import_tensorflow_quietly() -> None:
     """Import TensorFlow and list its devices with the benign start-up notices filtered out."""
     if "tensorflow" in sys.modules:
         return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as capture:

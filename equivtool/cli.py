@@ -1,65 +1,150 @@
 """``equivtool`` command line: doctor | check | demo | audit | build-ops.
 
-Exit codes (all commands): 0 success (environment fine, models equivalent,
-run reproducible), 1 the check ran and found a difference, 2 bad arguments or
-a target that cannot be loaded (a one-line message, no traceback).
+Exit codes (all commands):
+
+* 0: success (environment fine, models EQUIVALENT, run reproducible);
+* 1: the check ran and did not pass: a difference, an error inside a step, or
+  an INCONCLUSIVE verdict (nothing that could differ was compared), or
+  ``doctor`` found a problem;
+* 2: bad usage: bad arguments, a target that cannot be loaded (its module
+  raises, has a syntax error or calls ``sys.exit`` at import), an audit target
+  that raises or needs arguments, a report path that cannot be written, a
+  failed ``build-ops``. Always one line on stderr, never a traceback.
+
+Importing this module has no side effects; ``main`` silences TensorFlow's
+start-up notices (``equivtool._quiet``) before it imports TensorFlow.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import importlib
+import inspect
 import os
+import pkgutil
 import platform
 import sys
+import tempfile
 import time
+import traceback
+from typing import Callable, Iterator, Optional
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 
-# The command line keeps TensorFlow's C++ start-up chatter out of its output
-# (an explicit TF_CPP_MIN_LOG_LEVEL in the environment wins).
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The largest --input-shape the command line allocates: 2**28 float32 values (1 GiB).
+MAX_INPUT_ELEMENTS = 2 ** 28
+# numpy.random.RandomState accepts seeds in [0, 2**32).
+MAX_SEED = 2 ** 32 - 1
 
 
-class UsageError(Exception):
-    """A bad argument: printed as one line, exit code 2."""
+class UsageError(ValueError):
+    """A bad argument or target: printed as one line, exit code 2."""
 
 
 # --------------------------------------------------------------------------
-# helpers
+# loading MODULE:ATTR
 # --------------------------------------------------------------------------
 
-def load_target(spec: str, argument: str):
-    """Import ``MODULE:ATTR`` (the current directory is importable, as with ``python -m``)."""
-    if spec.count(":") != 1 or not all(spec.split(":")):
-        raise UsageError(f"{argument}: expected MODULE:NAME (e.g. my_models:tf1_forward), got {spec!r}")
-    module_name, attr = spec.split(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+@contextlib.contextmanager
+def importable_cwd() -> Iterator[None]:
+    """Make the current directory importable for the duration of a command.
+
+    It is appended to ``sys.path``, so an installed dependency wins over a
+    file of the same name in the current directory (``matplotlib.py``), and
+    removed again on the way out.
+    """
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.append(cwd)
     try:
-        module = importlib.import_module(module_name)
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(cwd)
+
+
+def _where(exc: BaseException) -> str:
+    """" (at path:line)" for the innermost frame of ``exc``'s traceback, or for a SyntaxError its line."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def _import_module(module_name: str, argument: str):
+    try:
+        return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise UsageError(f"{argument}: cannot import module {module_name!r} ({exc})") from None
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise UsageError(f"{argument}: cannot import module {module_name!r} ({exc})") from None
+        raise UsageError(f"{argument}: cannot import module {module_name!r}: importing it raised "
+                         f"ModuleNotFoundError: {exc}{_where(exc)}") from None
+    except SystemExit as exc:
+        raise UsageError(f"{argument}: cannot import module {module_name!r}: it called "
+                         f"sys.exit({exc.code!r}) while being imported") from None
+    except Exception as exc:  # noqa: BLE001 - SyntaxError, or anything the module's code raises
+        raise UsageError(f"{argument}: cannot import module {module_name!r}: importing it raised "
+                         f"{type(exc).__name__}: {exc}{_where(exc)}") from None
+
+
+def load_target(spec: str, argument: str) -> Callable:
+    """The callable named by ``MODULE:ATTR`` (``ATTR`` may be dotted: ``obj.method``).
+
+    Resolved with :func:`pkgutil.resolve_name`; call it inside
+    :func:`importable_cwd` to import from the current directory, as
+    ``python -m`` would. Every failure is a :class:`UsageError` naming
+    ``argument``.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr or ":" in attr:
+        raise UsageError(f"{argument}: expected MODULE:NAME (e.g. my_models:tf1_forward), got {spec!r}")
+    if module_name.startswith("."):
+        raise UsageError(f"{argument}: relative module names are not supported, got {spec!r}; "
+                         "write the module's full name (e.g. my_package.models:tf1_forward)")
+    _import_module(module_name, argument)
     try:
-        target = getattr(module, attr)
+        target = pkgutil.resolve_name(spec)
     except AttributeError:
         raise UsageError(f"{argument}: module {module_name!r} has no attribute {attr!r}") from None
+    except ValueError:
+        raise UsageError(f"{argument}: expected MODULE:NAME (e.g. my_models:tf1_forward), got {spec!r}") from None
     if not callable(target):
         raise UsageError(f"{argument}: {spec} is a {type(target).__name__}, expected a callable")
     return target
 
 
+# --------------------------------------------------------------------------
+# checking arguments
+# --------------------------------------------------------------------------
+
 def parse_shape(text: str) -> tuple:
+    expected = "expected comma-separated positive integers like 1,299,299,3"
     try:
         shape = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise UsageError(f"--input-shape: expected comma-separated positive integers like 1,299,299,3, got {text!r}") from None
+        raise UsageError(f"--input-shape: {expected}, got {text!r}") from None
     if not shape or any(d <= 0 for d in shape):
-        raise UsageError(f"--input-shape: expected comma-separated positive integers like 1,299,299,3, got {text!r}")
+        raise UsageError(f"--input-shape: {expected}, got {text!r}")
+    size = 1
+    for d in shape:
+        size *= d
+    if size > MAX_INPUT_ELEMENTS:
+        raise UsageError(f"--input-shape: {text} holds {size} values; the command line allocates at most "
+                         f"{MAX_INPUT_ELEMENTS} (1 GiB of float32). Use a smaller batch or check_equivalence.")
     return shape
 
 
-def split_names(text: str | None, allowed, argument: str):
+def check_seed(seed: int) -> int:
+    if not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"--seed: expected an integer from 0 to {MAX_SEED}, got {seed}")
+    return seed
+
+
+def split_names(text: Optional[str], allowed, argument: str):
     if text is None:
         return None
     names = tuple(n.strip() for n in text.split(",") if n.strip())
@@ -69,57 +154,151 @@ def split_names(text: str | None, allowed, argument: str):
     return names
 
 
+def check_output_path(path: Optional[str], argument: str) -> None:
+    """Fail now, before the run, if a report cannot be written to ``path``."""
+    if path is None:
+        return
+    full = os.path.abspath(path)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise UsageError(f"{argument}: {path!r} is a directory; expected a file path")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{argument}: cannot write {path!r}: folder {folder!r} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".equivtool-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{argument}: cannot write {path!r}: {exc.strerror or exc}") from None
+    if argument == "--html":
+        from equivtool import _render
+        try:
+            _render.matplotlib_figure()
+        except ImportError as exc:
+            raise UsageError(f"--html: {exc}") from None
+
+
 # --------------------------------------------------------------------------
-# commands
+# doctor: a list of small checks, each returning (ok, text)
 # --------------------------------------------------------------------------
 
-def cmd_doctor(args) -> int:
+@functools.lru_cache(maxsize=1)
+def _versions():
     from equivtool import _env
+    try:
+        return _env.check_versions(), None
+    except _env.EquivtoolEnvironmentError as exc:
+        return None, str(exc)
+
+
+def _version_check(attribute: str, missing: str = "") -> Callable[[], tuple[bool, str]]:
+    def check() -> tuple[bool, str]:
+        versions, error = _versions()
+        if versions is None:
+            return False, error
+        value = getattr(versions, attribute)
+        return (False, missing) if value is None and missing else (True, str(value))
+    return check
+
+
+def doctor_legacy_keras() -> tuple[bool, str]:
+    from equivtool import _env
+    if _env.legacy_keras_active():
+        return True, "active (tf.keras is tf-keras)"
+    return False, "NOT active: set TF_USE_LEGACY_KERAS=1 before importing TensorFlow"
+
+
+def doctor_slim_fix() -> tuple[bool, str]:
+    from equivtool import _env
+    state = _env.slim_fix_state()
+    if state == "broken":
+        return False, "broken: tf_keras.legacy_tf_layers cannot be resolved, slim.batch_norm will fail"
+    return True, state
+
+
+def doctor_slim_repairs() -> tuple[bool, str]:
+    """The tf-slim repairs of the import-time fix (equivtool._compat): what each did."""
+    from equivtool import _compat
+    repairs = _compat.repairs(import_libraries=True)
+    if not repairs:
+        return True, "none (tf-slim is not installed)"
+    text = "; ".join(f"{r.name}: {r.state}" + (f" ({r.detail})" if r.state == "failed" else "") for r in repairs)
+    return all(r.state != "failed" for r in repairs), text
+
+
+def doctor_shim() -> tuple[bool, str]:
+    import tensorflow as tf
+    if hasattr(tf.compat.v1.keras.utils, "track_tf1_style_variables"):
+        return True, "track_tf1_style_variables available"
+    return False, "track_tf1_style_variables MISSING from tf.compat.v1.keras.utils"
+
+
+def doctor_devices() -> tuple[bool, str]:
+    import tensorflow as tf
+    devices = [f"{d.device_type}:{d.name.split(':')[-1]}" for d in tf.config.list_physical_devices()]
+    build = tf.sysconfig.get_build_info()
+    return True, (f"{', '.join(devices)} (TF built with CUDA {build.get('cuda_version', 'none')}, "
+                  f"cuDNN {build.get('cudnn_version', 'none')})")
+
+
+def doctor_xent_op() -> tuple[bool, str]:
+    from equivtool.ops import op_status
+    status = op_status()
+    if status.get("built") and not status.get("error"):
+        kind = "CPU + CUDA" if status.get("cuda") else "CPU"
+        return True, f"built for TF {status.get('built_for_tf')} ({kind}) at {status.get('path')}"
+    return False, f"NOT usable: {status.get('error') or 'not built'} (run: equivtool build-ops)"
+
+
+def doctor_xent_cuda() -> tuple[bool, str]:
+    """The op library's CUDA runtime, the driver it needs, SASS and PTX (read from the file)."""
+    from equivtool.ops import op_status
+    from equivtool.ops._build import cuda_contents, cuda_report
+    status = op_status()
+    if not (status.get("built") and not status.get("error") and status.get("cuda")):
+        return True, "no CUDA kernels in this library"
+    return not cuda_contents(status["path"]).undefined_cuda, cuda_report(status["path"])
+
+
+def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
+    """A live check of equivtool._selfcheck (the real code path, run tiny here)."""
+    def check() -> tuple[bool, str]:
+        from equivtool import _selfcheck
+        result = getattr(_selfcheck, name)()
+        return result.ok, ("ok: " if result.ok else "FAILS: ") + result.detail
+    return check
+
+
+# (label, check): add a line here to add a check to `equivtool doctor`.
+DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
+    ("tensorflow", _version_check("tensorflow")),
+    ("tf-keras", _version_check("tf_keras")),
+    ("tf-slim", _version_check("tf_slim", "not installed: pip install tf-slim==1.1.0")),
+    ("numpy", _version_check("numpy")),
+    ("legacy Keras", doctor_legacy_keras),
+    ("tf-slim fix", doctor_slim_fix),
+    ("tf-slim repairs", doctor_slim_repairs),
+    ("shim", doctor_shim),
+    ("devices", doctor_devices),
+    ("xent op", doctor_xent_op),
+    ("xent op CUDA", doctor_xent_cuda),
+    ("random tool", _live_check("check_random_tool")),
+    ("xent op live", _live_check("check_op")),
+]
+
+
+def cmd_doctor(args) -> int:
+    _versions.cache_clear()
     problems = []
     print(f"equivtool doctor (Python {platform.python_version()}, {platform.machine()})")
-    try:
-        versions = _env.check_versions()
-        print(f"  tensorflow      {versions.tensorflow}")
-        print(f"  tf-keras        {versions.tf_keras}")
-        print(f"  tf-slim         {versions.tf_slim or 'not installed'}")
-        print(f"  numpy           {versions.numpy}")
-        if versions.tf_slim is None:
-            problems.append("tf-slim is not installed: pip install tf-slim==1.1.0")
-    except _env.EquivtoolEnvironmentError as exc:
-        problems.append(str(exc))
-    legacy = _env.legacy_keras_active()
-    print(f"  legacy Keras    {'active (tf.keras is tf-keras)' if legacy else 'NOT active'}")
-    if not legacy:
-        problems.append("tf.keras is not tf-keras: set TF_USE_LEGACY_KERAS=1 before importing TensorFlow")
-    slim_state = _env.slim_fix_state()
-    print(f"  tf-slim fix     {slim_state}")
-    if slim_state == "broken":
-        problems.append("tf_keras.legacy_tf_layers cannot be resolved: slim.batch_norm will fail")
-    from equivtool import _compat
-    for repair in _compat.repairs(import_libraries=True):
-        print(f"  {repair.library} repair  {repair.name}: {repair.state}" + (f" ({repair.detail})" if repair.detail else ""))
-        if repair.state == "failed":
-            problems.append(f"{repair.library} repair failed: {repair.name} ({repair.detail})")
-    try:
-        import tensorflow as tf
-        print(f"  shim            track_tf1_style_variables "
-              f"{'available' if hasattr(tf.compat.v1.keras.utils, 'track_tf1_style_variables') else 'MISSING'}")
-        devices = [f"{d.device_type}:{d.name.split(':')[-1]}" for d in tf.config.list_physical_devices()]
-        print(f"  devices         {', '.join(devices)}")
-        build = tf.sysconfig.get_build_info()
-        print(f"  TF built with   CUDA {build.get('cuda_version', 'none')}, cuDNN {build.get('cudnn_version', 'none')}")
-    except Exception as exc:  # report, don't crash: this is the diagnostic command
-        problems.append(f"TensorFlow failed: {exc}")
-    try:
-        from equivtool.ops import op_status
-        status = op_status()
-        if status.get("built") and not status.get("error"):
-            state = f"built for TF {status.get('built_for_tf')} ({'CPU + CUDA' if status.get('cuda') else 'CPU'}) at {status.get('path')}"
-        else:
-            state = f"NOT usable: {status.get('error') or 'not built'} (run: equivtool build-ops)"
-        print(f"  xent op         {state}")
-    except Exception as exc:
-        print(f"  xent op         unknown ({exc})")
+    for label, check in DOCTOR_CHECKS:
+        try:
+            ok, text = check()
+        except Exception as exc:  # noqa: BLE001 - report, don't crash: this is the diagnostic command
+            ok, text = False, f"check failed: {type(exc).__name__}: {exc}"
+        print(f"  {label:<15} {text}")
+        if not ok:
+            problems.append(f"{label}: {text}")
     if problems:
         print("\nProblems:")
         for problem in problems:
@@ -129,25 +308,39 @@ def cmd_doctor(args) -> int:
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------
+# check, demo, audit, build-ops
+# --------------------------------------------------------------------------
+
 def cmd_check(args) -> int:
-    import equivtool
+    from equivtool import check_equivalence
     from equivtool._progress import print_progress, write_reports
-    tf1_fn = load_target(args.tf1_fn, "TF1_FN")
-    tf2_factory = load_target(args.tf2_factory, "TF2_FACTORY")
+    from equivtool.steps import MODES, STEPS
+
     shape = parse_shape(args.input_shape)
-    steps = split_names(args.steps, equivtool.STEPS, "--steps")
-    modes = split_names(args.mode, ("constant", "num_random_ops"), "--mode") or ("constant", "num_random_ops")
+    seed = check_seed(args.seed)
+    steps = split_names(args.steps, STEPS, "--steps")
+    modes = split_names(args.mode, MODES, "--mode") or MODES
+    check_output_path(args.json, "--json")
+    check_output_path(args.html, "--html")
     import numpy as np
-    inputs = np.random.RandomState(args.seed).standard_normal(shape).astype(np.float32)
-    start = time.perf_counter()
-    print(f"equivtool check {args.tf1_fn} vs {args.tf2_factory}, input {shape}", flush=True)
     try:
-        report = equivtool.check_equivalence(
-            tf1_fn, tf2_factory, inputs, steps=steps, modes=modes, tf_function=args.tf_function,
-            seed=args.seed, progress=print_progress(start),
-            meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
-    except (TypeError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+        inputs = np.random.RandomState(seed).standard_normal(shape).astype(np.float32)
+    except (MemoryError, ValueError) as exc:
+        raise UsageError(f"--input-shape: cannot allocate an input of shape {shape}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    with importable_cwd():
+        tf1_fn = load_target(args.tf1_fn, "TF1_FN")
+        tf2_factory = load_target(args.tf2_factory, "TF2_FACTORY")
+        start = time.perf_counter()
+        print(f"equivtool check {args.tf1_fn} vs {args.tf2_factory}, input {shape}", flush=True)
+        try:
+            report = check_equivalence(
+                tf1_fn, tf2_factory, inputs, steps=steps, modes=modes, tf_function=args.tf_function,
+                seed=seed, progress=print_progress(start),
+                meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
+        except (TypeError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
     print()
     print(report)
     write_reports(report, args.json, args.html)
@@ -155,32 +348,106 @@ def cmd_check(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    import importlib.util
+    # An installed equivtool ships the examples as equivtool.examples; a source
+    # checkout has them as the repository's examples/ too.
+    if importlib.util.find_spec("equivtool.examples") is not None:
+        from equivtool.examples.inception_resnet_v2 import parity
+        return parity.main(args.demo_args)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if repo not in sys.path:
-        sys.path.insert(0, repo)
+    added = repo not in sys.path
+    if added:
+        sys.path.append(repo)
     try:
         from examples.inception_resnet_v2 import parity
     except ModuleNotFoundError as exc:
-        raise UsageError("equivtool demo runs examples/inception_resnet_v2 from a source checkout "
-                         f"(editable install or the repository as current directory): {exc}") from None
+        raise UsageError("equivtool demo needs the examples: install equivtool, or run it "
+                         f"from a source checkout: {exc}") from None
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(repo)
     return parity.main(args.demo_args)
 
 
-def cmd_audit(args) -> int:
-    from equivtool.determinism import audit_main
-    if args.runs < 2:
-        raise UsageError(f"--runs: expected an int >= 2 (a single run cannot be compared), got {args.runs}")
+def _check_runs(runs) -> int:
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+        raise UsageError(f"--runs: expected an int >= 2 (a single run cannot be compared), got {runs!r}")
+    return runs
+
+
+def _check_no_arguments(fn: Callable, target: str) -> None:
     try:
-        return audit_main(args.target, args.runs, json_path=args.json, html_path=args.html)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read: let the call decide
+        return
+    try:
+        signature.bind()
+    except TypeError:
+        raise UsageError(f"MODULE:FN: {target} takes arguments {signature}; expected a zero-argument "
+                         "callable (wrap it: def step(): return fn(batch))") from None
+
+
+def audit_main(target: str, runs: int, json_path: Optional[str] = None, html_path: Optional[str] = None) -> int:
+    """``equivtool audit MODULE:FN --runs N``: print the report; 0 if it passed, 1 if not.
+
+    ``MODULE:FN`` names a zero-argument callable (a plain function, a
+    ``tf.function``, or any attribute path ``MODULE:obj.method``) that performs
+    the step and returns its tensors; it is imported from the current
+    directory too. The state to restore is found as
+    :func:`equivtool.audit_determinism` finds it (what FN captures, its
+    tf.function graph, a captured session); FN may say more with attributes:
+
+    ``FN.audit_variables``
+        the variables (or a zero-argument callable returning them);
+    ``FN.audit_endpoints``
+        the ``endpoints`` argument (a key of FN's returned dict, or a callable).
+
+    A bad target (its module cannot be imported, unknown attribute, not
+    callable, needs arguments, raises when run) raises :class:`UsageError`
+    (a ``ValueError``) with a one-line message: the CLI exits with code 2.
+    """
+    from equivtool._progress import write_reports
+    from equivtool._stack import innermost_user_frame
+    from equivtool.determinism import audit_determinism
+
+    runs = _check_runs(runs)
+    check_output_path(json_path, "--json")
+    check_output_path(html_path, "--html")
+    with importable_cwd():
+        fn = load_target(target, "MODULE:FN")
+        _check_no_arguments(fn, target)
+        variables = getattr(fn, "audit_variables", None)
+        if callable(variables) and not hasattr(variables, "variables"):
+            variables = variables()
+        endpoints = getattr(fn, "audit_endpoints", None)
+        try:
+            report = audit_determinism(fn, runs=runs, variables=variables, endpoints=endpoints)
+        except Exception as exc:  # noqa: BLE001 - the target's own failure, as one line
+            where = innermost_user_frame(traceback.extract_tb(exc.__traceback__))
+            raise UsageError(f"MODULE:FN: auditing {target} failed: {type(exc).__name__}: {exc}"
+                             + (f" (at {where})" if where else "")) from None
+    print(report)
+    write_reports(report, json_path, html_path)
+    return EXIT_OK if report.passed else EXIT_DIFFERENT
+
+
+def cmd_audit(args) -> int:
+    return audit_main(args.target, args.runs, json_path=args.json, html_path=args.html)
 
 
 def cmd_build_ops(args) -> int:
     from equivtool.ops import build_ops
-    path = build_ops(verbose=args.verbose)
+    from equivtool.ops._build import BuildError
+    try:
+        path = build_ops(verbose=args.verbose)
+    except (BuildError, OSError) as exc:
+        text = str(exc)
+        if args.verbose:
+            print(text, file=sys.stderr)
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        hint = "" if args.verbose else "; run `equivtool build-ops --verbose` for the compiler's output"
+        raise UsageError(f"building the op failed: {first}{hint}") from None
     print(f"built {path}")
     return EXIT_OK
 
@@ -191,7 +458,8 @@ def cmd_build_ops(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="equivtool", description="Prove a TF1 model migrated to TF2 computes the same numbers.")
+        prog="equivtool", description="Prove a TF1 model migrated to TF2 computes the same numbers.",
+        epilog="Exit codes: 0 passed, 1 not passed (different, error or inconclusive), 2 bad usage.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     doctor = sub.add_parser("doctor", help="check that this environment can run equivtool")
@@ -204,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--steps", default=None, help="comma-separated steps (default: all but optimizer/checkpoint)")
     check.add_argument("--mode", default=None, help="comma-separated random-tool modes")
     check.add_argument("--tf-function", action="store_true", help="call the TF2 layer inside tf.function")
-    check.add_argument("--seed", type=int, default=42, help="input and random-tool seed")
+    check.add_argument("--seed", type=int, default=42, help=f"input and random-tool seed (0 to {MAX_SEED})")
     check.add_argument("--html", default=None, help="write an HTML report here")
     check.add_argument("--json", default=None, help="write a JSON report here")
     check.set_defaults(run=cmd_check)
@@ -224,6 +492,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
 def main(argv=None) -> int:
     import warnings
     warnings.filterwarnings("ignore", message=r".*(is deprecated and will be removed|will be removed in a future version)",
@@ -238,7 +510,7 @@ def main(argv=None) -> int:
         try:
             return cmd_demo(argparse.Namespace(demo_args=rest))
         except UsageError as exc:
-            print(f"equivtool demo: error: {exc}", file=sys.stderr)
+            print(f"equivtool demo: error: {_one_line(exc)}", file=sys.stderr)
             return EXIT_USAGE
         except SystemExit as exc:
             return int(exc.code or 0)
@@ -250,7 +522,7 @@ def main(argv=None) -> int:
     try:
         return args.run(args)
     except UsageError as exc:
-        print(f"equivtool {args.command}: error: {exc}", file=sys.stderr)
+        print(f"equivtool {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
 
 

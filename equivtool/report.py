@@ -13,9 +13,6 @@ NumPy only: matplotlib is imported inside ``to_html`` (``pip install
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
 import math
 import os
@@ -24,54 +21,22 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-import numpy as np
-
-from equivtool.comparison import Comparison, LeafComparison, _fmt_err
+from equivtool import _render
+from equivtool._render import STATUS_TEXT as _STATUS_TEXT
+from equivtool._render import escape as _e
+from equivtool._render import fmt_err as _fmt_err
+from equivtool._render import json_safe as _json_safe
+from equivtool._render import shorten as _shorten
+from equivtool.comparison import Comparison, LeafComparison
 
 __all__ = ["StepResult", "EquivalenceReport", "STATUSES"]
 
-STATUSES = ("passed", "failed", "error", "skipped")
-_STATUS_TEXT = {"passed": "passed", "failed": "FAILED", "error": "ERROR", "skipped": "skipped"}
+STATUSES = ("passed", "failed", "inconclusive", "error", "skipped")
 _MESSAGE_WIDTH = 72
-
-
-# ---------------------------------------------------------------------------
-# JSON-safe plain data
-# ---------------------------------------------------------------------------
-
-
-def _json_safe(x: Any) -> Any:
-    """Plain JSON data: str keys, lists, and non-finite floats as strings."""
-    if isinstance(x, Mapping):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set, frozenset)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _json_safe(x.tolist())
-    if isinstance(x, np.generic):
-        return _json_safe(x.item())
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
-        return x
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "nan"
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return x
-    if isinstance(x, complex):
-        return {"real": _json_safe(x.real), "imag": _json_safe(x.imag)}
-    if hasattr(x, "to_dict"):
-        return _json_safe(x.to_dict())
-    return str(x)
 
 
 def _frozen_mapping(data: Optional[Mapping]) -> Mapping:
     return MappingProxyType(dict(data or {}))
-
-
-def _shorten(text: str, width: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 # ---------------------------------------------------------------------------
@@ -83,9 +48,11 @@ def _shorten(text: str, width: int) -> str:
 class StepResult:
     """What one step of the equivalence workflow found.
 
-    ``status`` is one of "passed", "failed", "error", "skipped"; ``message``
-    says why it failed, was skipped or errored; ``data`` holds step-specific
-    extras (JSON-serialisable; kept read-only).
+    ``status`` is one of "passed", "failed", "inconclusive" (nothing that
+    could differ was compared: see :mod:`equivtool.comparison`), "error",
+    "skipped"; ``message`` says why it failed, was inconclusive, skipped or
+    errored; ``data`` holds step-specific extras (JSON-serialisable; kept
+    read-only).
     """
 
     name: str
@@ -134,21 +101,27 @@ class StepResult:
         notes: Sequence[str] = (),
         data: Optional[Mapping[str, Any]] = None,
     ) -> "StepResult":
-        """A step judged by its comparisons: "passed" iff every one is ok.
+        """A step judged by the leaves of its comparisons.
 
-        With no comparisons at all the step is "skipped" ("nothing to
-        compare"): a vacuous pass would hide a step that looked at nothing.
-        Without ``message``, a failed step's message names the failing leaves.
+        "failed" when a leaf failed; else "inconclusive" when a leaf compared
+        nothing that could differ (zero-size, or non-finite at the same
+        places on both sides), even if other leaves passed, or when there is
+        no leaf at all ("nothing to compare": a vacuous pass would hide a step
+        that looked at nothing); else "passed". Without ``message``, the
+        message names the failing leaves (missing and extra keys, shapes and
+        dtypes first) or says why the step is inconclusive.
         """
         comparisons = (comparisons,) if isinstance(comparisons, Comparison) else tuple(comparisons)
-        if not comparisons:
-            return cls(name, title, "skipped", seconds, (), message or "nothing to compare", notes, data or {})
-        failures = [leaf for c in comparisons for leaf in c.failures]
-        total = sum(len(c) for c in comparisons)
-        status = "failed" if failures else "passed"
-        if failures and not message:
-            message = f"{len(failures)} of {total} leaves differ; first divergence: {failures[0].name}"
-        return cls(name, title, status, seconds, comparisons, message, tuple(notes), data or {})
+        leaves = [leaf for c in comparisons for leaf in c.leaves]
+        failures = [leaf for leaf in leaves if leaf.failed]
+        pending = [leaf for leaf in leaves if leaf.inconclusive]
+        if failures:
+            status, default = "failed", _failure_message(failures, len(leaves))
+        elif pending or not leaves:
+            status, default = "inconclusive", _inconclusive_message(pending, len(leaves))
+        else:
+            status, default = "passed", ""
+        return cls(name, title, status, seconds, comparisons, message or default, tuple(notes), data or {})
 
     @classmethod
     def from_exception(
@@ -182,6 +155,23 @@ class StepResult:
         return self.status in ("failed", "error")
 
     @property
+    def inconclusive(self) -> bool:
+        return self.status == "inconclusive"
+
+    def error_cell(self) -> str:
+        """The table's "max abs err": over the leaves that failed on values when the
+        step failed ("-" when it failed on structure, shapes or dtypes only), over
+        the leaves that compared something otherwise."""
+        if self.status == "failed":
+            leaves = [leaf for leaf in self.leaves if leaf.failed and _value_failure(leaf)]
+            if any(leaf.nan_mismatch or leaf.inf_mismatch for leaf in leaves):
+                return "non-finite"
+        else:
+            leaves = [leaf for leaf in self.leaves if leaf.compared]
+        values = [leaf.max_abs for leaf in leaves if not math.isnan(leaf.max_abs)]
+        return _fmt_err(max(values)) if values else "-"
+
+    @property
     def first_failure(self) -> Optional[LeafComparison]:
         for c in self.comparisons:
             first = c.first_failure
@@ -205,13 +195,15 @@ class StepResult:
         return max(values) if values else math.nan
 
     def summary_text(self) -> str:
-        """The table's last column: the first divergence, then the message
-        unless it only repeats the first divergence."""
+        """The table's last column: the first divergence and the message; just
+        the message when it names the first divergence (missing: ..., shape: ...),
+        just the first divergence when the message only points at it."""
         first = self.first_divergence
-        parts = [] if first is None else [first]
-        if self.message and (first is None or first not in self.message):
-            parts.append(self.message)
-        return " | ".join(parts)
+        if first is None or self.message.endswith(f"first divergence: {first}"):
+            return first or self.message
+        if first in self.message:
+            return self.message
+        return " | ".join(x for x in (first, self.message) if x)
 
     def details(self, max_failures: int = 10) -> str:
         """The full text of this step: header, message, notes, comparisons."""
@@ -221,6 +213,9 @@ class StepResult:
         lines.extend(f"note: {n}" for n in self.notes)
         for c in self.comparisons:
             lines.append(c.format(max_failures=max_failures) if not c.ok else c.summary())
+        if self.status == "inconclusive" and self.comparisons:
+            lines.append("note: an inconclusive step compared nothing that could differ in at least one leaf; "
+                         "it does not count as passed")
         tb = self.data.get("traceback")
         if self.status == "error" and tb:
             lines.append(str(tb).rstrip())
@@ -257,6 +252,50 @@ class StepResult:
         )
 
 
+def _value_failure(leaf: LeafComparison) -> bool:
+    """A leaf that failed on its values only (not on structure, shape or dtype)."""
+    return (leaf.values_compared and leaf.mismatched > 0 and not leaf.shape_mismatch
+            and not leaf.structure_mismatch)
+
+
+def _names(leaves: Sequence[LeafComparison], limit: int = 3) -> str:
+    text = ", ".join(leaf.name for leaf in leaves[:limit])
+    return text + (f" (+{len(leaves) - limit} more)" if len(leaves) > limit else "")
+
+
+def _failure_message(failures: Sequence[LeafComparison], total: int) -> str:
+    """Names the structural failures first (missing/extra keys, structure, shapes, dtypes), then the count."""
+    groups = [
+        ("missing", [f for f in failures if f.missing_in_actual]),
+        ("extra", [f for f in failures if f.missing_in_expected]),
+        ("structure", [f for f in failures if f.structure_mismatch]),
+    ]
+    parts = [f"{label}: {_names(leaves)}" for label, leaves in groups if leaves]
+    shapes = [f for f in failures if f.shape_mismatch]
+    if shapes:
+        parts.append("shape: " + ", ".join(f"{f.name} {_shape(f.expected_shape)} vs {_shape(f.actual_shape)}"
+                                           for f in shapes[:3]) + (" ..." if len(shapes) > 3 else ""))
+    dtypes = [f for f in failures if f.dtype_mismatch and not f.shape_mismatch and not _value_failure(f)]
+    if dtypes:
+        parts.append("dtype: " + ", ".join(f"{f.name} {f.expected_dtype} vs {f.actual_dtype}"
+                                           for f in dtypes[:3]) + (" ..." if len(dtypes) > 3 else ""))
+    count = f"{len(failures)} of {total} leaves differ"
+    if not parts:
+        return f"{count}; first divergence: {failures[0].name}"
+    return "; ".join(parts) + f"; {count}"
+
+
+def _shape(shape) -> str:
+    return "-" if shape is None else str(tuple(shape))
+
+
+def _inconclusive_message(pending: Sequence[LeafComparison], total: int) -> str:
+    if not pending:
+        return "inconclusive: nothing to compare"
+    first = pending[0]
+    return f"{first.name}: {first.inconclusive_reason}; {len(pending)} of {total} leaves compared nothing"
+
+
 # ---------------------------------------------------------------------------
 # EquivalenceReport
 # ---------------------------------------------------------------------------
@@ -286,13 +325,21 @@ class EquivalenceReport:
 
     @property
     def passed(self) -> bool:
-        """No failed or errored step, and at least one step passed."""
-        return not self.failed_steps and any(s.passed for s in self.steps)
+        """EQUIVALENT: every step passed, except steps skipped with a stated
+        reason, and at least one passed. A failed, errored or inconclusive
+        step means not passed."""
+        return (not self.failed_steps and not self.inconclusive_steps
+                and any(s.passed for s in self.steps))
 
     @property
     def failed_steps(self) -> tuple[StepResult, ...]:
         """Steps with status "failed" or "error", in order."""
         return tuple(s for s in self.steps if s.failed)
+
+    @property
+    def inconclusive_steps(self) -> tuple[StepResult, ...]:
+        """Steps that compared nothing that could differ in some leaf, in order."""
+        return tuple(s for s in self.steps if s.inconclusive)
 
     def step(self, name: str) -> StepResult:
         for s in self.steps:
@@ -310,6 +357,9 @@ class EquivalenceReport:
         if self.failed_steps:
             names = ", ".join(s.name for s in self.failed_steps)
             return f"Verdict: NOT EQUIVALENT ({tally}); failing: {names}"
+        if self.inconclusive_steps:
+            names = ", ".join(s.name for s in self.inconclusive_steps)
+            return f"Verdict: INCONCLUSIVE ({tally}); nothing that could differ was compared in: {names}"
         return f"Verdict: INCONCLUSIVE, no step passed ({tally or 'no steps'})"
 
     def table(self) -> str:
@@ -320,23 +370,12 @@ class EquivalenceReport:
                 s.name,
                 _STATUS_TEXT[s.status],
                 f"{s.seconds:.2f}s",
-                "-" if math.isnan(s.max_abs) else _fmt_err(s.max_abs),
+                s.error_cell(),
                 _shorten(s.summary_text(), _MESSAGE_WIDTH),
             )
             for s in self.steps
         ]
-        widths = [max(len(r[i]) for r in (header, *rows)) for i in range(4)]
-        align = ("<", "<", ">", ">")
-
-        def line(row: Sequence[str]) -> str:
-            cells = [f"{row[i]:{align[i]}{widths[i]}}" for i in range(4)]
-            return "  ".join([*cells, row[4]]).rstrip()
-
-        rule = "  ".join("-" * w for w in [*widths, len(header[4])])
-        return "\n".join([line(header), rule, *(line(r) for r in rows)])
-
-    def meta_line(self) -> str:
-        return "  ".join(self._meta_items())
+        return "\n".join(_render.text_table(header, rows, "<<>>", free_last=True))
 
     def _meta_items(self) -> list:
         return [f"{k}: {_shorten(_fmt_meta_value(v), 80)}" for k, v in self.meta.items()]
@@ -357,12 +396,13 @@ class EquivalenceReport:
     def __str__(self) -> str:
         parts = ["Equivalence report"] + (self.meta_lines() if self.meta else [])
         parts += [self.table(), self.verdict()]
-        for s in self.failed_steps:
-            parts += ["", s.details()]
+        for s in self.steps:
+            if s.failed or s.inconclusive:
+                parts += ["", s.details()]
         return "\n".join(parts)
 
     def raise_for_failure(self) -> "EquivalenceReport":
-        """Raise AssertionError with the report text unless passed; return self."""
+        """Raise AssertionError with the report text unless passed (failed, error or inconclusive); return self."""
         if not self.passed:
             raise AssertionError(str(self))
         return self
@@ -379,11 +419,7 @@ class EquivalenceReport:
 
     def to_json(self, path: Union[str, os.PathLike, None] = None, *, indent: Optional[int] = 2) -> str:
         """Strict JSON (``allow_nan=False``); written to ``path`` when given."""
-        text = json.dumps(_json_safe(self.to_dict()), indent=indent, allow_nan=False)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
-        return text
+        return _render.json_text(self.to_dict(), path, indent)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "EquivalenceReport":
@@ -407,37 +443,15 @@ class EquivalenceReport:
     def to_html(self, path: Union[str, os.PathLike]) -> str:
         """Write a self-contained HTML report (inline CSS, plots as base64 PNG)
         and return its path. Needs matplotlib."""
-        _matplotlib()
-        plots = {i: _error_plot_png(s) for i, s in enumerate(self.steps) if _plot_leaves(s)}
-        document = _render_html(self, plots)
-        path = os.fspath(path)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(document)
-        return path
+        _render.matplotlib_figure()
+        plots = {i: _render.error_plot_png(_plot_leaves(s), s.name, s.first_failure)
+                 for i, s in enumerate(self.steps) if _plot_leaves(s)}
+        return _render.write_text_atomic(path, _render_html(self, plots))
 
 
 # ---------------------------------------------------------------------------
 # HTML rendering
 # ---------------------------------------------------------------------------
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;color:#222;max-width:80em}
-h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}
-table{border-collapse:collapse;margin:.5em 0}
-th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top;font-size:.9em}
-th{background:#f4f4f4}td.num{text-align:right;font-family:monospace}
-.passed{color:#176f2c;font-weight:bold}.failed,.error{color:#b00020;font-weight:bold}
-.skipped{color:#777;font-weight:bold}
-.verdict{font-size:1.2em;padding:.5em;border-radius:4px;display:inline-block}
-.verdict.ok{background:#e6f4ea}.verdict.bad{background:#fdecea}.verdict.none{background:#eee}
-pre{background:#f8f8f8;padding:.6em;overflow:auto;font-size:.85em}
-img{max-width:100%}code{font-family:monospace}
-"""
-
-
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
 
 def _plot_leaves(step: StepResult) -> tuple[LeafComparison, ...]:
     """Leaves worth a per-leaf plot: a step that compared two or more."""
@@ -445,109 +459,16 @@ def _plot_leaves(step: StepResult) -> tuple[LeafComparison, ...]:
     return leaves if len(leaves) >= 2 else ()
 
 
-def _matplotlib():
-    """matplotlib's Figure and Agg canvas (no pyplot, no global backend switch)."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise ImportError(
-            "EquivalenceReport.to_html needs matplotlib for its plots: pip install 'equivtool[report]'"
-        ) from exc
-    return Figure, FigureCanvasAgg
-
-
-def _error_plot_png(step: StepResult) -> str:
-    """Max abs error per leaf, in forward order, log scale, with the atol line."""
-    Figure, FigureCanvasAgg = _matplotlib()
-    leaves = _plot_leaves(step)
-    x = np.arange(len(leaves))
-    errors = np.array([leaf.max_abs for leaf in leaves], dtype=float)
-    atol = np.array([leaf.tolerance.atol for leaf in leaves], dtype=float)
-    positive = errors[np.isfinite(errors) & (errors > 0)]
-    positive_atol = atol[atol > 0]
-    floor = min([*positive, *positive_atol, 1e-8]) / 10.0
-    shown = np.where(np.isfinite(errors) & (errors > 0), errors, floor)
-    ok = np.array([leaf.ok for leaf in leaves])
-    exact_zero = np.isfinite(errors) & (errors == 0)
-
-    width = min(max(6.0, 0.25 * len(leaves) + 2.0), 24.0)
-    fig = Figure(figsize=(width, 4.0), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.set_yscale("log")
-    ax.plot(x, shown, color="#999", linewidth=0.8, zorder=1)
-    groups = (
-        (ok & ~exact_zero, dict(color="#176f2c", s=18, label="close")),
-        (ok & exact_zero, dict(color="#176f2c", marker="v", s=18, label="no difference (drawn at the floor)")),
-        (~ok, dict(color="#b00020", marker="x", s=30, label="not close")),
-    )
-    for mask, style in groups:
-        if mask.any():
-            ax.scatter(x[mask], shown[mask], zorder=3, **style)
-    if np.all(atol == atol[0]):
-        if atol[0] > 0:
-            ax.axhline(atol[0], color="#1f5fbf", linestyle="--", linewidth=1, label=f"atol = {atol[0]:g}")
-    else:
-        ax.step(x, np.where(atol > 0, atol, floor), where="mid", color="#1f5fbf", linestyle="--",
-                linewidth=1, label="atol (per leaf)")
-    first = step.first_failure
-    if first is not None:
-        index = next(i for i, leaf in enumerate(leaves) if leaf is first)
-        ax.axvline(index, color="#b00020", linestyle=":", linewidth=1, label=f"first divergence: {first.name}")
-    ax.set_ylabel("max |actual - expected|")
-    ax.set_xlabel("leaf, in forward order")
-    ax.set_title(f"{step.name}: max abs error per leaf")
-    if len(leaves) <= 60:
-        ax.set_xticks(x)
-        ax.set_xticklabels([_shorten(leaf.name, 40) for leaf in leaves], rotation=90, fontsize=6)
-    ax.legend(fontsize=7, loc="best")
-    ax.grid(True, which="major", axis="y", alpha=0.3)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _status_cell(status: str) -> str:
-    return f'<span class="{_e(status)}">{_e(_STATUS_TEXT[status])}</span>'
-
-
-def _leaf_rows(leaves: Sequence[LeafComparison]) -> str:
-    head = (
-        "<tr><th>leaf</th><th>ok</th><th>shape</th><th>dtype</th><th>mismatched</th>"
-        "<th>max abs</th><th>max rel</th><th>first mismatch</th><th>tolerance</th><th>note</th></tr>"
-    )
-    rows = []
-    for leaf in leaves:
-        shape = leaf.expected_shape if leaf.expected_shape == leaf.actual_shape else (
-            f"{leaf.expected_shape} vs {leaf.actual_shape}"
-        )
-        dtype = leaf.expected_dtype if leaf.expected_dtype == leaf.actual_dtype else (
-            f"{leaf.expected_dtype} vs {leaf.actual_dtype}"
-        )
-        mismatched = f"{leaf.mismatched} / {leaf.size}" if leaf.values_compared else "-"
-        rows.append(
-            "<tr>"
-            f"<td><code>{_e(leaf.name)}</code></td>"
-            f"<td>{_status_cell('passed' if leaf.ok else 'failed')}</td>"
-            f"<td>{_e(shape)}</td><td>{_e(dtype)}</td>"
-            f'<td class="num">{_e(mismatched)}</td>'
-            f'<td class="num">{_e(_fmt_err(leaf.max_abs))}</td>'
-            f'<td class="num">{_e(_fmt_err(leaf.max_rel))}</td>'
-            f"<td>{_e(leaf.first_mismatch_str)}</td><td>{_e(leaf.tolerance)}</td>"
-            f"<td>{_e(leaf.note)}</td>"
-            "</tr>"
-        )
-    return f"<table>{head}{''.join(rows)}</table>"
-
-
 def _comparison_html(c: Comparison) -> str:
     parts = [f"<p>{_e(c.summary())}</p>"]
     if c.failures:
-        parts.append("<p>Failing leaves:</p>" + _leaf_rows(c.failures))
+        parts.append("<p>Failing leaves:</p>" + _render.leaf_rows(c.failures))
+    if c.inconclusive_leaves:
+        parts.append("<p>Inconclusive leaves (nothing that could differ was compared):</p>"
+                     + _render.leaf_rows(c.inconclusive_leaves))
+    if not c.ok:
         parts.append(f"<pre>{_e(c.format())}</pre>")
-    parts.append(f"<details><summary>all {len(c)} leaves</summary>{_leaf_rows(c.leaves)}</details>")
+    parts.append(f"<details><summary>all {len(c)} leaves</summary>{_render.leaf_rows(c.leaves)}</details>")
     return "".join(parts)
 
 
@@ -556,9 +477,9 @@ def _render_html(report: EquivalenceReport, plots: Mapping[int, str]) -> str:
     summary_rows = "".join(
         "<tr>"
         f'<td><a href="#step-{i}"><code>{_e(s.name)}</code></a></td><td>{_e(s.title)}</td>'
-        f"<td>{_status_cell(s.status)}</td>"
+        f"<td>{_render.status_cell(s.status)}</td>"
         f'<td class="num">{s.seconds:.2f}s</td>'
-        f'<td class="num">{_e("-" if math.isnan(s.max_abs) else _fmt_err(s.max_abs))}</td>'
+        f'<td class="num">{_e(s.error_cell())}</td>'
         f"<td>{_e(s.summary_text())}</td>"
         "</tr>"
         for i, s in enumerate(report.steps)
@@ -568,7 +489,7 @@ def _render_html(report: EquivalenceReport, plots: Mapping[int, str]) -> str:
     )
     sections = []
     for i, s in enumerate(report.steps):
-        body = [f'<h2 id="step-{i}"><code>{_e(s.name)}</code>: {_e(s.title)} {_status_cell(s.status)}</h2>',
+        body = [f'<h2 id="step-{i}"><code>{_e(s.name)}</code>: {_e(s.title)} {_render.status_cell(s.status)}</h2>',
                 f"<p>time {s.seconds:.2f}s</p>"]
         if s.message:
             body.append(f"<p>{_e(s.message)}</p>")
@@ -586,7 +507,7 @@ def _render_html(report: EquivalenceReport, plots: Mapping[int, str]) -> str:
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<title>equivtool equivalence report</title>"
-        f"<style>{_CSS}</style></head><body>"
+        f"<style>{_render.CSS}</style></head><body>"
         "<h1>Equivalence report</h1>"
         f'<p class="verdict {verdict_class}">{_e(report.verdict())}</p>'
         + (f"<table>{meta_rows}</table>" if meta_rows else "")

@@ -13,24 +13,41 @@ number (see ``equivalence``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import re
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import rewriter_config_pb2
+from equivtool import _tf_internals
+from equivtool._tree import _rebuild_mapping, dense_gradient, flatten_tensors, pack_like, to_numpy
 
 _OUTPUT_INDEX = re.compile(r":\d+$")
 
 
+def strip_output_index(name: str) -> str:
+    """A tensor or variable name without its ``:N`` output index (``net/w:0`` -> ``net/w``)."""
+    return _OUTPUT_INDEX.sub("", name)
+
+
 def variable_key(name: str, renamer: Callable[[str], str]) -> str:
     """The name both sides are matched by: no ``:N`` suffix, then the user's rename rules."""
-    return renamer(_OUTPUT_INDEX.sub("", name))
+    return renamer(strip_output_index(name))
+
+
+def load_by_initializer(session, pairs) -> None:
+    """Set TF1 ``(variable, value)`` pairs in one ``session.run`` by feeding their
+    initializers' initial-value inputs: no new op in the graph (what the
+    deprecated ``Variable.load`` did)."""
+    pairs = list(pairs)
+    if pairs:
+        session.run([v.initializer for v, _ in pairs],
+                    feed_dict={v.initializer.inputs[1]: value for v, value in pairs})
 
 
 # --------------------------------------------------------------------------
@@ -68,87 +85,8 @@ def fixed_value(name: str, shape, dtype) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
-# Structures
+# Outputs and losses
 # --------------------------------------------------------------------------
-
-def _rebuild_mapping(original: Mapping, items: list):
-    return dict(items) if type(original) is dict else type(original)(items)
-
-
-def to_numpy(structure):
-    """Tensors (eager) to NumPy, keeping dict insertion order and containers;
-    sparse gradients (``tf.IndexedSlices``, ``IndexedSlicesValue``) become dense arrays."""
-    if _is_sparse(structure):
-        return dense_gradient(structure)[0]
-    if isinstance(structure, Mapping):
-        return _rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
-    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        return type(structure)(*(to_numpy(v) for v in structure))
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(to_numpy(v) for v in structure)
-    if structure is None:
-        return None
-    if hasattr(structure, "numpy"):
-        return structure.numpy()
-    return np.asarray(structure)
-
-
-def _is_sparse(value) -> bool:
-    """``tf.IndexedSlices``, or the ``IndexedSlicesValue`` a session returns for one
-    (a namedtuple with no public name, recognised by its fields)."""
-    return isinstance(value, tf.IndexedSlices) or (
-        isinstance(value, tuple) and getattr(value, "_fields", None) == ("values", "indices", "dense_shape"))
-
-
-def dense_gradient(value, shape=None) -> tuple:
-    """``(dense NumPy array, was_sparse)`` for a gradient.
-
-    The gradient of ``tf.gather``/``tf.nn.embedding_lookup`` w.r.t. the table
-    is sparse: ``tf.IndexedSlices`` eagerly, ``IndexedSlicesValue`` from a
-    session. Both sides are scattered into a dense array the same way (rows
-    of repeated indices summed in index order), so the comparison sees only
-    the values and where they go.
-    """
-    if not _is_sparse(value):
-        return (value.numpy() if hasattr(value, "numpy") else np.asarray(value)), False
-    values, indices = value.values, value.indices
-    values = values.numpy() if hasattr(values, "numpy") else np.asarray(values)
-    indices = indices.numpy() if hasattr(indices, "numpy") else np.asarray(indices)
-    dense_shape = getattr(value, "dense_shape", None)
-    if dense_shape is not None:
-        dense_shape = dense_shape.numpy() if hasattr(dense_shape, "numpy") else np.asarray(dense_shape)
-        shape = tuple(int(d) for d in dense_shape)
-    elif shape is None:
-        raise ValueError("a sparse gradient without dense_shape needs the variable's shape")
-    dense = np.zeros(tuple(int(d) for d in shape), dtype=values.dtype)
-    np.add.at(dense, indices, values)
-    return dense, True
-
-
-def flatten_tensors(structure) -> list:
-    """Leaves in insertion order (``tf.nest`` would sort dict keys)."""
-    if isinstance(structure, Mapping):
-        return [leaf for value in structure.values() for leaf in flatten_tensors(value)]
-    if isinstance(structure, (list, tuple)):
-        return [leaf for value in structure for leaf in flatten_tensors(value)]
-    return [structure]
-
-
-def pack_like(structure, leaves: list):
-    """Inverse of :func:`flatten_tensors`."""
-    iterator = iter(leaves)
-
-    def build(node):
-        if isinstance(node, Mapping):
-            return _rebuild_mapping(node, [(k, build(v)) for k, v in node.items()])
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            return type(node)(*(build(v) for v in node))
-        if isinstance(node, (list, tuple)):
-            return type(node)(build(v) for v in node)
-        return next(iterator)
-
-    return build(structure)
-
 
 def primary_output(outputs):
     """The model's main output: a tensor itself, the first element of a tuple or
@@ -178,8 +116,7 @@ def default_loss(outputs, regularization_loss):
 def session_config(disable_arithmetic_optimization: bool) -> tf.compat.v1.ConfigProto:
     config = tf.compat.v1.ConfigProto()
     if disable_arithmetic_optimization:
-        config.graph_options.rewrite_options.arithmetic_optimization = (
-            rewriter_config_pb2.RewriterConfig.OFF)
+        config.graph_options.rewrite_options.arithmetic_optimization = _tf_internals.RewriterConfig.OFF
     return config
 
 
@@ -195,6 +132,16 @@ class TF1Forward:
     loss: Any               # scalar tensor or None
     update_ops: list        # the UPDATE_OPS this pass added (batch-norm statistics)
     loop_random_ops: dict = dataclasses.field(default_factory=dict)  # see loop_random_ops()
+
+
+@dataclass
+class TF1Training:
+    """A training pass built by :meth:`TF1Side.build_training`."""
+
+    loss: Any               # scalar tensor
+    train_op: Any           # the optimizer's minimize op
+    optimizer: Any          # the tf.compat.v1.train optimizer
+    loop_random_ops: dict = dataclasses.field(default_factory=dict)  # its forward pass's, see loop_random_ops()
 
 
 class TF1Side:
@@ -297,16 +244,10 @@ class TF1Side:
         values = self.session.run(self.variables)
         return dict(zip(self.keys, values))
 
-    def _load(self, pairs: list) -> None:
-        """Set ``(variable, value)`` pairs in one ``Session.run`` by feeding their
-        initializers' initial-value inputs (no new ops in the graph)."""
-        if pairs:
-            self.session.run([v.initializer for v, _ in pairs],
-                             feed_dict={v.initializer.inputs[1]: value for v, value in pairs})
-
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
-        self._load([(variable, values_by_key[key]) for variable, key in zip(self.variables, self.keys)
-                    if key in values_by_key])
+        load_by_initializer(self.session, [(variable, values_by_key[key])
+                                           for variable, key in zip(self.variables, self.keys)
+                                           if key in values_by_key])
         self._initialized = True
 
     def renew_session(self) -> None:
@@ -321,7 +262,54 @@ class TF1Side:
         values = self.session.run(everything)
         self.session.close()
         self.session = tf.compat.v1.Session(graph=self.graph, config=self._config)
-        self._load(list(zip(everything, values)))
+        load_by_initializer(self.session, zip(everything, values))
+
+    # -- training and checkpoints ----------------------------------------------
+
+    def build_training(self, make_optimizer: Callable, training: bool) -> TF1Training:
+        """A forward pass of its own (its random ops are not shared with another
+        pass), its loss, and ``make_optimizer().minimize`` over the trainable
+        variables after the pass's UPDATE_OPS; the optimizer's new variables
+        (slots, step counters) are initialised."""
+        forward = self.forward(training=training, with_gradients=False)
+        with self.graph.as_default():
+            loss = self.loss_fn(forward.outputs, forward.regularization)
+            optimizer = make_optimizer()
+            with tf.control_dependencies(forward.update_ops):
+                train_op = optimizer.minimize(loss, var_list=self.trainable_variables())
+            known = set(self.variables)
+            new_vars = [v for v in tf.compat.v1.global_variables() if v not in known]
+            self.session.run(tf.compat.v1.variables_initializer(new_vars))
+        return TF1Training(loss, train_op, optimizer, forward.loop_random_ops)
+
+    def train_step(self, training: TF1Training) -> float:
+        """One optimizer step in a new session (so every random op starts at its
+        first draw, as an eager TF2 call does); returns the loss before the step."""
+        self.renew_session()
+        loss, _ = self.run((training.loss, training.train_op))
+        return float(loss)
+
+    def _saver(self):
+        if getattr(self, "_checkpoint_saver", None) is None:
+            with self.graph.as_default():
+                self._checkpoint_saver = tf.compat.v1.train.Saver(var_list=self.variables)
+        return self._checkpoint_saver
+
+    def save_checkpoint(self, prefix: str | os.PathLike) -> str:
+        """Write the variables with ``tf.compat.v1.train.Saver``; returns the checkpoint path."""
+        saver = self._saver()
+        with self.graph.as_default():
+            return saver.save(self.session, os.fspath(prefix))
+
+    def restore_checkpoint(self, path: str | os.PathLike) -> None:
+        saver = self._saver()
+        with self.graph.as_default():
+            saver.restore(self.session, os.fspath(path))
+        self._initialized = True
+
+    def checkpoint_names(self) -> dict:
+        """Matching key -> the name a TF1 checkpoint stores the variable under."""
+        return {variable_key(v.name, self.renamer): v.op.name for v in self.variables}
 
     def close(self) -> None:
         self.session.close()
@@ -464,6 +452,18 @@ class TF2Side:
         self._functions: dict = {}
         self.sparse_gradients: tuple = ()  # keys whose last gradient was tf.IndexedSlices
 
+    @classmethod
+    def create(cls, make_layer: Callable, inputs, *, renamer: Callable[[str], str], loss_fn: Callable | None,
+               use_tf_function: bool = False, strategy=None) -> "TF2Side":
+        """Create the layer with ``make_layer()``; under a strategy, inside its
+        scope, with a first (cross-replica) call that creates the variables."""
+        with strategy_scope(strategy):
+            layer = make_layer()
+            if strategy is not None:
+                layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=False)
+        return cls(layer, renamer=renamer, loss_fn=loss_fn, use_tf_function=use_tf_function,
+                   strategy=strategy)
+
     # -- one replica's work ---------------------------------------------------
 
     def _replica_step(self, inputs, training: bool, with_gradients: bool, optimizer=None,
@@ -550,6 +550,49 @@ class TF2Side:
             key = variable_key(variable.name, self.renamer)
             if key in values_by_key:
                 variable.assign(values_by_key[key])
+
+    def make_optimizer(self, factory: Callable):
+        """``factory()`` (under the strategy's scope), with its slot variables
+        created now: made inside a traced step they would make it trace twice."""
+        with strategy_scope(self.strategy):
+            optimizer = factory()
+            _build_optimizer(optimizer, self.layer.trainable_variables)
+        return optimizer
+
+    def load_checkpoint(self, path: str | os.PathLike, names: Mapping[str, str]) -> tuple[int, list]:
+        """Assign every variable found in the TF1 checkpoint at ``path``, looked up
+        as ``names[key]`` (default: the key itself); returns ``(loaded, absent names)``."""
+        reader = tf.train.load_checkpoint(os.fspath(path))
+        loaded, absent = 0, []
+        for variable in self.layer.variables:
+            key = variable_key(variable.name, self.renamer)
+            name = names.get(key, key)
+            if reader.has_tensor(name):
+                variable.assign(reader.get_tensor(name))
+                loaded += 1
+            else:
+                absent.append(name)
+        return loaded, absent
+
+
+def checkpoint_exists(path: str | os.PathLike) -> bool:
+    """A TF1 checkpoint at ``path``: a V2 prefix (``path.index`` exists) or a V1 file."""
+    path = os.fspath(path)
+    return tf.io.gfile.exists(path + ".index") or (
+        tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path))
+
+
+def strategy_scope(strategy):
+    """``strategy.scope()``, or nothing without a strategy."""
+    return contextlib.nullcontext() if strategy is None else strategy.scope()
+
+
+def _build_optimizer(optimizer, variables) -> None:
+    """Create a Keras optimizer's slot variables now (new and legacy optimizers)."""
+    if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
+        optimizer.build(variables)
+    else:
+        _tf_internals.build_legacy_optimizer(optimizer, variables)
 
 
 def split_batch(inputs, parts: int) -> list:

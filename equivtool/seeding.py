@@ -99,10 +99,11 @@ from typing import Iterable, Optional, Sequence, Tuple, Union
 from equivtool._stack import user_frame_location
 
 import tensorflow as tf  # safe: importing the equivtool package applied the environment fix
-from tensorflow.python.eager import context as _context
-from tensorflow.python.framework import ops as _ops
-from tensorflow.python.framework import random_seed as _random_seed
-from tensorflow.python.framework import tensor_util as _tensor_util
+from equivtool import _tf_internals as _tfi
+from equivtool._tf_internals import context as _context
+from equivtool._tf_internals import ops as _ops
+from equivtool._tf_internals import random_seed as _random_seed
+from equivtool._tf_internals import tensor_util as _tensor_util
 
 __all__ = [
     "DeterministicRandomTestTool",
@@ -112,7 +113,7 @@ __all__ = [
     "MODES",
 ]
 
-MODES = ("constant", "num_random_ops")
+from equivtool.steps import MODES  # noqa: E402  (defined once, in the step registry)
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
@@ -314,16 +315,19 @@ class _KerasSeedSource:
         self._tool = tool
 
     def randint(self, a: int, b: int) -> int:
-        return self._tool._next_keras_seed(a, b)
-
-
-def _keras_backend():
-    """tf-keras' backend module, or None without tf-keras."""
-    try:
-        from tf_keras.src import backend
-    except ImportError:
-        return None
-    return backend if hasattr(backend, "_SEED_GENERATOR") else None
+        # tf-keras 2.16-2.18 ask for randint(1, 1e9), a float bound. Python's
+        # random.randint (3.11) takes an integral float and returns an int; so
+        # must this, or TensorFlow gets a float seed ('Tseed' of float).
+        bounds = []
+        for name, value in (("a", a), ("b", b)):
+            try:
+                bounds.append(operator.index(value))
+            except TypeError:
+                if not (isinstance(value, float) and value.is_integer()):
+                    raise TypeError(f"randint bound {name} must be an integer (or an "
+                                    f"integral float), got {value!r}") from None
+                bounds.append(int(value))
+        return self._tool._next_keras_seed(*bounds)
 
 
 class _Scope:
@@ -472,9 +476,8 @@ class DeterministicRandomTestTool:
             try:
                 # As the original: the global seed is the tool's seed to start with.
                 self._set_global_seed(self._seed)
-                backend = _keras_backend()
-                if backend is not None:
-                    holder = backend._SEED_GENERATOR
+                holder = _tfi.keras_seed_generator()
+                if holder is not None:
                     self._keras_holder = holder
                     self._saved_keras = holder.__dict__.get("generator", _MISSING)
                     holder.generator = _KerasSeedSource(self)
@@ -513,8 +516,7 @@ class DeterministicRandomTestTool:
         saved = self._saved_global_seeds
         if _context.executing_eagerly():
             if "eager" not in saved:
-                ctx = _context.context()
-                saved["eager"] = (ctx._seed, getattr(ctx, "_rng", _MISSING))
+                saved["eager"] = (_tfi.eager_global_seed(), _tfi.eager_rng(_MISSING))
         else:
             graph = _ops.get_default_graph()
             key = id(graph)
@@ -528,7 +530,7 @@ class DeterministicRandomTestTool:
                 seed, rng = saved
                 _context.set_global_seed(seed)  # also clears the kernel cache
                 if rng is not _MISSING:
-                    _context.context()._rng = rng
+                    _tfi.set_eager_rng(rng)
             else:
                 graph, seed = saved
                 graph.seed = seed

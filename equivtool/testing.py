@@ -18,6 +18,9 @@ __all__ = ["assert_equivalent"]
 def assert_equivalent(tf1_fn, tf2_layer, inputs, **options) -> EquivalenceReport:
     """Run :func:`equivtool.check_equivalence`; fail with the report's table unless equivalent.
 
+    An INCONCLUSIVE report (a step compared nothing that could differ, e.g.
+    all-NaN outputs) fails too.
+
     Returns the report, so a test can look further (``report.step("gradients")``).
     """
     from equivtool.equivalence import check_equivalence

@@ -31,12 +31,13 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import tf_decorator
 
+from equivtool._render import fixed_row, text_table
 from equivtool._stack import user_frame_location
+from equivtool._tf_internals import tf_decorator
+from equivtool.runners import strip_output_index as _strip_output_index
 
 __all__ = [
     "VariableCreationError", "assert_no_variable_creations",
@@ -138,10 +139,6 @@ def _describe_variable(variable, location: str) -> CreatedVariable:
         shape=str(tuple(variable.shape.as_list())) if variable.shape.rank is not None else "?",
         dtype=variable.dtype.base_dtype.name, trainable=bool(variable.trainable),
         location=location)
-
-
-def _strip_output_index(name: str) -> str:
-    return re.sub(r":\d+$", "", name)
 
 
 # --------------------------------------------------------------------------
@@ -331,18 +328,8 @@ class VariableSet:
         return tuple(v for v in self.variables if v.trainable)
 
     @property
-    def num_parameters(self) -> int:
-        return sum(v.size for v in self.variables)
-
-    @property
     def num_trainable_parameters(self) -> int:
         return sum(v.size for v in self.variables if v.trainable)
-
-    def by_name(self) -> "collections.OrderedDict[str, list]":
-        grouped: "collections.OrderedDict[str, list]" = collections.OrderedDict()
-        for info in self.variables:
-            grouped.setdefault(info.name, []).append(info)
-        return grouped
 
     @classmethod
     def from_variables(cls, variables: Iterable, source: str = "") -> "VariableSet":
@@ -367,8 +354,8 @@ class VariableSet:
                  f"{self.num_trainable_parameters:,} trainable parameters)"
                  + (f" from {self.source}" if self.source else "")]
         for info in self.variables:
-            lines.append(f"  {info.name:<60} {str(info.shape):<20} {info.dtype:<8}"
-                         f" {'trainable' if info.trainable else 'frozen'}")
+            cells = (info.name, str(info.shape), info.dtype, "trainable" if info.trainable else "frozen")
+            lines.append("  " + fixed_row(cells, (60, 20, 8, 0), sep=" "))
         return "\n".join(lines)
 
 
@@ -508,13 +495,7 @@ class VariableParity:
                  for side, n, count in self.duplicates]
         if not rows:
             return head
-        widths = [max(len(r[i]) for r in rows + [("problem", "variable", "TF1", "TF2")])
-                  for i in range(4)]
-        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-        lines = [head, fmt.format("problem", "variable", "TF1", "TF2"),
-                 fmt.format(*("-" * w for w in widths))]
-        lines += [fmt.format(*row) for row in rows]
-        return "\n".join(lines)
+        return "\n".join([head, *text_table(("problem", "variable", "TF1", "TF2"), rows)])
 
 
 def compare_variables(expected, actual, rename: RenameRules = None) -> VariableParity:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import math
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from equivtool._render import json_safe as _json_safe
 from equivtool.comparison import Comparison, LeafComparison, Tolerance, compare, resolve_tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,9 +214,82 @@ def test_zero_dim_infinity_against_a_number_is_reported():
     assert not leaf.ok and leaf.inf_mismatch == 1 and leaf.first_mismatch == ()
 
 
-def test_all_nonfinite_positions_give_zero_errors_not_nan():
+def test_all_nonfinite_positions_give_zero_errors_not_nan_and_are_inconclusive():
     leaf = _leaf(np.array([np.nan, np.inf]), np.array([np.nan, np.inf]))
-    assert leaf.ok and leaf.max_abs == 0.0 and leaf.max_rel == 0.0
+    assert leaf.max_abs == 0.0 and leaf.max_rel == 0.0
+    assert leaf.status == "inconclusive" and not leaf.ok and leaf.compared == 0
+    assert "1 NaN, 1 inf" in leaf.inconclusive_reason
+
+
+# -- three outcomes: passed, failed, inconclusive ---------------------------------------
+
+
+@pytest.mark.parametrize("expected, actual, reason", [
+    (np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32), "zero-size"),
+    (np.zeros((0,), np.int32), np.zeros((0,), np.int32), "zero-size"),
+    (np.full((2, 3), np.nan, np.float32), np.full((2, 3), np.nan, np.float32), "6 NaN, 0 inf"),
+    (np.full((2,), np.inf), np.full((2,), np.inf), "0 NaN, 2 inf"),
+    (np.array([-np.inf, np.nan]), np.array([-np.inf, np.nan]), "non-finite on both sides (1 NaN, 1 inf)"),
+    (None, None, "None on both sides"),
+])
+def test_a_leaf_that_compared_nothing_is_inconclusive_not_passed(expected, actual, reason):
+    c = compare({"y": expected}, {"y": actual})
+    leaf = c.leaf("y")
+    assert leaf.status == "inconclusive" and not leaf.ok and not leaf.failed
+    assert reason in leaf.inconclusive_reason
+    assert c.status == "inconclusive" and not c.ok and c.failures == ()
+    assert "INCONCLUSIVE" in str(c) and reason in str(c)
+    with pytest.raises(AssertionError, match="INCONCLUSIVE"):
+        c.raise_for_failure()
+
+
+def test_one_inconclusive_leaf_makes_the_comparison_inconclusive_even_when_others_passed():
+    c = compare({"loss": np.float32(0.0), "grad": np.full([3], np.nan, np.float32)},
+                {"loss": np.float32(0.0), "grad": np.full([3], np.nan, np.float32)})
+    assert c.leaf("loss").status == "passed"
+    assert c.status == "inconclusive" and not c.ok
+
+
+def test_a_failure_wins_over_an_inconclusive_leaf():
+    c = compare({"a": np.zeros([0]), "b": np.ones([2])}, {"a": np.zeros([0]), "b": np.zeros([2])})
+    assert c.status == "failed" and c.first_failure.name == "b"
+
+
+def test_finite_elements_beside_matching_nan_are_compared_and_counted():
+    e = np.array([[1.0, np.nan], [2.0, 3.0]])
+    leaf = compare(e, e.copy()).leaves[0]
+    assert leaf.status == "passed" and leaf.compared == 3 and leaf.size == 4
+    assert "3 / 4 compared" in str(leaf)
+    assert leaf.to_dict()["compared"] == 3 and leaf.to_dict()["status"] == "passed"
+
+
+def test_allow_nonfinite_opts_a_leaf_out_of_inconclusive():
+    mask = np.array([[0.0, -np.inf], [-np.inf, 0.0]], np.float32)
+    all_inf = np.full([2], -np.inf, np.float32)
+    tol = {"mask": Tolerance(allow_nonfinite=True), "inf": Tolerance(allow_nonfinite=True)}
+    c = compare({"mask": mask, "inf": all_inf}, {"mask": mask.copy(), "inf": all_inf.copy()}, tol)
+    assert c.status == "passed"
+    assert c.leaf("mask").compared == 4 and c.leaf("inf").compared == 2
+    # the opt-out never hides a difference, and never passes a leaf with no element
+    flipped = compare({"mask": mask}, {"mask": -mask}, tol)
+    assert flipped.status == "failed"
+    empty = compare({"mask": np.zeros([0])}, {"mask": np.zeros([0])}, tol)
+    assert empty.status == "inconclusive"
+    assert "non-finite allowed" in str(Tolerance(allow_nonfinite=True))
+
+
+def test_an_empty_comparison_is_inconclusive():
+    c = compare({}, {})
+    assert c.status == "inconclusive" and not c.ok and "no leaf" in c.summary()
+
+
+def test_inconclusive_survives_a_json_round_trip():
+    c = compare({"y": np.zeros([0])}, {"y": np.zeros([0])})
+    back = Comparison.from_dict(json.loads(json.dumps(_json_safe(c.to_dict()))))
+    assert back.status == "inconclusive" and back.leaves[0].inconclusive_reason
+    tol = Tolerance(allow_nonfinite=True)
+    leaf = compare(np.array([np.inf]), np.array([np.inf]), tol).leaves[0]
+    assert LeafComparison.from_dict(leaf.to_dict()).tolerance == tol
 
 
 def test_shape_mismatch_with_different_sizes_is_reported_not_raised():
@@ -253,9 +328,10 @@ def test_scalar_and_zero_dim_arrays_compare_with_empty_index():
     assert leaf.max_abs == 1.0
 
 
-def test_empty_arrays_pass_with_zero_size():
+def test_empty_arrays_are_inconclusive_with_zero_size():
     leaf = _leaf(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32))
-    assert leaf.ok and leaf.size == 0 and leaf.fraction == 0.0 and leaf.max_abs == 0.0
+    assert leaf.status == "inconclusive" and not leaf.ok
+    assert leaf.size == 0 and leaf.compared == 0 and leaf.fraction == 0.0 and leaf.max_abs == 0.0
 
 
 def test_integers_are_compared_exactly_whatever_the_tolerance():
@@ -369,8 +445,8 @@ def test_namedtuples_with_different_fields_are_a_structure_leaf():
     assert leaf.structure_mismatch and not leaf.ok
 
 
-def test_none_on_both_sides_is_equal_and_on_one_side_fails():
-    assert compare({"aux": None}, {"aux": None}).ok
+def test_none_on_both_sides_is_inconclusive_and_on_one_side_fails():
+    assert compare({"aux": None}, {"aux": None}).status == "inconclusive"
     assert compare({"aux": None}, {"aux": np.zeros(1)}).leaves[0].structure_mismatch
 
 
@@ -471,3 +547,91 @@ def test_public_compare_is_the_function_even_after_its_module_is_imported():
     import equivtool.comparison  # noqa: F401  (a submodule import must not shadow the function)
     assert callable(equivtool.compare)
     assert equivtool.compare(1.0, 1.0).ok
+
+
+# -- tolerance that explains itself ------------------------------------------------------
+
+
+def _planted(n=1000, seed=0):
+    rng = np.random.default_rng(seed)
+    expected = rng.normal(size=n).astype(np.float32)
+    noise = (rng.normal(size=n) * 1e-5).astype(np.float32)
+    return expected, expected + noise
+
+
+@pytest.mark.parametrize("rtol, atol", [(1e-6, 1e-5), (0.0, 1e-7), (1e-3, 0.0)])
+def test_the_suggested_tolerances_pass_and_are_the_smallest(rtol, atol):
+    expected, actual = _planted()
+    leaf = compare(expected, actual, Tolerance(rtol=rtol, atol=atol)).leaves[0]
+    assert leaf.failed and leaf.advice is not None
+    adv = leaf.advice
+    assert compare(expected, actual, Tolerance(rtol=rtol, atol=adv.needed_atol)).ok
+    assert not compare(expected, actual, Tolerance(rtol=rtol, atol=adv.needed_atol * (1 - 1e-6))).ok
+    assert compare(expected, actual, Tolerance(rtol=adv.needed_rtol, atol=atol)).ok
+    assert not compare(expected, actual, Tolerance(rtol=adv.needed_rtol * (1 - 1e-6), atol=atol)).ok
+
+
+def test_error_quantiles_match_numpy():
+    expected, actual = _planted()
+    adv = compare(expected, actual).leaves[0].advice
+    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    assert adv.median == pytest.approx(np.median(diff))
+    assert adv.p99 == pytest.approx(np.quantile(diff, 0.99))
+    assert adv.max == pytest.approx(diff.max())
+
+
+def _up(x, n, dtype):
+    """``x`` moved ``n`` representable values towards +inf in ``dtype`` (np.nextafter; for bfloat16,
+    which np.nextafter does not know, one step of its 7-bit mantissa at a time)."""
+    x = np.array(x, dtype)
+    for _ in range(n):
+        if dtype == ml_dtypes.bfloat16:
+            x = np.array(float(x) + 2.0 ** (np.floor(np.log2(abs(float(x)))) - 7), dtype)
+        else:
+            x = np.nextafter(x, dtype(np.inf))
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("steps", [1, 7])
+def test_largest_ulp_distance_counts_representable_values(dtype, steps):
+    expected = np.array([0.75, 1.0, 3.0], dtype)
+    actual = expected.copy()
+    actual[0] = _up(expected[0], steps, dtype)
+    actual[2] = _up(expected[2], 2, dtype)
+    leaf = compare(expected, actual, Tolerance.exact()).leaves[0]
+    assert leaf.advice.max_ulp == max(steps, 2) and leaf.advice.ulp_dtype == np.dtype(dtype).name
+
+
+def test_ulp_distance_across_zero_counts_both_signs():
+    from equivtool._advice import ulp_distance
+    tiny = np.array([np.nextafter(np.float32(0), np.float32(1))])
+    assert ulp_distance(-tiny, tiny)[0] == 2
+    assert ulp_distance(np.array([0.0], np.float32), -tiny)[0] == 1
+    assert ulp_distance(np.array([0.0], np.float32), np.array([-0.0], np.float32))[0] == 0  # equal values
+    big = np.array([np.finfo(np.float64).max])
+    assert ulp_distance(-big, big)[0] > 9e18  # across zero, far apart: no int64 overflow
+
+
+def test_no_tolerance_passes_a_nan_on_one_side_and_the_text_says_so():
+    leaf = compare(np.array([1.0, 2.0]), np.array([np.nan, 2.5])).leaves[0]
+    assert math.isinf(leaf.advice.needed_atol) and math.isinf(leaf.advice.needed_rtol)
+    assert "No tolerance passes it: NaN or infinity on one side only" in str(leaf)
+
+
+def test_advice_is_in_text_json_and_html_and_only_for_differing_values(tmp_path):
+    from equivtool.report import EquivalenceReport, StepResult
+    expected, actual = _planted()
+    c = compare({"logits": expected, "same": expected}, {"logits": actual, "same": expected.copy()},
+                name="outputs")
+    assert c.leaf("outputs/same").advice is None
+    text = str(c)
+    assert "Would pass with atol >= " in text and "largest distance" in text and " ULP (float32)" in text
+    data = json.loads(json.dumps(_json_safe(c.to_dict())))
+    advice = data["leaves"][0]["advice"]
+    assert set(advice) >= {"needed_atol", "needed_rtol", "median", "p99", "max", "max_ulp"}
+    back = Comparison.from_dict(data).leaf("outputs/logits").advice
+    assert back == c.leaf("outputs/logits").advice
+    report = EquivalenceReport([StepResult.from_comparisons("fixed_weights", "Fixed weights", c)])
+    page = open(report.to_html(tmp_path / "r.html"), encoding="utf-8").read()
+    assert "would pass with / errors" in page and "Would pass with atol &gt;= " in page

@@ -75,4 +75,4 @@ def test_tf_slim_imported_before_equivtool_is_repaired_at_once():
 def test_doctor_lists_the_repairs():
     proc = subprocess.run([sys.executable, "-m", "equivtool.cli", "doctor"], cwd=ROOT, capture_output=True,
                           text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
-    assert "tf-slim repair" in proc.stdout and "moved TensorFlow symbols" in proc.stdout, proc.stdout
+    assert "tf-slim repairs" in proc.stdout and "moved TensorFlow symbols" in proc.stdout, proc.stdout

@@ -252,3 +252,111 @@ def test_tf1_session_fixture_gives_a_graph_session(tf1_session):
     x = tf.compat.v1.placeholder(tf.float32, [2])
     assert tf1_session.graph is x.graph
     np.testing.assert_array_equal(tf1_session.run(x * 2, {x: [1, 2]}), [2, 4])
+
+
+def test_only_the_runners_execute_tensorflow():
+    # Graphs, sessions, optimizers and checkpoints live behind TF1Side/TF2Side:
+    # the engine, its steps and the shared pair touch none of their APIs.
+    import ast
+    import inspect
+
+    from equivtool import _pair, _step_runs, equivalence, steps
+    forbidden = {"session", "graph", "Session", "Saver", "minimize", "as_default", "variables_initializer"}
+    # type checks of arguments, and the version in the report header
+    allowed_tf = {"tf.distribute.Strategy", "tf.Module", "tf.distribute", "tf.__version__"}
+
+    def dotted(node):
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        return ".".join([node.id] + parts[::-1]) if isinstance(node, ast.Name) else ""
+
+    for module in (equivalence, _step_runs, _pair, steps):
+        tree = ast.parse(inspect.getsource(module))
+        attributes = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute)]
+        used = {node.attr for node in attributes}
+        assert not used & forbidden, (module.__name__, sorted(used & forbidden))
+        tf_uses = {dotted(node) for node in attributes if dotted(node).startswith("tf.")}
+        assert tf_uses <= allowed_tf, (module.__name__, sorted(tf_uses - allowed_tf))
+
+
+# --------------------------------------------------------------------------
+# Arguments are checked before any step runs (issue 11)
+# --------------------------------------------------------------------------
+
+def _tf1_never_built(inputs, training):
+    raise AssertionError("a step ran before the arguments were checked")
+
+
+@pytest.mark.parametrize("kwargs, error, argument", [
+    ({"step_tolerances": equivtool.Tolerance()}, TypeError, "step_tolerances"),
+    ({"step_tolerances": [("gradients", equivtool.Tolerance())]}, TypeError, "step_tolerances"),
+    ({"step_tolerances": {"gradients": 0.1}}, TypeError, "step_tolerances"),
+    ({"step_tolerances": {"random/sometimes": equivtool.Tolerance()}}, ValueError, "step_tolerances"),
+    ({"tolerance": {"logits": 0.1}}, TypeError, "tolerance"),
+    ({"meta": ["model"]}, TypeError, "meta"),
+    ({"meta": {1: "one"}}, TypeError, "meta"),
+    ({"progress": 3}, TypeError, "progress"),
+    ({"seed": "42"}, TypeError, "seed"),
+    ({"seed": 2 ** 64}, ValueError, "seed"),
+    ({"tf_function": "yes"}, TypeError, "tf_function"),
+    ({"disable_arithmetic_optimization": None}, TypeError, "disable_arithmetic_optimization"),
+    ({"checkpoint": 3}, TypeError, "checkpoint"),
+    ({"checkpoint": "/nonexistent/model.ckpt"}, ValueError, "checkpoint"),
+])
+def test_bad_arguments_are_refused_before_any_step_runs(kwargs, error, argument):
+    seen = []
+    with pytest.raises(error, match=argument) as info:
+        equivtool.check_equivalence(_tf1_never_built, SlimNetShim, X, steps=["parity"],
+                                    **{"progress": seen.append, **kwargs})
+    assert "expected" in str(info.value)  # says what form the argument takes
+    assert seen == []
+
+
+@pytest.mark.parametrize("inputs", [np.ones([0, 4], np.float32),
+                                    {"x": X, "mask": np.ones([X.shape[0], 0], np.float32)}])
+def test_zero_size_inputs_are_refused(inputs):
+    with pytest.raises(ValueError, match=r"inputs: leaf \d has shape .* no elements"):
+        equivtool.check_equivalence(_tf1_never_built, SlimNetShim, inputs)
+
+
+def test_non_finite_inputs_are_counted_in_the_report_header():
+    x = X.copy()
+    x.flat[0], x.flat[1], x.flat[2] = np.nan, np.inf, np.nan
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, x, steps=["parity"])
+    assert report.meta["non_finite_inputs"] == f"leaf 0 (shape {list(X.shape)}): 2 NaN, 1 +inf of {X.size}"
+    assert "non_finite_inputs" in str(report)
+    clean = equivtool.check_equivalence(slim_net, SlimNetShim, X, steps=["parity"])
+    assert "non_finite_inputs" not in clean.meta
+
+
+def test_a_checkpoint_path_written_by_tf1_is_accepted_and_loaded(tmp_path):
+    graph = tf.Graph()
+    with graph.as_default():
+        slim_net(tf.compat.v1.placeholder(tf.float32, X.shape), False)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            prefix = tf.compat.v1.train.Saver().save(session, str(tmp_path / "model.ckpt"))
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, steps=["checkpoint"],
+                                         checkpoint=tmp_path / "model.ckpt")
+    assert prefix == str(tmp_path / "model.ckpt")
+    assert report.passed, str(report)
+    assert report.step("checkpoint").data["missing"] == 0
+    assert report.step("checkpoint").data["loaded_variables"] > 0
+
+
+def test_the_engine_reads_one_frozen_options_object():
+    import dataclasses
+
+    from equivtool.equivalence import _Options
+    options = _Options.build(slim_net, SlimNetShim, X, steps=None, modes=equivtool.MODES, tolerance=None,
+                             step_tolerances=None, loss_fn=None, optimizers=SGD, train_steps=2,
+                             checkpoint=None, rename=None, tf_function=False,
+                             disable_arithmetic_optimization=True, seed=np.int64(7), progress=None,
+                             meta={"model": "small"}, strategy=None)
+    assert options.steps == equivtool.DEFAULT_STEPS + ("optimizer",)
+    assert options.seed == 7 and type(options.seed) is int
+    assert options.want_gradients and options.meta == {"model": "small"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.seed = 8

@@ -93,3 +93,22 @@ def test_main_prints_the_reports_and_exits_zero(result, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.count("Verdict: EQUIVALENT") == 2
     assert "per-step loss:" in out and out.rstrip().splitlines()[-2] == "PASSED"
+
+
+def test_an_optimizer_step_that_errors_is_reported_with_its_own_error(monkeypatch):
+    # On tf-keras 2.16 a float seed broke every training step; the example hid
+    # that error behind KeyError: 'losses'. It must show the real one.
+    def broken_tf2_optimizer():
+        raise ValueError("planted optimizer failure")
+    monkeypatch.setattr(train_parity, "OPTIMIZERS", {
+        "SGD": (train_parity.OPTIMIZERS["SGD"][0], broken_tf2_optimizer)})
+    monkeypatch.setattr(train_parity, "STEPS", ("optimizer",))
+    result = train_parity.run(batch_size=2, train_steps=1)
+    step = result.reports["SGD"].step("optimizer")
+    assert step.status == "error"
+    assert result.losses["SGD"] == []
+    assert not result.passed
+    text = str(result)
+    assert "planted optimizer failure" in text
+    assert "per-step loss: none, the optimizer step error" in text
+    assert text.rstrip().endswith("FAILED")

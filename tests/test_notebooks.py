@@ -1,5 +1,9 @@
 """The two notebooks run top to bottom and show what they say (issue 6).
 
+Their sources are the Jupytext percent-format files ``notebooks/<name>.py``;
+the committed ``.ipynb`` must hold exactly those cells (with the outputs of
+their last execution).
+
 Each notebook is copied to a temporary directory and executed there (the
 committed file is never rewritten), in a kernel running this interpreter
 (``make_notebooks.execute``: ipykernel's built-in ``python3`` spec, no
@@ -38,14 +42,45 @@ def _run(name: str, tmp_path) -> str:
     nb = nbformat.read(copy, as_version=4)
     make_notebooks.execute(nb, cwd=str(tmp_path), timeout=600)
     nbformat.write(nb, copy)  # the executed copy, for a look after a failure
-    texts = []
+    return _text_outputs(nb)
+
+
+def _text_outputs(nb) -> str:
+    """All text outputs, one per line; consecutive outputs of one stream are concatenated.
+
+    The kernel may split one ``print`` into several stream outputs (it flushes
+    on a timer), so a stream's pieces are joined as written, never with a newline.
+    """
+    texts, stream = [], None
     for cell in nb.cells:
+        stream = None  # a new cell starts a new stream
         for output in cell.get("outputs", ()):
             if output.output_type == "stream":
-                texts.append(output.text)
-            elif "data" in output:
-                texts.append(output.data.get("text/plain", ""))
+                if stream == output.name:
+                    texts[-1] += output.text
+                else:
+                    texts.append(output.text)
+                stream = output.name
+            else:
+                stream = None
+                if "data" in output:
+                    texts.append(output.data.get("text/plain", ""))
     return "\n".join(texts)
+
+
+def test_text_outputs_join_a_split_print_as_written():
+    stream = nbformat.v4.new_output
+    cell = nbformat.v4.new_code_cell("print(...)", outputs=[
+        stream("stream", name="stdout", text="Verdict: EQUI"),
+        stream("stream", name="stdout", text="VALENT (6 passed)\n"),
+        stream("stream", name="stderr", text="a warning\n"),
+        stream("execute_result", data={"text/plain": "42"}, execution_count=1),
+        stream("stream", name="stdout", text="after\n")])
+    later = nbformat.v4.new_code_cell("print(...)", outputs=[stream("stream", name="stdout", text="next cell\n")])
+    text = _text_outputs(nbformat.v4.new_notebook(cells=[cell, later]))
+    assert "Verdict: EQUIVALENT (6 passed)" in text
+    assert text.split("\n") == ["Verdict: EQUIVALENT (6 passed)", "", "a warning", "", "42", "after", "",
+                                 "next cell", ""]
 
 
 def _image_outputs(path) -> int:
@@ -53,13 +88,39 @@ def _image_outputs(path) -> int:
     return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", ()))
 
 
+def _cells(nb) -> list:
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
 @pytest.mark.parametrize("name", sorted(make_notebooks.NOTEBOOKS))
 def test_committed_notebook_matches_its_source(name):
     committed = nbformat.read(os.path.join(NOTEBOOKS, f"{name}.ipynb"), as_version=4)
     generated = make_notebooks.build(name)
-    assert [(c.cell_type, c.source) for c in committed.cells] == \
-           [(c.cell_type, c.source) for c in generated.cells], \
+    kinds = {kind for kind, _ in _cells(generated)}
+    assert len(generated.cells) > 5 and kinds == {"code", "markdown"}  # a real source was read
+    assert _cells(committed) == _cells(generated), \
         f"notebooks/{name}.ipynb is out of date: run notebooks/make_notebooks.py --execute {name}"
+    assert [c["id"] for c in committed.cells] == [c["id"] for c in generated.cells]
+
+
+def test_source_check_finds_an_edited_cell():
+    generated = make_notebooks.build("deterministic_xent")
+    edited = nbformat.from_dict(generated)
+    edited.cells[-1].source += "\nprint('edited')"
+    assert _cells(edited) != _cells(make_notebooks.build("deterministic_xent"))
+
+
+@pytest.mark.parametrize("name", sorted(make_notebooks.NOTEBOOKS))
+def test_sources_are_plain_python_in_percent_format(name):
+    with open(make_notebooks.source_path(name), encoding="utf-8") as handle:
+        text = handle.read()
+    compile(text, make_notebooks.source_path(name), "exec")  # the cells are code, not strings
+    assert text.count("# %%") == len(make_notebooks.build(name).cells)
+
+
+def test_build_rejects_an_unknown_name():
+    with pytest.raises(ValueError, match="name: expected one of validate_correctness, deterministic_xent"):
+        make_notebooks.build("nope")
 
 
 @pytest.mark.parametrize("name", sorted(make_notebooks.NOTEBOOKS))

@@ -70,9 +70,145 @@ def test_step_failed_message_names_failing_leaves():
     assert _failing_step().message == "2 of 5 leaves differ; first divergence: end_points/Mixed_5b"
 
 
-def test_step_with_nothing_compared_is_skipped_not_passed():
-    step = StepResult.from_comparisons("grads", "Gradients", [])
-    assert step.status == "skipped" and not step.passed and "nothing" in step.message
+def test_step_with_nothing_compared_is_inconclusive_not_passed():
+    for comparisons in ([], [compare({}, {}, name="gradients")]):
+        step = StepResult.from_comparisons("grads", "Gradients", comparisons)
+        assert step.status == "inconclusive" and not step.passed and "nothing" in step.message
+        assert not _report(_passing_step(), step).passed
+
+
+# -- three outcomes --------------------------------------------------------------------
+
+
+def _inconclusive_step() -> StepResult:
+    """A constant regularization loss compares equal; the gradients are all NaN on both sides."""
+    nan = np.full([2, 3], np.nan, np.float32)
+    return StepResult.from_comparisons("gradients", "Gradients", [
+        compare([np.float32(0.0)], [np.float32(0.0)], name="regularization_losses"),
+        compare({"w": nan}, {"w": nan.copy()}, name="gradients")], seconds=0.2)
+
+
+def test_a_step_with_an_inconclusive_leaf_is_inconclusive_even_when_other_leaves_passed():
+    step = _inconclusive_step()
+    assert step.status == "inconclusive" and not step.passed and not step.failed
+    assert "gradients/w" in step.message and "non-finite" in step.message
+    assert "6 NaN" in step.message
+
+
+def test_zero_size_outputs_make_the_step_and_the_report_inconclusive():
+    # the issue's dense*5+1 against dense on a [0, 4] batch: both sides produce [0, 3]
+    empty = np.zeros([0, 3], np.float32)
+    step = StepResult.from_comparisons("fixed_weights", "Fixed weights", compare(empty, empty * 5 + 1, name="outputs"))
+    assert step.status == "inconclusive" and "zero-size" in step.message
+    report = _report(_passing_step(), step)
+    assert not report.passed and report.inconclusive_steps == (step,)
+    assert report.verdict().startswith("Verdict: INCONCLUSIVE") and "fixed_weights" in report.verdict()
+    with pytest.raises(AssertionError, match="INCONCLUSIVE"):
+        report.raise_for_failure()
+
+
+def test_failure_wins_over_inconclusive_in_the_verdict():
+    report = _report(_inconclusive_step(), _failing_step())
+    assert "NOT EQUIVALENT" in report.verdict() and not report.passed
+
+
+def test_text_json_and_html_show_compared_counts_and_why_inconclusive(tmp_path):
+    report = _report(_passing_step(), _inconclusive_step())
+    text = str(report)
+    assert re.search(r"gradients\s+INCONCLUSIVE\s+0\.20s\s+0\s+gradients/w: all 6 elements non-finite", text)
+    assert "Nothing compared: all 6 elements non-finite on both sides (6 NaN, 0 inf)" in text
+    assert "Tolerance(allow_nonfinite=True)" in text
+    assert "48 / 48 compared" in str(_passing_step().comparisons[0].leaves[0])
+    data = _strict_loads(report.to_json())
+    leaves = data["steps"][1]["comparisons"][1]["leaves"]
+    assert data["steps"][1]["status"] == "inconclusive" and data["passed"] is False
+    assert leaves[0]["compared"] == 0 and leaves[0]["status"] == "inconclusive" and leaves[0]["inconclusive_reason"]
+    assert data["steps"][0]["comparisons"][0]["leaves"][0]["compared"] == 48
+    assert EquivalenceReport.from_json(report.to_json()).step("gradients").status == "inconclusive"
+    page = open(report.to_html(tmp_path / "r.html"), encoding="utf-8").read()
+    assert "INCONCLUSIVE" in page and "Inconclusive leaves" in page and "<th>compared</th>" in page
+    assert "0 / 6" in page and "48 / 48" in page
+
+
+# -- structural failures name what differs -------------------------------------------------
+
+
+def test_a_structural_failure_names_missing_and_extra_keys_and_never_shows_max_abs_err_0():
+    expected = {"end_points": {"conv1": np.ones([2, 3], np.float32), "pool1": np.ones([2, 3], np.float32)}}
+    actual = {"end_points": {"conv1": np.ones([2, 3], np.float32), "pool_1": np.ones([2, 3], np.float32)}}
+    step = StepResult.from_comparisons("fixed_weights", "Fixed weights", compare(expected, actual, name="outputs"))
+    assert step.status == "failed"
+    assert "missing: outputs/end_points/pool1" in step.message
+    assert "extra: outputs/end_points/pool_1" in step.message
+    row = next(line for line in _report(step).table().splitlines() if line.startswith("fixed_weights"))
+    assert re.search(r"FAILED\s+0\.00s\s+-\s+missing: outputs/end_points/pool1", row), row
+
+
+@pytest.mark.parametrize("expected, actual, fragment", [
+    (np.ones([2, 1], np.float32), np.ones([1, 2], np.float32), "shape: y (2, 1) vs (1, 2)"),
+    (np.ones([2], np.float32), np.ones([2], np.float64), "dtype: y float32 vs float64"),
+    ([np.ones(2)], (np.ones(2), np.ones(2)), "extra: y/1"),
+    ({"a": np.ones(2)}, [np.ones(2)], "structure: y"),
+])
+def test_shape_dtype_and_structure_failures_are_named_in_the_table(expected, actual, fragment):
+    step = StepResult.from_comparisons("s", "S", compare(expected, actual, name="y"))
+    row = _report(step).table().splitlines()[2]
+    assert step.status == "failed" and fragment in row, row
+    assert not re.search(r"FAILED\s+\S+\s+0\s", row), row
+
+
+def test_a_value_failure_keeps_its_max_abs_err():
+    row = _report(_failing_step()).table().splitlines()[2]
+    assert re.search(r"FAILED\s+3\.10s\s+0\.01\s+end_points/Mixed_5b", row)
+
+
+# -- files: atomic, never through a symlink --------------------------------------------------
+
+
+def test_json_and_html_are_written_atomically_through_a_temporary_file_in_the_same_folder(tmp_path, monkeypatch):
+    import os as _os
+    renames = []
+    real_replace = _os.replace
+
+    def spy(src, dst):
+        renames.append((str(src), str(dst)))
+        assert _os.path.dirname(str(src)) == _os.path.dirname(str(dst))
+        assert not _os.path.exists(dst) or open(dst).read() == "old"  # destination untouched until the rename
+        return real_replace(src, dst)
+
+    monkeypatch.setattr("equivtool._render.os.replace", spy)
+    report = _report(_passing_step(), _failing_step())
+    for name, write in (("r.json", report.to_json), ("r.html", report.to_html)):
+        target = tmp_path / name
+        target.write_text("old")
+        write(target)
+        assert renames[-1][1] == str(target) and target.read_text() != "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.json"]  # no temporary file left
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "r.json"
+    target.write_text("old")
+
+    def boom(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("equivtool._render.os.replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        _report(_passing_step()).to_json(target)
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_reports_never_write_through_a_symlink_at_the_destination(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    report = _report(_passing_step())
+    for name, write in (("r.json", report.to_json), ("r.html", report.to_html)):
+        link = tmp_path / name
+        link.symlink_to(victim)
+        write(link)
+        assert victim.read_text() == "precious"
+        assert not link.is_symlink() and link.read_text().startswith(("{", "<!DOCTYPE"))
 
 
 def test_step_rejects_unknown_status():

@@ -489,3 +489,27 @@ def test_trace_divergence_pinpoints_a_reordered_program():
     text = str(divergence)
     assert text.startswith("random-op traces diverge at position 1 (different op type)")
     assert isinstance(divergence.left, RandomOpRecord)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_keras_seed_source_takes_a_float_bound_as_python_random_does(mode):
+    # tf-keras 2.16-2.18 ask their seed source for randint(1, 1e9): a float
+    # bound. Python's random.randint returns an int for it; a float seed makes
+    # TensorFlow raise "Value for attr 'Tseed' of float is not in the list".
+    import random
+    assert isinstance(random.Random(0).randint(1, 1e9), int)  # the contract copied
+    tool = DeterministicRandomTestTool(mode=mode)
+    with tool.scope():
+        source = keras_backend._SEED_GENERATOR.generator
+        as_float = source.randint(1, 1e9)
+        assert type(as_float) is int
+        # the same seed as the int bound gives (the tool's next draw, same key in constant mode)
+        as_int = source.randint(1, 10**9)
+        if mode == "constant":
+            assert as_int == as_float
+        # what tf-keras 2.16 does with the seed: an initializer runs
+        values = tf_keras.initializers.GlorotUniform(seed=source.randint(1, 1e9))((3, 4)).numpy()
+    assert values.shape == (3, 4)
+    with tool.scope():
+        with pytest.raises(TypeError, match="randint bound b must be an integer"):
+            keras_backend._SEED_GENERATOR.generator.randint(1, 1.5)

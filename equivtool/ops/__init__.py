@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 
 _EXPORTS = {
     "sparse_softmax_cross_entropy_with_logits": "xent",
@@ -25,6 +24,7 @@ _EXPORTS = {
     "deterministic_xent": "swap",
     "enable_deterministic_xent": "swap",
     "disable_deterministic_xent": "swap",
+    "StaleTraceWarning": "swap",
     "build_ops": "_build",
     "op_status": "_load",
     "OpLibraryError": "_load",

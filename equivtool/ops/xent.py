@@ -10,23 +10,44 @@ buffer, the gradient reads them once more and writes dlogits once.
 Behaviour matches TensorFlow's fused ops, including special values: a row
 holding +inf or NaN, or only -inf, gives NaN loss and NaN gradient; a -inf
 logit elsewhere has probability 0 (infinite loss when it is the label; for
-dense labels a -inf logit makes the loss NaN, 0 * inf, exactly as TF). Labels
-outside [0, C) raise ``InvalidArgumentError`` on the CPU (naming the batch
-index, the value and C) and give NaN rows on the GPU. One deliberate
-difference: the dense gradient is the exact ``sum(labels) * softmax - labels``
-where TF's op assumes each label row sums to 1 and uses ``softmax - labels``;
-for label rows that are distributions both agree.
+dense labels a -inf logit makes the loss NaN, 0 * inf, exactly as TF); huge
+finite logits (1e32 in float32, 1e300 in float64) give TF's finite values.
+Labels outside [0, C) raise ``InvalidArgumentError`` on the CPU (naming the
+batch index, the value and C) and give NaN rows on the GPU. Dense labels
+broadcast against the logits (``[C]``, ``[1, C]`` or ``[B, 1]`` against
+``[B, C]``) and zero classes give a zero loss, as with TF.
+
+The dense gradient is TF's ``softmax - labels`` by default: it assumes each
+label row sums to 1 and is not the derivative of the loss otherwise.
+``exact_gradient=True`` gives the true derivative ``sum(labels) * softmax -
+labels`` instead; both agree when the label rows are distributions.
 
 Gradients: first order comes from the gradient kernels; second order is a
 composite of TensorFlow ops (``tf.test.compute_gradient`` checks both).
+
+XLA: the compiled op has no XLA lowering, so inside code that XLA compiles
+(``tf.function(jit_compile=True)``, Keras ``compile(jit_compile=True)``) both
+functions route to TensorFlow's own fused op instead (``SparseSoftmaxCross
+EntropyWithLogits`` / ``SoftmaxCrossEntropyWithLogits``, evaluated in float32
+for 16-bit logits, as ``tf.nn`` does), which XLA lowers to its own row
+reductions; ``exact_gradient=True`` routes to ``-sum(labels *
+log_softmax(logits))``, whose derivative is the exact one. Chosen over an XLA
+lowering of our own because XLA fuses TensorFlow's op with its neighbours
+and the numbers are exactly ``tf.nn``'s under XLA. Determinism there is
+XLA's: the lowering is element-wise work and row reductions. On the CPU a
+compiled reduction runs in one fixed order, so results are bitwise
+reproducible run to run (tested); on the GPU it is deterministic by
+construction, since XLA names only scatter, select-and-scatter, GEMMs,
+convolutions and attention as non-deterministic, and the lowering has none
+(not run on a GPU here). Labels out of range give NaN rows under XLA (XLA
+cannot raise inside a kernel), as with ``tf.nn`` under XLA.
 """
 
 from __future__ import annotations
 
-import equivtool  # noqa: F401  (environment fix before TensorFlow)
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as _tf_ops
+from equivtool._tf_internals import ops as _tf_ops
 
 from equivtool.ops._load import load_library
 
@@ -54,6 +75,48 @@ def _require_args(fn: str, labels, logits) -> None:
     if labels is None or logits is None:
         raise ValueError(f"{fn} needs both `labels` and `logits` (pass them by name); "
                          f"got labels={labels!r} and logits={logits!r}.")
+
+
+def _in_xla_context() -> bool:
+    """Whether the graph being built is compiled by XLA (jit_compile=True)."""
+    if tf.executing_eagerly():
+        return False
+    from equivtool._tf_internals import control_flow_util
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _sparse_rows(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Loss of [B, C] logits and [B] labels: equivtool's op, or under XLA
+    TensorFlow's fused op (see the module docstring)."""
+    acc = _acc_dtype(logits.dtype)
+    if _in_xla_context():
+        loss, _ = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+            features=tf.cast(logits, acc), labels=labels)
+        return tf.cast(loss, logits.dtype)
+    loss, _, _ = load_library().equivtool_sparse_xent(logits=logits, labels=labels, Tacc=acc)
+    return loss
+
+
+def _dense_rows(logits: tf.Tensor, labels: tf.Tensor, exact_gradient: bool) -> tf.Tensor:
+    """Loss of [B, C] logits and labels, as _sparse_rows."""
+    acc = _acc_dtype(logits.dtype)
+    if _in_xla_context():
+        x, y = tf.cast(logits, acc), tf.cast(labels, acc)
+        if exact_gradient:
+            loss = -tf.reduce_sum(y * tf.nn.log_softmax(x, axis=-1), axis=-1)
+        else:
+            loss, _ = tf.raw_ops.SoftmaxCrossEntropyWithLogits(features=x, labels=y)
+        return tf.cast(loss, logits.dtype)
+    loss, _, _ = load_library().equivtool_xent(logits=logits, labels=labels, Tacc=acc,
+                                               exact_gradient=exact_gradient)
+    return loss
+
+
+def _flatten(t: tf.Tensor, classes) -> tf.Tensor:
+    """[..., C] -> [N, C]; N is computed, not -1, so that C == 0 reshapes."""
+    outer = tf.reduce_prod(tf.shape(t)[:-1])
+    return tf.reshape(t, tf.stack([outer, classes]))
 
 
 # ---------------------------------------------------------------------------
@@ -87,34 +150,31 @@ def sparse_softmax_cross_entropy_with_logits(labels=None, logits=None, name=None
                 f"{labels.dtype.name}. For probability labels use "
                 "softmax_cross_entropy_with_logits.")
         x_shape, y_shape = logits.shape, labels.shape
+        # The messages keep TensorFlow's wording (its tests match on it).
         if x_shape.rank == 0:
-            raise ValueError(f"{fn}: logits cannot be a scalar; got shape {x_shape}.")
+            raise ValueError(f"{fn}: `logits` cannot be a scalar (need rank >= 1, classes "
+                             f"last); got logits.shape={x_shape}.")
         if x_shape.rank is not None and y_shape.rank is not None \
                 and y_shape.rank != x_shape.rank - 1:
             raise ValueError(
-                f"{fn}: the rank of labels must be the rank of logits minus 1; got "
+                f"{fn}: `labels.shape.rank` must equal `logits.shape.rank - 1`; got "
                 f"labels.shape={y_shape} (rank {y_shape.rank}) and "
                 f"logits.shape={x_shape} (rank {x_shape.rank}).")
         static = (x_shape.rank is not None and y_shape.is_fully_defined()
                   and x_shape[:-1].is_fully_defined())
         if static and y_shape != x_shape[:-1]:
             raise ValueError(
-                f"{fn}: labels.shape must equal logits.shape without its last "
+                f"{fn}: `labels.shape` must equal `logits.shape` except for the last "
                 f"dimension; got labels.shape={y_shape} and logits.shape={x_shape}.")
-        lib = load_library()
-        acc = _acc_dtype(logits.dtype)
         if x_shape.rank == 2:
-            loss, _, _ = lib.equivtool_sparse_xent(logits=logits, labels=labels, Tacc=acc)
-            return loss
+            return _sparse_rows(logits, labels)
         checks = [] if static else [tf.debugging.assert_equal(
             tf.shape(labels, out_type=tf.int64), tf.shape(logits, out_type=tf.int64)[:-1],
             message=f"{fn}: labels.shape must equal logits.shape without its last dimension")]
         with tf.control_dependencies(checks):
-            classes = tf.shape(logits)[-1]
-            flat_logits = tf.reshape(logits, [-1, classes])
+            flat_logits = _flatten(logits, tf.shape(logits)[-1])
             flat_labels = tf.reshape(labels, [-1])
-        loss, _, _ = lib.equivtool_sparse_xent(logits=flat_logits, labels=flat_labels, Tacc=acc)
-        loss = tf.reshape(loss, tf.shape(labels))
+        loss = tf.reshape(_sparse_rows(flat_logits, flat_labels), tf.shape(labels))
         loss.set_shape(y_shape)
         return loss
 
@@ -168,22 +228,56 @@ def _move_axis_last(t: tf.Tensor, axis: int) -> tf.Tensor:
     return tf.transpose(t, perm)
 
 
-def softmax_cross_entropy_with_logits(labels=None, logits=None, axis=-1, name=None):
+def _broadcast_labels(labels: tf.Tensor, logits: tf.Tensor, fn: str) -> tf.Tensor:
+    """labels broadcast to the logits' shape (NumPy rules), as TF's op does.
+
+    TF accepts label rows ``[C]`` or ``[1, C]`` and label columns ``[B, 1]``
+    against ``[B, C]`` logits; the logits are never broadcast (TF's reshape of
+    the loss fails then). Raises ValueError when the static shapes say no.
+    """
+    x_shape, y_shape = logits.shape, labels.shape
+    if x_shape.rank is not None and y_shape.rank is not None:
+        try:
+            joint = tf.broadcast_static_shape(y_shape, x_shape)
+        except ValueError:
+            joint = None
+        widened = joint is None or joint.rank != x_shape.rank or any(
+            j is not None and x is not None and j != x
+            for j, x in zip(joint.as_list(), x_shape.as_list()))
+        if widened:
+            raise ValueError(
+                f"{fn}: labels must have the shape of logits or broadcast to it (e.g. "
+                f"[C] or [1, C] label rows, [B, 1] label columns); got "
+                f"labels.shape={y_shape} and logits.shape={x_shape}.")
+        if y_shape.is_fully_defined() and x_shape.is_fully_defined():
+            return labels if y_shape == x_shape else tf.broadcast_to(labels, x_shape)
+    return tf.broadcast_to(labels, tf.shape(logits))
+
+
+def softmax_cross_entropy_with_logits(labels=None, logits=None, axis=-1, name=None, *,
+                                      exact_gradient: bool = False):
     """Per-example ``sum(labels * (logsumexp(logits) - logits))``, deterministic.
 
     Args:
-      labels: class weights (usually a distribution per row), same shape as
-        ``logits``; cast to the logits' dtype. Gradients flow into them (use
+      labels: class weights (usually a distribution per row), the shape of
+        ``logits`` or broadcastable to it (``[C]``, ``[1, C]``, ``[B, 1]``);
+        cast to the logits' dtype. Gradients flow into them (use
         ``tf.stop_gradient`` to prevent that), as with ``tf.nn``'s v2 op.
       logits: float16, bfloat16, float32 or float64, rank >= 1.
       axis: the class dimension (default: last).
       name: optional name scope.
+      exact_gradient: False (default) gives TensorFlow's gradient with respect
+        to the logits, ``softmax - labels``, which assumes each label row sums
+        to 1. True gives ``sum(labels) * softmax - labels``, the derivative of
+        the returned loss for any labels. Not part of ``tf.nn``'s signature.
 
     Returns:
       The loss, shaped like ``logits`` without ``axis``, in the logits' dtype.
     """
     fn = "softmax_cross_entropy_with_logits"
     _require_args(fn, labels, logits)
+    if not isinstance(exact_gradient, bool):
+        raise TypeError(f"{fn}: exact_gradient must be True or False, got {exact_gradient!r}.")
     with tf.name_scope(name or "equivtool_xent"):
         logits = tf.convert_to_tensor(logits, name="logits")
         _check_logits_dtype(logits, fn)
@@ -195,34 +289,22 @@ def softmax_cross_entropy_with_logits(labels=None, logits=None, axis=-1, name=No
         x_shape = logits.shape
         if x_shape.rank == 0:
             raise ValueError(f"{fn}: logits cannot be a scalar; got shape {x_shape}.")
-        if not labels.shape.is_compatible_with(x_shape):
-            raise ValueError(
-                f"{fn}: labels and logits must have the same shape; got "
-                f"labels.shape={labels.shape} and logits.shape={x_shape}.")
+        labels = _broadcast_labels(labels, logits, fn)
         static_shape = None
         if x_shape.rank is not None:
-            dims = x_shape.merge_with(labels.shape).as_list()
+            dims = x_shape.as_list()
             del dims[axis]
             static_shape = tf.TensorShape(dims)
         if axis != -1 and axis != (x_shape.rank or 0) - 1:
             logits = _move_axis_last(logits, axis)
             labels = _move_axis_last(labels, axis)
-        lib = load_library()
-        acc = _acc_dtype(logits.dtype)
-        if logits.shape.rank == 2 and labels.shape.rank == 2:
-            loss, _, _ = lib.equivtool_xent(logits=logits, labels=labels, Tacc=acc)
+        if logits.shape.rank == 2:
+            loss = _dense_rows(logits, labels, exact_gradient)
         else:
-            checks = [] if labels.shape.is_fully_defined() and logits.shape.is_fully_defined() \
-                else [tf.debugging.assert_equal(
-                    tf.shape(labels), tf.shape(logits),
-                    message=f"{fn}: labels and logits must have the same shape")]
-            with tf.control_dependencies(checks):
-                outer = tf.shape(logits)[:-1]
-                classes = tf.shape(logits)[-1]
-                flat_logits = tf.reshape(logits, [-1, classes])
-                flat_labels = tf.reshape(labels, [-1, classes])
-            loss, _, _ = lib.equivtool_xent(logits=flat_logits, labels=flat_labels, Tacc=acc)
-            loss = tf.reshape(loss, outer)
+            classes = tf.shape(logits)[-1]
+            loss = _dense_rows(_flatten(logits, classes), _flatten(labels, classes),
+                               exact_gradient)
+            loss = tf.reshape(loss, tf.shape(logits)[:-1])
         if static_shape is not None:
             loss.set_shape(static_shape)
         return loss
@@ -235,7 +317,8 @@ def _dense_xent_grad(op, grad_loss, *unused_stat_grads):
     logits, labels = op.inputs
     _, shift, log_norm = op.outputs
     dlogits = load_library().equivtool_xent_grad(
-        logits=logits, labels=labels, shift=shift, log_norm=log_norm, grad_loss=grad_loss)
+        logits=logits, labels=labels, shift=shift, log_norm=log_norm, grad_loss=grad_loss,
+        exact_gradient=op.get_attr("exact_gradient"))
     skip = getattr(op, "skip_input_indices", None) or ()
     if 1 in skip:  # eager: labels need no gradient
         return dlogits, None
@@ -248,18 +331,20 @@ def _dense_xent_grad(op, grad_loss, *unused_stat_grads):
 
 @_tf_ops.RegisterGradient(DENSE_GRAD_OP)
 def _dense_xent_grad_grad(op, grad_dlogits):
-    """Second order of dlogits = g * (sum(y) * p - y), p = softmax(logits)."""
+    """Second order of dlogits = g * (s * p - y), p = softmax(logits), where s
+    is sum(y) with exact_gradient and 1 (TensorFlow's gradient) without."""
     logits, labels, shift, log_norm, grad_loss = op.inputs
+    exact = op.get_attr("exact_gradient")
     acc = shift.dtype
     p = _probabilities(logits, shift, log_norm)
     y = tf.cast(labels, acc)
     v = tf.cast(grad_dlogits, acc)
     g = tf.cast(grad_loss, acc)[:, None]
-    ysum = tf.reduce_sum(y, axis=1, keepdims=True)
+    ysum = tf.reduce_sum(y, axis=1, keepdims=True) if exact else tf.ones_like(g)
     pv = p * v
     spv = tf.reduce_sum(pv, axis=1, keepdims=True)
     d_logits = g * ysum * (pv - p * spv)
-    d_labels = g * (spv - v)
+    d_labels = g * (spv - v) if exact else -g * v
     d_grad_loss = tf.reduce_sum(v * (ysum * p - y), axis=1)
     return (tf.cast(d_logits, logits.dtype), tf.cast(d_labels, labels.dtype), None, None,
             tf.cast(d_grad_loss, grad_loss.dtype))

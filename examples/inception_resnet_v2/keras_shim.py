@@ -31,7 +31,7 @@ import equivtool  # noqa: F401  (must come before tensorflow)
 import tensorflow as tf
 import tf_slim as slim
 
-from examples.inception_resnet_v2.tf1_model import (
+from .tf1_model import (
     inception_resnet_v2,
     inception_resnet_v2_arg_scope,
 )

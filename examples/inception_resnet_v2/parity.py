@@ -18,10 +18,10 @@ import equivtool  # noqa: F401  (must come before tensorflow)
 import numpy as np
 
 from equivtool._progress import print_progress, write_reports
-from examples.inception_resnet_v2.keras_shim import make_shim, tf1_forward
+from .keras_shim import make_shim, tf1_forward
 
 MIN_IMAGE_SIZE = 107
-DEFAULT_STEPS = ("variables_once", "parity", "fixed_weights", "random", "gradients")
+DEFAULT_STEPS = equivtool.DEFAULT_STEPS  # the library's default selection (equivtool.steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-classes", type=int, default=1000, help="classes (default 1000)")
     parser.add_argument("--steps", default=",".join(DEFAULT_STEPS),
                         help=f"comma-separated steps among {', '.join(equivtool.STEPS)}")
-    parser.add_argument("--modes", default="constant,num_random_ops", help="random-tool modes")
+    parser.add_argument("--modes", default=",".join(equivtool.MODES),
+                        help=f"comma-separated random-tool modes among {', '.join(equivtool.MODES)}")
     parser.add_argument("--html", default="equivtool-report.html", help="where to write the HTML report")
     parser.add_argument("--json", default=None, help="also write the report as JSON here")
     return parser
@@ -43,7 +44,7 @@ def model_kwargs() -> dict:
 
 
 def run(image_size=299, batch_size=1, num_classes=1000, steps=DEFAULT_STEPS,
-        modes=("constant", "num_random_ops"), progress=None):
+        modes=equivtool.MODES, progress=None):
     """Run the check and return the report."""
     # 107 px is the smallest input whose 17x17-stage map (5x5 here) still fits
     # the aux head's 5x5 average pool.

@@ -13,7 +13,7 @@ import equivtool  # noqa: F401  (must come before tensorflow)
 
 import tensorflow as tf
 
-from examples.mnist_convnet.tf1_model import synthetic_batch, tf1_forward
+from .tf1_model import synthetic_batch, tf1_forward
 
 __all__ = ["MnistConvNet", "make_model", "synthetic_batch"]
 

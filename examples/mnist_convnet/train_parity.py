@@ -34,8 +34,8 @@ import equivtool.ops
 
 import tensorflow as tf
 
-from examples.mnist_convnet.keras_model import make_model
-from examples.mnist_convnet.tf1_model import synthetic_batch, tf1_forward
+from .keras_model import make_model
+from .tf1_model import synthetic_batch, tf1_forward
 
 __all__ = ["MnistConvNetWithLoss", "TrainingParity", "main", "mean_cross_entropy", "run",
            "tf1_forward_with_loss"]
@@ -110,8 +110,14 @@ class TrainingParity:
     def __str__(self) -> str:
         lines = []
         for name, report in self.reports.items():
-            lines += [f"== {name} ==", str(report),
-                      "per-step loss: " + ", ".join(f"{x:.6f}" for x in self.losses[name]), ""]
+            losses = self.losses[name]
+            if losses:
+                loss_line = "per-step loss: " + ", ".join(f"{x:.6f}" for x in losses)
+            else:
+                optimizer = report.step("optimizer")
+                loss_line = (f"per-step loss: none, the optimizer step {optimizer.status}: "
+                             f"{optimizer.message}")
+            lines += [f"== {name} ==", str(report), loss_line, ""]
         lines.append(f"TF1 graphs contain {XENT_OP}: {XENT_OP in self.tf1_op_types}, "
                      f"{XENT_GRAD_OP}: {XENT_GRAD_OP in self.tf1_op_types}")
         lines.append("PASSED" if self.passed else "FAILED")
@@ -140,8 +146,10 @@ def run(batch_size: int = BATCH_SIZE, train_steps: int = TRAIN_STEPS, seed: int 
             meta={"model": "MNIST convnet (TF1 graph vs TF2 shim)", "optimizer": name,
                   "loss": "mean of equivtool.ops.sparse_softmax_cross_entropy_with_logits",
                   "batch_size": batch_size})
-        # per step: [TF1 loss, TF2 loss], both before that step's update
-        losses[name] = [tf2 for _, tf2 in reports[name].step("optimizer").data["losses"]]
+        # per step: [TF1 loss, TF2 loss], both before that step's update. A step
+        # that errored or was skipped has none: its status and message say why.
+        optimizer = reports[name].step("optimizer")
+        losses[name] = [tf2 for _, tf2 in optimizer.data.get("losses", ())]
     op_types = frozenset(op.type for graph in tf1_graphs.values() for op in graph.get_operations())
     return TrainingParity(reports, losses, op_types)
 

@@ -39,7 +39,7 @@ const char* LaunchDenseGrad(void* stream, const S* logits, const S* labels,
                             int64_t rows, int64_t classes,
                             const typename Storage<S>::acc* shift,
                             const typename Storage<S>::acc* log_norm,
-                            const S* grad_loss, S* dlogits);
+                            const S* grad_loss, bool exact_gradient, S* dlogits);
 
 }  // namespace gpu
 }  // namespace equivtool_xent

@@ -5,6 +5,9 @@
 //   EquivtoolSparseXentGrad(logits, labels, shift, log_norm, grad_loss [B]) -> dlogits [B,C]
 //   EquivtoolXent(logits [B,C], labels [B,C])        -> loss [B], shift [B], log_norm [B]
 //   EquivtoolXentGrad(logits, labels, shift, log_norm, grad_loss [B])       -> dlogits [B,C]
+//     dlogits = (softmax(logits) - labels) * grad_loss, TensorFlow's gradient,
+//     or with exact_gradient=true (sum(labels) * softmax(logits) - labels) *
+//     grad_loss, the derivative of the loss when label rows do not sum to 1.
 //   EquivtoolXentBuildInfo()                         -> build description (string)
 //
 // The forward ops read the logits once and allocate nothing of size B x C;
@@ -150,8 +153,10 @@ REGISTER_OP("EquivtoolXent")
     .Output("log_norm: Tacc")
     .Attr("T: {half, bfloat16, float, double}")
     .Attr("Tacc: {float, double}")
+    .Attr("exact_gradient: bool = false")
     .SetShapeFn([](InferenceContext* c) { return ForwardShape(c, true); })
-    .Doc("Softmax cross-entropy with dense labels, loss only; deterministic.");
+    .Doc("Softmax cross-entropy with dense labels, loss only; deterministic. "
+         "exact_gradient is read by the registered gradient, not by the kernel.");
 
 REGISTER_OP("EquivtoolXentGrad")
     .Input("logits: T")
@@ -162,8 +167,10 @@ REGISTER_OP("EquivtoolXentGrad")
     .Output("dlogits: T")
     .Attr("T: {half, bfloat16, float, double}")
     .Attr("Tacc: {float, double}")
+    .Attr("exact_gradient: bool = false")
     .SetShapeFn([](InferenceContext* c) { return GradShape(c, true); })
-    .Doc("(sum(labels) * softmax(logits) - labels) * grad_loss; deterministic.");
+    .Doc("(softmax(logits) - labels) * grad_loss, or with exact_gradient "
+         "(sum(labels) * softmax(logits) - labels) * grad_loss; deterministic.");
 
 REGISTER_OP("EquivtoolXentBuildInfo")
     .Output("info: string")
@@ -210,7 +217,10 @@ Status CheckLogitsAndLabels(const Tensor& logits, const Tensor& labels, bool den
           logits.shape().DebugString(), " and labels shape ",
           labels.shape().DebugString());
   }
-  if (logits.dim_size(1) <= 0)
+  // Dense labels accept zero classes (the loss is an empty sum, 0), as
+  // TensorFlow's SoftmaxCrossEntropyWithLogits does; sparse labels cannot
+  // index an empty row.
+  if (!dense && logits.dim_size(1) <= 0)
     return errors::InvalidArgument(
         "Must have at least one class, but got logits shape ",
         logits.shape().DebugString());
@@ -266,8 +276,11 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
   }                                                                             \
   XENT_CLONES void DenseGradRow_##SUFFIX(const S* x, const S* y, int64_t c,     \
                                          ex::RowStats<ex::Storage<S>::acc> r,   \
-                                         ex::Storage<S>::acc g, S* dx) {        \
-    ex::dense_grad_row<S>(x, y, c, r, ex::label_sum<S>(y, c), g, dx);           \
+                                         ex::Storage<S>::acc g, bool exact,     \
+                                         S* dx) {                               \
+    const ex::Storage<S>::acc ysum =                                            \
+        exact ? ex::label_sum<S>(y, c) : ex::Storage<S>::acc(1);                \
+    ex::dense_grad_row<S>(x, y, c, r, ysum, g, dx);                             \
   }                                                                             \
   template <> struct RowFns<S> {                                                \
     static ex::LseState<ex::Storage<S>::acc> Lse(const S* x, int64_t c) {       \
@@ -284,8 +297,8 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
     }                                                                           \
     static void DenseGrad(const S* x, const S* y, int64_t c,                    \
                           ex::RowStats<ex::Storage<S>::acc> r,                  \
-                          ex::Storage<S>::acc g, S* dx) {                       \
-      DenseGradRow_##SUFFIX(x, y, c, r, g, dx);                                 \
+                          ex::Storage<S>::acc g, bool exact, S* dx) {           \
+      DenseGradRow_##SUFFIX(x, y, c, r, g, exact, dx);                          \
     }                                                                           \
   };
 
@@ -318,11 +331,13 @@ class ScopedFlushDenormals {
 };
 
 // Shards rows over the intra-op pool. cost: rough cycles per row.
+// The (total, cost_per_unit, fn) overload is adaptive sharding, as
+// SchedulingParams::Adaptive is; it exists in every TensorFlow from 2.16 to
+// 2.21, where Adaptive() first appears in 2.20's headers.
 template <typename Fn>
 void ForEachRow(OpKernelContext* ctx, int64_t rows, int64_t cost, Fn fn) {
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  pool->ParallelFor(rows, thread::ThreadPool::SchedulingParams::Adaptive(cost),
-                    [&fn](int64_t begin, int64_t end) {
+  pool->ParallelFor(rows, cost, [&fn](int64_t begin, int64_t end) {
     ScopedFlushDenormals flush;
     for (int64_t b = begin; b < end; ++b) fn(b);
   });
@@ -351,6 +366,7 @@ struct GradArgs {
   const Tensor* labels;
   const Tensor *shift, *log_norm, *grad_loss;
   int64_t B, C;
+  bool exact_gradient = false;  // dense only: sum(labels) * softmax instead of softmax
   Tensor* dlogits;
 };
 
@@ -421,13 +437,19 @@ class XentOp : public OpKernel {
 template <typename Device, typename T>
 class XentGradOp : public OpKernel {
  public:
-  explicit XentGradOp(OpKernelConstruction* c) : OpKernel(c) {}
+  explicit XentGradOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("exact_gradient", &exact_gradient_));
+  }
   void Compute(OpKernelContext* ctx) override {
     GradArgs a;
     OP_REQUIRES_OK(ctx, PrepareGrad(ctx, /*dense=*/true, &a));
-    if (a.B == 0) return;
+    a.exact_gradient = exact_gradient_;
+    if (a.B == 0 || a.C == 0) return;
     OP_REQUIRES_OK(ctx, Device::template DenseGrad<T>(ctx, a));
   }
+
+ private:
+  bool exact_gradient_ = false;
 };
 
 class BuildInfoOp : public OpKernel {
@@ -527,7 +549,7 @@ struct CpuImpl {
       r.shift = sh[b];
       r.log_norm = ln[b];
       RowFns<S>::DenseGrad(x + b * C, y + b * C, C, r,
-                           ex::Storage<S>::load(g[b]), dx + b * C);
+                           ex::Storage<S>::load(g[b]), a.exact_gradient, dx + b * C);
     });
     return OkStatus();
   }
@@ -593,7 +615,8 @@ struct GpuImpl {
                              AsStorage<T>(*a.labels), a.B, a.C,
                              a.shift->flat<A>().data(),
                              a.log_norm->flat<A>().data(),
-                             AsStorage<T>(*a.grad_loss), AsStorage<T>(a.dlogits)),
+                             AsStorage<T>(*a.grad_loss), a.exact_gradient,
+                             AsStorage<T>(a.dlogits)),
         "EquivtoolXentGrad");
   }
 };

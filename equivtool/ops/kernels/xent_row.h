@@ -253,9 +253,26 @@ template <typename A> XENT_FN DenseState<A> dense_empty() {
   DenseState<A> s; s.lse = lse_empty<A>(); s.ysum = 0.0; s.yx = 0.0; return s;
 }
 
+// The two label terms.
+//   ysum * (m_old - m): yx's rescale when the maximum moves from m_old to m.
+//     The operands are widened before they are subtracted: in acc the
+//     difference of two finite values can overflow (x = 1e32 against an
+//     empty state's floor -3.4e38 in float), and -inf times a zero label sum
+//     is NaN. It is exactly zero when ysum is zero, because in double even the
+//     widened difference overflows (the floor -1.8e308 against x = 1e308).
+//     Once per block on the CPU, so the double arithmetic costs nothing.
+//   y * (x - m): one element's term, in acc like TensorFlow's kernel (per
+//     element; x - m <= 0 overflows only when the loss itself does).
+template <typename A> XENT_FN wide yx_rescale(wide ysum, A m_old, A m) {
+  return ysum == 0.0 ? 0.0 : ysum * (wide(m_old) - wide(m));
+}
+template <typename A> XENT_FN wide yx_term(A y, A x, A m) {
+  return wide(y * (x - m));
+}
+
 template <typename A> XENT_FN void dense_push(DenseState<A>& s, A x, A y) {
   const A m = max_keep(s.lse.m, x);
-  s.yx = s.yx + s.ysum * wide(s.lse.m - m) + wide(y * (x - m));
+  s.yx = s.yx + yx_rescale(s.ysum, s.lse.m, m) + yx_term(y, x, m);
   s.ysum = s.ysum + wide(y);
   s.lse.d = s.lse.d * wide(exp_acc(s.lse.m - m)) + wide(exp_acc(x - m));
   s.lse.m = m;
@@ -263,7 +280,7 @@ template <typename A> XENT_FN void dense_push(DenseState<A>& s, A x, A y) {
 
 template <typename A> XENT_FN void dense_merge(DenseState<A>& a, const DenseState<A>& b) {
   const A m = max_keep(a.lse.m, b.lse.m);
-  a.yx = (a.yx + a.ysum * wide(a.lse.m - m)) + (b.yx + b.ysum * wide(b.lse.m - m));
+  a.yx = (a.yx + yx_rescale(a.ysum, a.lse.m, m)) + (b.yx + yx_rescale(b.ysum, b.lse.m, m));
   a.ysum = a.ysum + b.ysum;
   lse_merge(a.lse, b.lse);
 }
@@ -286,7 +303,11 @@ template <typename A> XENT_FN A sparse_loss(const LseState<A>& s, A x_label) {
 }
 
 // Loss of a dense row: sum_j y_j (logsumexp - x_j) = ysum * log_norm - yx.
+// A row of zero classes (TensorFlow accepts them) is an empty sum: 0. Only
+// the empty state has d == 0 with both label sums exactly 0: a row of -inf
+// logits has d == 0 too, but its yx is NaN (y * -inf) or -inf.
 template <typename A> XENT_FN A dense_loss(const DenseState<A>& s) {
+  if (s.lse.d == 0.0 && s.ysum == 0.0 && s.yx == 0.0) return A(0);
   return A(s.ysum * log(s.lse.d) - s.yx);
 }
 
@@ -437,7 +458,7 @@ XENT_FN void dense_lanes_block(const S* x, const S* y, int valid,
     for (int l = 0; l < kLanes; ++l)
       bm[l] = max_keep(bm[l], Storage<S>::load(x[u * kLanes + l]));
   for (int l = 0; l < kLanes; ++l) {
-    yx[l] = yx[l] + ysum[l] * wide(m[l] - bm[l]);
+    yx[l] = yx[l] + yx_rescale(ysum[l], m[l], bm[l]);
     d[l] = d[l] * wide(exp_acc(m[l] - bm[l]));
     m[l] = bm[l];
   }
@@ -447,7 +468,7 @@ XENT_FN void dense_lanes_block(const S* x, const S* y, int valid,
       const A yv = Storage<S>::load(y[u * kLanes + l]);
       const bool in = u * kLanes + l < valid;
       part[l] += exp_acc(xv - m[l]);
-      yx[l] += in ? wide(yv * (xv - m[l])) : 0.0;
+      yx[l] += in ? yx_term(yv, xv, m[l]) : 0.0;
       ysum[l] += in ? wide(yv) : 0.0;
     }
   for (int l = 0; l < kLanes; ++l) d[l] += wide(part[l]);

@@ -1,0 +1,102 @@
+"""Nested structures of tensors and arrays, walked the way equivtool reports them.
+
+Unlike ``tf.nest``, which sorts dict keys, these keep insertion order: a dict
+of end points in forward order stays in forward order, so the first failing
+leaf is where divergence begins. Namedtuples are rebuilt with their fields;
+other mappings with their own type. Imports no TensorFlow (tensors are
+recognised by their ``numpy()`` method), so the NumPy-only comparison can use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+__all__ = ["is_namedtuple", "is_sparse", "dense_gradient", "to_numpy", "flatten_tensors", "pack_like"]
+
+
+def is_namedtuple(x: Any) -> bool:
+    """A ``collections.namedtuple`` (or ``typing.NamedTuple``) instance."""
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+
+
+def _rebuild_mapping(original: Mapping, items: list):
+    return dict(items) if type(original) is dict else type(original)(items)
+
+
+def _rebuild_sequence(original, items: list):
+    if is_namedtuple(original):
+        return type(original)(*items)
+    return type(original)(items)
+
+
+def is_sparse(value: Any) -> bool:
+    """A ``tf.IndexedSlices``, or the ``IndexedSlicesValue`` a session returns for one
+    (recognised by type name and fields, so this module imports no TensorFlow)."""
+    return type(value).__name__ in ("IndexedSlices", "IndexedSlicesValue") and all(
+        hasattr(value, field) for field in ("values", "indices", "dense_shape"))
+
+
+def _array(value):
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def dense_gradient(value, shape=None) -> tuple:
+    """``(dense NumPy array, was_sparse)`` for a gradient.
+
+    The gradient of ``tf.gather``/``tf.nn.embedding_lookup`` w.r.t. the table
+    is sparse: ``tf.IndexedSlices`` eagerly, ``IndexedSlicesValue`` from a
+    session. Both sides are scattered into a dense array the same way (rows
+    of repeated indices summed in index order), so the comparison sees only
+    the values and where they go.
+    """
+    if not is_sparse(value):
+        return _array(value), False
+    values, indices = _array(value.values), _array(value.indices)
+    if value.dense_shape is not None:
+        shape = tuple(int(d) for d in _array(value.dense_shape))
+    elif shape is None:
+        raise ValueError("a sparse gradient without dense_shape needs the variable's shape")
+    dense = np.zeros(tuple(int(d) for d in shape), dtype=values.dtype)
+    np.add.at(dense, indices, values)
+    return dense, True
+
+
+def to_numpy(structure):
+    """Tensors (eager) to NumPy, keeping dict insertion order and containers;
+    sparse gradients (``tf.IndexedSlices``, ``IndexedSlicesValue``) become dense arrays."""
+    if is_sparse(structure):
+        return dense_gradient(structure)[0]
+    if isinstance(structure, Mapping):
+        return _rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
+    if isinstance(structure, (list, tuple)):
+        return _rebuild_sequence(structure, [to_numpy(v) for v in structure])
+    if structure is None:
+        return None
+    if hasattr(structure, "numpy"):
+        return structure.numpy()
+    return np.asarray(structure)
+
+
+def flatten_tensors(structure) -> list:
+    """Leaves in insertion order (``tf.nest`` would sort dict keys)."""
+    if isinstance(structure, Mapping):
+        return [leaf for value in structure.values() for leaf in flatten_tensors(value)]
+    if isinstance(structure, (list, tuple)):
+        return [leaf for value in structure for leaf in flatten_tensors(value)]
+    return [structure]
+
+
+def pack_like(structure, leaves: list):
+    """Inverse of :func:`flatten_tensors`: ``leaves`` in ``structure``'s shape."""
+    iterator = iter(leaves)
+
+    def build(node):
+        if isinstance(node, Mapping):
+            return _rebuild_mapping(node, [(k, build(v)) for k, v in node.items()])
+        if isinstance(node, (list, tuple)):
+            return _rebuild_sequence(node, [build(v) for v in node])
+        return next(iterator)
+
+    return build(structure)

@@ -1,0 +1,124 @@
+"""The GPU harness's host side (benchmarks/gpu/xent_gpu.py), checked without a GPU.
+
+The harness judges the CUDA kernels against its float64 reference; here that
+reference is checked against TensorFlow's own ops on the CPU, and its case
+list against the shapes the kernels must be run on.
+"""
+
+import equivtool  # noqa: F401  (must precede TensorFlow)
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from equivtool.ops import _build
+
+HARNESS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "benchmarks", "gpu", "xent_gpu.py")
+
+
+@pytest.fixture(scope="module")
+def harness():
+    spec = importlib.util.spec_from_file_location("xent_gpu_harness", HARNESS)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve annotations there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def _tf_sparse(x, labels, g):
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=xt)
+    return loss.numpy(), tape.gradient(loss, xt, output_gradients=tf.constant(g)).numpy()
+
+
+def test_sparse_reference_matches_tensorflow(harness):
+    case = harness.Case(37, 1000, "float64", "int64")
+    data = harness.make_inputs(case, seed=3)
+    loss, grad = harness.reference_sparse(data["logits"], data["labels"], data["grad_loss"])
+    tf_loss, tf_grad = _tf_sparse(data["logits"], data["labels"], data["grad_loss"])
+    np.testing.assert_allclose(loss, tf_loss, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grad, tf_grad, rtol=1e-10, atol=1e-14)
+
+
+def test_sparse_reference_with_wrong_labels_does_not_match(harness):
+    # the comparison above can fail: a reference that picks the wrong class
+    case = harness.Case(37, 1000, "float64", "int64")
+    data = harness.make_inputs(case, seed=3)
+    wrong = (data["labels"] + 1) % case.classes
+    loss, _ = harness.reference_sparse(data["logits"], wrong, data["grad_loss"])
+    tf_loss, _ = _tf_sparse(data["logits"], data["labels"], data["grad_loss"])
+    assert not np.allclose(loss, tf_loss, rtol=1e-12, atol=1e-12)
+
+
+def test_dense_reference_matches_tensorflow(harness):
+    case = harness.Case(9, 300, "float64", "dense")
+    data = harness.make_inputs(case, seed=4)
+    x, y, g = data["logits"], data["labels"], data["grad_loss"]
+    loss, grad = harness.reference_dense(x, y, g)
+    _, exact_grad = harness.reference_dense(x, y, g, exact=True)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        tf_loss = tf.nn.softmax_cross_entropy_with_logits(labels=y, logits=xt)
+    tf_grad = tape.gradient(tf_loss, xt, output_gradients=tf.constant(g)).numpy()
+    np.testing.assert_allclose(loss, tf_loss.numpy(), rtol=1e-12)
+    # by default TensorFlow's gradient g * (p - y) on every row ...
+    np.testing.assert_allclose(grad, tf_grad, rtol=1e-10, atol=1e-14)
+    # ... the exact one g * (sum(y) p - y) agrees only where the labels sum to
+    # one (make_inputs halves row 1)
+    sums = y.sum(1)
+    normalised = np.abs(sums - 1) < 1e-12
+    assert normalised.sum() == len(sums) - 1
+    np.testing.assert_allclose(exact_grad[normalised], tf_grad[normalised], rtol=1e-10, atol=1e-14)
+    assert not np.allclose(exact_grad[~normalised], tf_grad[~normalised])
+
+
+def test_reference_special_rows_follow_tensorflows_gpu_rules(harness):
+    case = harness.Case(6, 10, "float64", "int64", "special")
+    data = harness.make_inputs(case, seed=5)
+    data["labels"][4] = 0  # row 4: all -inf but the last logit; label on a -inf logit
+    loss, grad = harness.reference_sparse(data["logits"], data["labels"], data["grad_loss"])
+    # +inf, NaN, all -inf: NaN rows; a -inf label logit: infinite loss
+    assert np.isnan(loss[:3]).all() and np.isnan(grad[:3]).all()
+    assert loss[3] == np.inf and np.isfinite(grad[3]).all() and grad[3, -1] < 0
+    assert loss[4] == np.inf and np.isfinite(loss[5])
+    np.testing.assert_allclose(grad[5].sum(), 0.0, atol=1e-12)
+
+
+def test_reference_out_of_range_labels_give_nan_rows(harness):
+    case = harness.Case(8, 10, "float64", "int32", "bad_labels")
+    data = harness.make_inputs(case, seed=6)
+    loss, grad = harness.reference_sparse(data["logits"], data["labels"].astype(np.int64),
+                                          data["grad_loss"])
+    bad = (data["labels"] < 0) | (data["labels"] >= case.classes)
+    assert bad.sum() == 6
+    assert np.isnan(loss[bad]).all() and np.isnan(grad[bad]).all()
+    assert np.isfinite(loss[~bad]).all() and np.isfinite(grad[~bad]).all()
+
+
+def test_case_list_covers_the_required_shapes_and_kinds(harness):
+    cases = harness.check_cases(full=True)
+    seen = {(c.rows, c.classes, c.dtype) for c in cases}
+    for rows, classes in harness.ISSUE_SHAPES:
+        for dtype in harness.DTYPES:
+            assert (rows, classes, dtype) in seen, (rows, classes, dtype)
+    assert {c.labels for c in cases} == {"int32", "int64", "dense"}
+    assert {c.kind for c in cases} == {"normal", "offset", "huge", "special", "bad_labels"}
+    assert any(c.rows > 2**20 for c in cases) and any(c.offset_bytes for c in cases)
+
+
+def test_harness_builds_with_the_op_builds_nvcc_flags(harness):
+    cmd = harness.build_command("nvcc", "/tmp/libx.so")
+    assert cmd[1:1 + len(_build.NVCC_FLAGS)] == _build.NVCC_FLAGS
+    assert harness.CAPI in cmd and any(a.endswith("xent_kernels.cu.cc") for a in cmd)
+    assert "arch=compute_90,code=sm_90" in cmd

@@ -1,0 +1,121 @@
+"""``./dev matrix`` (tools/matrix.py): arguments, test counts and the compatibility table.
+
+The matrix itself installs TensorFlow versions (minutes each); these tests
+cover what it computes from their results, with planted results.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("matrix_tool", os.path.join(REPO, "tools", "matrix.py"))
+matrix = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(matrix)
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="2"
+skipped="3" tests="20"><testcase classname="tests.test_a" name="test_ok"/>
+<testcase classname="tests.test_a" name="test_bad"><failure message="x"/></testcase>
+<testcase classname="tests.test_b" name="test_err"><error message="y"/></testcase>
+</testsuite></testsuites>"""
+
+
+def _result(version, **extra):
+    base = {"version": version, "date": "2026-11-23", "suite_scope": "full", "install": "ok", "install_s": 55,
+            "versions": {"tensorflow": f"{version}.1", "tf-keras": f"{version}.0", "numpy": "1.26.4"},
+            "doctor": "ok", "suite": {"tests": 20, "passed": 14, "failures": 2, "errors": 1, "skipped": 3,
+                                      "rc": 1, "seconds": 600},
+            "demo": {"verdict": "EQUIVALENT", "seconds": 81}}
+    base.update(extra)
+    return base
+
+
+@pytest.mark.parametrize("bad", ["2", "2.x", "3.16.1", "latest", ""])
+def test_versions_must_be_tensorflow_minors(bad, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        matrix._parse([bad])
+    assert exit_info.value.code == 2
+    assert "VERSIONS: expected TensorFlow minors such as 2.16" in capsys.readouterr().err
+
+
+def test_default_is_every_declared_minor():
+    assert matrix._parse([]).versions == []
+    assert matrix.DECLARED == ("2.16", "2.17", "2.18", "2.19", "2.20", "2.21")
+
+
+def test_junit_counts_and_failed_tests(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    counts = matrix._junit_counts(str(path))
+    assert counts["passed"] == 14 and counts["failures"] == 2 and counts["errors"] == 1 and counts["skipped"] == 3
+    assert counts["failed_tests"] == ["tests.test_a::test_bad", "tests.test_b::test_err"]
+    assert matrix._junit_counts(str(tmp_path / "missing.xml")) is None  # no report: no counts, not zero
+
+
+def test_row_says_what_failed():
+    row = matrix._row(_result("2.16"))
+    assert row.startswith("| 2.16.1 | 2.16.0 | 1.26.4 | ok, 55 s | ok |")
+    assert "full suite: 14 passed, 2 failed, 1 errors, 3 skipped (600 s)" in row
+    assert row.endswith("| EQUIVALENT, 81 s | 2026-11-23 |")
+    failed_install = matrix._row({"version": "2.16", "install": "FAILS: 'Adaptive' is not a member",
+                                  "date": "d"})
+    assert "| FAILS: 'Adaptive' is not a member | not run | not run | not run |" in failed_install
+    compat = matrix._row(_result("2.18", suite_scope="compat"))
+    assert "op + seeding + equivalence tests: 14 passed" in compat
+
+
+def test_table_keeps_rows_of_versions_not_run_and_orders_them(tmp_path, monkeypatch):
+    table = tmp_path / "COMPATIBILITY.md"
+    table.write_text(f"# intro\n\n{matrix.BEGIN}\n| 2.20.0 | old row |\n{matrix.END}\n\nafter\n")
+    monkeypatch.setattr(matrix, "TABLE_FILE", str(table))
+    matrix.write_table([_result("2.16"), _result("2.18")])
+    text = table.read_text()
+    assert text.startswith("# intro\n\n") and text.endswith("\n\nafter\n")
+    rows = [line for line in text.splitlines() if line.startswith("| 2.")]
+    assert [r.split(" | ")[0] for r in rows] == ["| 2.16.1", "| 2.18.1", "| 2.20.0"]
+    assert "| 2.20.0 | old row |" in rows  # kept as it was
+    matrix.write_table([_result("2.20")])
+    assert "old row" not in table.read_text()  # replaced by the new result
+
+
+def test_table_needs_its_markers(tmp_path, monkeypatch):
+    table = tmp_path / "COMPATIBILITY.md"
+    table.write_text("no markers\n")
+    monkeypatch.setattr(matrix, "TABLE_FILE", str(table))
+    with pytest.raises(SystemExit, match="expected the markers"):
+        matrix.write_table([_result("2.16")])
+    assert table.read_text() == "no markers\n"
+
+
+def test_table_write_replaces_a_symlink_instead_of_writing_through_it(tmp_path, monkeypatch):
+    target = tmp_path / "elsewhere.md"
+    target.write_text(f"{matrix.BEGIN}\n{matrix.END}\n")
+    link = tmp_path / "COMPATIBILITY.md"
+    link.symlink_to(target)
+    monkeypatch.setattr(matrix, "TABLE_FILE", str(link))
+    matrix.write_table([_result("2.16")])
+    assert not link.is_symlink() and "2.16.1" in link.read_text()
+    assert target.read_text() == f"{matrix.BEGIN}\n{matrix.END}\n"
+
+
+def test_compat_suite_selects_existing_test_files_only():
+    files = matrix._suite_files(REPO, "compat")
+    assert "tests/test_ops_xent.py" in files and "tests/test_seeding.py" in files
+    assert "tests/test_equivalence.py" in files and "tests/test_selfcheck.py" in files
+    assert all(os.path.isfile(os.path.join(REPO, f)) for f in files)
+    assert matrix._suite_files(REPO, "full") == []  # pytest's own testpaths: everything
+
+
+def test_log_keeps_each_command_and_returns_its_output(tmp_path):
+    log = matrix._Log(str(tmp_path / "log.txt"), "2.16")
+    try:
+        rc, out, seconds = log.run([os.sys.executable, "-c", "print('first'); raise SystemExit(3)"], str(tmp_path))
+        rc2, out2, _ = log.run([os.sys.executable, "-c", "print('second')"], str(tmp_path))
+    finally:
+        log.close()
+    assert (rc, out) == (3, "first\n") and (rc2, out2) == (0, "second\n") and seconds >= 0
+    text = (tmp_path / "log.txt").read_text()
+    assert "first\n[exit 3 after" in text and "second\n[exit 0 after" in text
