@@ -56,8 +56,15 @@ class ZooNet:
 ZOO = {net.name: net for net in (
     ZooNet("alexnet_v2", alexnet.alexnet_v2, alexnet.alexnet_v2_arg_scope, 195),
     ZooNet("inception_v1", inception.inception_v1, inception.inception_v1_arg_scope, 224),
-    ZooNet("inception_v2", inception.inception_v2, inception.inception_v2_arg_scope, 32),
-    ZooNet("inception_v3", inception.inception_v3, inception.inception_v3_arg_scope, 107),
+    # measured: inference end points off by up to 1.5e-4 (random weights, activations in the hundreds)
+    ZooNet("inception_v2", inception.inception_v2, inception.inception_v2_arg_scope, 32,
+           step_tolerances={"random/constant/inference": Tolerance(atol=5e-4),
+                            "random/num_random_ops/inference": Tolerance(atol=5e-4)}),
+    # measured: gradients off by up to 4.2e-5 (eager) and 2.3e-4 (tf.function) on 3 and 22 of
+    # 194 leaves; Mixed_6a off by 1.8e-5 in num_random_ops inference
+    ZooNet("inception_v3", inception.inception_v3, inception.inception_v3_arg_scope, 107,
+           step_tolerances={"gradients": Tolerance(atol=5e-4),
+                            "random/num_random_ops/inference": Tolerance(atol=5e-5)}),
     ZooNet("overfeat", overfeat.overfeat, overfeat.overfeat_arg_scope, 231),
     ZooNet("resnet_v1_50", resnet_v1.resnet_v1_50, resnet_v1.resnet_arg_scope, 32),
     ZooNet("resnet_v1_101", resnet_v1.resnet_v1_101, resnet_v1.resnet_arg_scope, 32),
