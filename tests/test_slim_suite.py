@@ -51,9 +51,9 @@ MODULES = {
     "nets.inception_v2_test": (15, True),
     "nets.inception_v3_test": (16, True),
     "nets.overfeat_test": (8, True),
-    "nets.resnet_v1_test": (1, True),
-    "nets.resnet_v2_test": (1, True),
-    "nets.vgg_test": (1, True),
+    "nets.resnet_v1_test": (17, True),
+    "nets.resnet_v2_test": (17, True),
+    "nets.vgg_test": (24, True),
 }
 # Not run: tf_slim.evaluation_test imports `nose`, which is not installed (a test-only dependency).
 
