@@ -50,6 +50,7 @@ _EXPORTS = {
     "STEPS": "steps",
     "DEFAULT_STEPS": "steps",
     "MODES": "steps",
+    "Localization": "localize",
     # reproducibility
     "audit_determinism": "determinism",
     "DeterminismReport": "determinism",

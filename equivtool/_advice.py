@@ -38,6 +38,11 @@ class ToleranceAdvice:
     max_ulp: float = math.nan
     ulp_dtype: str = ""
 
+    def __str__(self) -> str:
+        ulp = "" if math.isnan(self.max_ulp) else f", {self.max_ulp:.0f} ULP ({self.ulp_dtype})"
+        return (f"passes with atol >= {self.needed_atol:.3g} or rtol >= {self.needed_rtol:.3g}; "
+                f"|error| median {self.median:.3g}, p99 {self.p99:.3g}, max {self.max:.3g}{ulp}")
+
     def to_dict(self) -> dict[str, Any]:
         return {"needed_atol": self.needed_atol, "needed_rtol": self.needed_rtol, "median": self.median,
                 "p99": self.p99, "max": self.max, "max_ulp": self.max_ulp, "ulp_dtype": self.ulp_dtype}

@@ -17,7 +17,7 @@ def print_progress(start: float, stream=None):
         elapsed = time.perf_counter() - start
         extra = f"  {step.first_divergence}" if getattr(step, "first_divergence", None) else ""
         cells = (f"[{elapsed:7.1f}s]", step.name, step.status.upper(), f"({step.seconds:.1f}s){extra}")
-        print("  " + fixed_row(cells, (0, 34, 8, 0), sep=" "), file=out, flush=True)
+        print("  " + fixed_row(cells, (0, 34, 12, 0), sep=" "), file=out, flush=True)
     return report
 
 

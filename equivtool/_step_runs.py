@@ -83,7 +83,9 @@ def random_constant(e: "_Engine", mode: str, training: bool) -> StepResult:
     result = e.compare_step(name, forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg),
                             notes=[_PREBUILT_NOTE] if pair.prebuilt else [])
     forward = pair.training if training else pair.inference
-    return judge_loop_random(result, forward.loop_random_ops, forward_leaf_tensors(result, forward))
+    result = judge_loop_random(result, forward.loop_random_ops, forward_leaf_tensors(result, forward))
+    return e.localized(result, pair.tf1, forward.outputs, lambda: _localization_call(e, pair, training),
+                       state=pair.preserved)
 
 
 def gradients(e: "_Engine") -> StepResult:
@@ -118,8 +120,9 @@ def fixed_weights(e: "_Engine") -> StepResult:
         pair.tf2.assign_variables(values)
         unassigned = [k for k in pair.tf2.keys() if k not in values]
         outputs = pair.inference_now()
-    notes = [f"TF2 variables without a TF1 counterpart kept their values: {unassigned[:5]}"] if unassigned else []
-    return e.compare_step("fixed_weights", forward_pairs(*outputs), notes=notes)
+        notes = [f"TF2 variables without a TF1 counterpart kept their values: {unassigned[:5]}"] if unassigned else []
+        result = e.compare_step("fixed_weights", forward_pairs(*outputs), notes=notes)
+        return e.localized(result, pair.tf1, pair.inference.outputs, lambda: _localization_call(e, pair, False))
 
 
 def optimizer(e: "_Engine") -> StepResult:
@@ -192,8 +195,9 @@ def checkpoint(e: "_Engine") -> StepResult:
         if absent:
             notes.append(f"{len(absent)} TF2 variables not in the checkpoint: {absent[:5]}")
         tf1_out, _, tf2_out, _ = pair.inference_now()
-    return e.compare_step("checkpoint", [("outputs", tf1_out, tf2_out)], notes=notes,
-                          data={"loaded_variables": loaded, "missing": len(absent)})
+        result = e.compare_step("checkpoint", [("outputs", tf1_out, tf2_out)], notes=notes,
+                                data={"loaded_variables": loaded, "missing": len(absent)})
+        return e.localized(result, pair.tf1, pair.inference.outputs, lambda: _localization_call(e, pair, False))
 
 
 def random_fresh(e: "_Engine", mode: str, training: bool) -> StepResult:
@@ -211,18 +215,28 @@ def random_fresh(e: "_Engine", mode: str, training: bool) -> StepResult:
         forward = tf1.forward(training=training)
         tf1_out, tf1_reg = tf1.run((forward.outputs, forward.regularization), update_ops=forward.update_ops)
     finally:
+        if not o.localize:  # localization fetches from this graph after the TF2 pass
+            tf1.close()
+    try:
+        tf2_tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
+        notes = []
+        if o.tf_function:
+            notes.append("called eagerly: tf.function traces a variable-creating call twice, and "
+                         "num_random_ops counts the random ops of both traces")
+        with tf2_tool.scope():
+            layer = e.new_layer()
+            tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False)
+            tf2_out, tf2_reg, _, _ = tf2.forward(o.inputs, training=training)
+        result = e.compare_step(name, forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
+        result = judge_loop_random(result, forward.loop_random_ops, forward_leaf_tensors(result, forward))
+
+        def fresh_call():  # the same first call of a fresh layer under a fresh tool
+            from equivtool.localize._capture import call_layer
+            with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
+                return call_layer(e.new_layer(), o.inputs, training, False)
+        return e.localized(result, tf1, forward.outputs, fresh_call)
+    finally:
         tf1.close()
-    tf2_tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
-    notes = []
-    if o.tf_function:
-        notes.append("called eagerly: tf.function traces a variable-creating call twice, and "
-                     "num_random_ops counts the random ops of both traces")
-    with tf2_tool.scope():
-        layer = e.new_layer()
-        tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False)
-        tf2_out, tf2_reg, _, _ = tf2.forward(o.inputs, training=training)
-    result = e.compare_step(name, forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
-    return judge_loop_random(result, forward.loop_random_ops, forward_leaf_tensors(result, forward))
 
 
 def forward_leaf_tensors(result: StepResult, forward) -> dict:
@@ -278,3 +292,11 @@ def sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:
     sides = ("on both sides" if set(tf1_keys) == set(tf2_keys)
              else f"TF1: {sorted(tf1_keys)[:5]}, TF2: {sorted(tf2_keys)[:5]}")
     return [f"sparse gradients (tf.IndexedSlices, {sides}) for {len(keys)} variable(s) {keys[:5]}: {how}"]
+
+
+def _localization_call(e: "_Engine", pair, training: bool):
+    """One more TF2 forward pass of the pair's layer for localization (with
+    ``tf_function=True`` a new trace, which the op taps see being built)."""
+    from equivtool.localize._capture import call_layer
+    with pair.tf2_tool.scope():
+        return call_layer(pair.layer, e.options.inputs, training, e.options.tf_function)

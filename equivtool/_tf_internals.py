@@ -32,7 +32,7 @@ SYMBOLS: dict[str, str] = {
     "tf_decorator": "tensorflow.python.util.tf_decorator",
     # runners: Grappler's arithmetic optimizer switched off in the TF1 session
     "RewriterConfig": "tensorflow.core.protobuf.rewriter_config_pb2:RewriterConfig",
-    # determinism: sessions found in the audited state, datasets' graphs, op recording
+    # determinism: sessions found in the audited state, datasets' graphs, op recording; localize: op taps
     "BaseSession": "tensorflow.python.client.session:BaseSession",
     "GraphDef": "tensorflow.core.framework.graph_pb2:GraphDef",
     "op_callbacks": "tensorflow.python.framework.op_callbacks",

@@ -25,6 +25,7 @@ import inspect
 import os
 import pkgutil
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -337,14 +338,38 @@ def cmd_check(args) -> int:
         try:
             report = check_equivalence(
                 tf1_fn, tf2_factory, inputs, steps=steps, modes=modes, tf_function=args.tf_function,
-                seed=seed, progress=print_progress(start),
+                seed=seed, progress=print_progress(start), localize=args.localize,
                 meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
     print()
     print(report)
+    rerun = localize_command(args, report)
+    if rerun:
+        print(f"\nTo find the first op whose output differs, re-run localized:\n  {rerun}")
     write_reports(report, args.json, args.html)
     return EXIT_OK if report.passed else EXIT_DIFFERENT
+
+
+def localize_command(args, report) -> str:
+    """The ``equivtool check`` command that localizes this run's failed forward-pass
+    steps ("" when it ran localized or none failed)."""
+    from equivtool.localize.result import is_localizable
+    if args.localize:
+        return ""
+    failed = [s.name for s in report.steps if s.status == "failed" and is_localizable(s.name)]
+    if not failed:
+        return ""
+    steps = ",".join(dict.fromkeys(name.split("/", 1)[0] for name in failed))
+    words = ["equivtool", "check", args.tf1_fn, args.tf2_factory, "--input-shape", args.input_shape,
+             "--steps", steps, "--seed", str(args.seed)]
+    modes = sorted({name.split("/")[1] for name in failed if name.startswith("random/")})
+    if modes:
+        words += ["--mode", ",".join(modes)]
+    if args.tf_function:
+        words.append("--tf-function")
+    words.append("--localize")
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def cmd_demo(args) -> int:
@@ -472,6 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--steps", default=None, help="comma-separated steps (default: all but optimizer/checkpoint)")
     check.add_argument("--mode", default=None, help="comma-separated random-tool modes")
     check.add_argument("--tf-function", action="store_true", help="call the TF2 layer inside tf.function")
+    check.add_argument("--localize", action="store_true",
+                       help="for failing forward-pass steps, find the first TF op whose output differs")
     check.add_argument("--seed", type=int, default=42, help=f"input and random-tool seed (0 to {MAX_SEED})")
     check.add_argument("--html", default=None, help="write an HTML report here")
     check.add_argument("--json", default=None, help="write a JSON report here")

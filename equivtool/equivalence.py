@@ -170,6 +170,7 @@ class _Options:
     progress: Callable[[StepResult], None] | None
     meta: Mapping
     strategy: Any
+    localize: bool = False
 
     @property
     def want_gradients(self) -> bool:
@@ -178,7 +179,7 @@ class _Options:
     @classmethod
     def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
               optimizers, train_steps, checkpoint, rename, tf_function,
-              disable_arithmetic_optimization, seed, progress, meta, strategy) -> "_Options":
+              disable_arithmetic_optimization, seed, progress, meta, strategy, localize=False) -> "_Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -196,12 +197,15 @@ class _Options:
         _check_training(train_steps, optimizers, loss_fn)
         _check_run_options(tf_function, disable_arithmetic_optimization, seed, progress, strategy)
         _check_checkpoint(checkpoint)
+        if not isinstance(localize, bool):
+            raise TypeError(f"localize: expected True or False, got {localize!r}")
         return cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
                    tolerances=_StepTolerances(tolerance, step_tolerances), loss_fn=loss_fn,
                    optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
                    renamer=_make_renamer(rename), tf_function=bool(tf_function),
                    disable_arithmetic_optimization=bool(disable_arithmetic_optimization), seed=int(seed),
-                   progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy)
+                   progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
+                   localize=localize)
 
 
 def _check_training(train_steps, optimizers, loss_fn) -> None:
@@ -346,6 +350,18 @@ class _Engine:
                 comparisons.append(compare(expected, actual, spec, name=label))
         return StepResult.from_comparisons(name, _steps.title(name), comparisons, notes=notes, data=data)
 
+    def localized(self, result: StepResult, tf1, tf1_outputs, call_tf2: Callable[[], Any],
+                  state=None) -> StepResult:
+        """With ``localize=True``: ``result`` with the first divergent op attached as
+        ``data["localization"]`` (see :mod:`equivtool.localize`); its numbers and
+        status are left as they are. ``state`` (a context-manager factory) puts
+        back what the localization pass changed."""
+        if not self.options.localize:
+            return result
+        from equivtool.localize import localize_on_step
+        return localize_on_step(result, tf1, tf1_outputs, call_tf2, self.options.tolerances.get(result.name),
+                                state=state, strategy=self.options.strategy)
+
     # -- the loop ----------------------------------------------------------
 
     def run(self) -> list[StepResult]:
@@ -441,6 +457,7 @@ def check_equivalence(
     progress: Callable[[StepResult], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
+    localize: bool = False,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -489,13 +506,19 @@ def check_equivalence(
         make training-mode outputs differ by design, so under a strategy the
         training-output steps are skipped with that reason and gradients and
         optimizer steps use ``training=False`` on both sides.
+      localize: for the steps that compare forward outputs (``fixed_weights``,
+        ``random/*``, ``checkpoint``), run the pass once more with every op's
+        output captured on both sides and attach the first op whose output
+        exceeds tolerance as ``step.data["localization"]`` (an
+        :class:`equivtool.localize.Localization`); verdicts and numbers are those
+        of the steps themselves. See :mod:`equivtool.localize`.
     """
     options = _Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
         step_tolerances=step_tolerances, loss_fn=loss_fn, optimizers=optimizers, train_steps=train_steps,
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         disable_arithmetic_optimization=disable_arithmetic_optimization, seed=seed, progress=progress,
-        meta=meta, strategy=strategy)
+        meta=meta, strategy=strategy, localize=localize)
     results = _Engine(options).run()
     return EquivalenceReport(tuple(results), _header(options))
 
@@ -513,5 +536,6 @@ def _header(options: _Options) -> dict:
         "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(options.inputs)],
         "strategy": None if strategy is None else
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
+        **({"localize": True} if options.localize else {}),
         **options.meta,
     }

@@ -28,6 +28,7 @@ from equivtool._render import fmt_err as _fmt_err
 from equivtool._render import json_safe as _json_safe
 from equivtool._render import shorten as _shorten
 from equivtool.comparison import Comparison, LeafComparison
+from equivtool.localize import result as _localize
 
 __all__ = ["StepResult", "EquivalenceReport", "STATUSES"]
 
@@ -211,6 +212,12 @@ class StepResult:
         if self.message:
             lines.append(self.message)
         lines.extend(f"note: {n}" for n in self.notes)
+        localization = _localize.as_localization(self.data.get("localization"))
+        if localization is not None:
+            lines.append(str(localization))
+        hint = _localize.rerun_hint(self.name, self.status, self.data)
+        if hint:
+            lines.append(f"hint: {hint}")
         for c in self.comparisons:
             lines.append(c.format(max_failures=max_failures) if not c.ok else c.summary())
         if self.status == "inconclusive" and self.comparisons:
@@ -446,7 +453,11 @@ class EquivalenceReport:
         _render.matplotlib_figure()
         plots = {i: _render.error_plot_png(_plot_leaves(s), s.name, s.first_failure)
                  for i, s in enumerate(self.steps) if _plot_leaves(s)}
-        return _render.write_text_atomic(path, _render_html(self, plots))
+        localizations = {i: _localize.as_localization(s.data.get("localization")) for i, s in enumerate(self.steps)}
+        paths = {i: _localize.path_plot_png(loc, f"{self.steps[i].name}: path to the first divergent op "
+                                                 f"{loc.tf1_op}")
+                 for i, loc in localizations.items() if loc is not None and loc.diverged and loc.path}
+        return _render.write_text_atomic(path, _render_html(self, plots, paths))
 
 
 # ---------------------------------------------------------------------------
@@ -472,7 +483,8 @@ def _comparison_html(c: Comparison) -> str:
     return "".join(parts)
 
 
-def _render_html(report: EquivalenceReport, plots: Mapping[int, str]) -> str:
+def _render_html(report: EquivalenceReport, plots: Mapping[int, str],
+                 path_plots: Optional[Mapping[int, str]] = None) -> str:
     verdict_class = "ok" if report.passed else ("bad" if report.failed_steps else "none")
     summary_rows = "".join(
         "<tr>"
@@ -499,6 +511,12 @@ def _render_html(report: EquivalenceReport, plots: Mapping[int, str]) -> str:
             body.append(
                 f'<img alt="{_e(s.name)}: max abs error per leaf" src="data:image/png;base64,{plots[i]}">'
             )
+        localization = _localize.as_localization(s.data.get("localization"))
+        if localization is not None:
+            body.append(_localize.localization_html(localization, _e, (path_plots or {}).get(i)))
+        hint = _localize.rerun_hint(s.name, s.status, s.data)
+        if hint:
+            body.append(f"<p><em>{_e(hint)}</em></p>")
         body.extend(_comparison_html(c) for c in s.comparisons)
         if s.data:
             data_text = json.dumps(_json_safe(dict(s.data)), indent=2, allow_nan=False)

@@ -625,6 +625,7 @@ def test_advice_is_in_text_json_and_html_and_only_for_differing_values(tmp_path)
     c = compare({"logits": expected, "same": expected}, {"logits": actual, "same": expected.copy()},
                 name="outputs")
     assert c.leaf("outputs/same").advice is None
+    assert str(c.leaf("outputs/logits").advice).startswith("passes with atol >= ")
     text = str(c)
     assert "Would pass with atol >= " in text and "largest distance" in text and " ULP (float32)" in text
     data = json.loads(json.dumps(_json_safe(c.to_dict())))

@@ -81,3 +81,17 @@ def test_empty_row_is_zero_and_special_rows_stay_nan(row_loss, dtype):
     assert row_loss(dtype, 4, [], []) == 0.0
     assert math.isnan(row_loss(dtype, 2, [float("-inf"), float("-inf")], [1.0, 0.0]))
     assert math.isnan(row_loss(dtype, 2, [float("inf"), 0.0], [0.0, 1.0]))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype,big", [("f", 3e38), ("d", 1e307)])
+def test_fractional_labels_on_logits_whose_difference_overflows(row_loss, dtype, big, threads):
+    # The maximum reaches a state before -big does (elements j and j + threads
+    # share a state), so that element's own term y * (x - max) is taken with
+    # x - max = -2*big, which overflows the accumulation type; the term
+    # 0.25 * -2*big does not. loss = logsumexp - sum(y*x) = big - (0.75*big - 0.25*big)
+    # = big/2 (e^-2big vanishes). A term computed in acc before widening gives inf.
+    x = [big] + [0.0] * (threads - 1) + [-big]
+    y = [0.75] + [0.0] * (threads - 1) + [0.25]
+    got = row_loss(dtype, threads, x, y)
+    assert math.isfinite(got) and math.isclose(got, big / 2, rel_tol=1e-6), got

@@ -261,13 +261,17 @@ template <typename A> XENT_FN DenseState<A> dense_empty() {
 //     is NaN. It is exactly zero when ysum is zero, because in double even the
 //     widened difference overflows (the floor -1.8e308 against x = 1e308).
 //     Once per block on the CPU, so the double arithmetic costs nothing.
-//   y * (x - m): one element's term, in acc like TensorFlow's kernel (per
-//     element; x - m <= 0 overflows only when the loss itself does).
+//   y * (x - m): one element's term, also widened before subtracting. With a
+//     fractional label the term is finite where x - m overflows acc (bfloat16
+//     logits -3e38 and 3e38, labels 0.5: the difference -6e38 is -inf in float
+//     but half of it is not), so computing it in acc turns a finite loss into
+//     inf (seen on the GPU harness's "huge" cases). Costs about 5% of the CPU
+//     dense forward, measured.
 template <typename A> XENT_FN wide yx_rescale(wide ysum, A m_old, A m) {
   return ysum == 0.0 ? 0.0 : ysum * (wide(m_old) - wide(m));
 }
 template <typename A> XENT_FN wide yx_term(A y, A x, A m) {
-  return wide(y * (x - m));
+  return wide(y) * (wide(x) - wide(m));
 }
 
 template <typename A> XENT_FN void dense_push(DenseState<A>& s, A x, A y) {

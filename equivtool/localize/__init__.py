@@ -1,0 +1,66 @@
+"""Where the numbers part: the first TensorFlow op whose output differs between the sides.
+
+``check_equivalence(..., localize=True)`` (or ``equivtool check --localize``)
+re-runs each forward-pass step (``fixed_weights``, ``random/*``,
+``checkpoint``) with every op's output captured on both sides: the TF1 graph's
+ops fetched from its session, the TF2 layer's ops seen by TensorFlow's op
+callbacks (eagerly, or under ``tf.function``). Ops are aligned by name first
+(the shim runs the same Python code, so the names under the layer's scope
+agree), then by scope and type in order, then by type and order; the first
+aligned op in execution order whose output exceeds tolerance is reported with
+both sides' op names and types, shapes, error statistics, the first
+mismatching index and the source line that created it. The result is a
+:class:`Localization`, plain data attached to the step as
+``step.data["localization"]``; the step's own numbers and verdict are those of
+the run without localization.
+
+This package's ``result`` module is NumPy-only; the capture (TensorFlow) is
+imported on first use of :func:`localize_forward`.
+"""
+
+from __future__ import annotations
+
+from equivtool.localize.result import LOCALIZATION_STATUSES, Localization, OpError, as_localization
+
+__all__ = ["Localization", "OpError", "LOCALIZATION_STATUSES", "as_localization", "localize_forward"]
+
+
+def __getattr__(name: str):
+    if name == "localize_forward":
+        from equivtool.localize._capture import localize_forward
+        return localize_forward
+    raise AttributeError(f"module 'equivtool.localize' has no attribute {name!r}")
+
+
+def localize_on_step(result, tf1_side, tf1_outputs, call_tf2, tolerance, *, state=None, strategy=None):
+    """``result`` (a forward-pass ``StepResult``) with a :class:`Localization` in
+    ``data["localization"]``; the engine's hook for ``localize=True``.
+
+    ``state`` is a zero-argument context-manager factory that puts back what the
+    extra TF2 pass changes (batch-norm statistics in training mode). A
+    localization that cannot run is attached as "inconclusive" with the reason;
+    the step's status and comparisons are never changed.
+    """
+    import contextlib
+    import dataclasses
+    import time
+    import traceback
+
+    if result.status == "skipped":
+        return result
+    started = time.perf_counter()
+    if strategy is not None:
+        found = Localization("inconclusive", reason="not run under a distribution strategy: replica "
+                             "functions run on other threads, outside the op taps")
+    else:
+        from equivtool.localize._capture import localize_forward, tf1_runner
+        try:
+            with (state() if state is not None else contextlib.nullcontext()):
+                found = localize_forward(tf1_side.graph, tf1_outputs, tf1_runner(tf1_side, tf1_outputs),
+                                         call_tf2, tolerance)
+        except Exception as exc:  # the step's verdict stands; say why nothing was localized
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            found = Localization("inconclusive", reason=f"localization failed: {detail[:300]}",
+                                 seconds=time.perf_counter() - started)
+    data = {**dict(result.data), "localization": found}
+    return dataclasses.replace(result, data=data)

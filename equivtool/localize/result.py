@@ -1,0 +1,274 @@
+"""What a localization found, as plain data (NumPy only, no TensorFlow).
+
+A :class:`Localization` is attached to a forward-pass step's
+``StepResult.data["localization"]`` and is read by the report's renderers; it
+survives a JSON round trip (``to_dict`` / ``from_dict``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from equivtool._render import fmt_err as _fmt_err
+from equivtool.comparison import LeafComparison
+
+__all__ = ["Localization", "OpError", "LOCALIZATION_STATUSES", "as_localization"]
+
+#: ``diverged``: an aligned op exceeds tolerance (the first one is named);
+#: ``no_divergence``: every aligned op is within tolerance;
+#: ``inconclusive``: nothing could be compared (the reason says why).
+LOCALIZATION_STATUSES = ("diverged", "no_divergence", "inconclusive")
+
+
+@dataclass(frozen=True)
+class OpError:
+    """One compared op: its TF1 name and type and its largest absolute error."""
+
+    name: str
+    op_type: str
+    max_abs: float
+    atol: float
+    ok: bool
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "op_type": self.op_type, "max_abs": self.max_abs,
+                "atol": self.atol, "ok": self.ok}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "OpError":
+        return cls(str(d["name"]), str(d["op_type"]), _float(d["max_abs"]), _float(d["atol"]), bool(d["ok"]))
+
+
+def _float(x: Any) -> float:
+    if isinstance(x, str):
+        return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(x, math.nan)
+    return math.nan if x is None else float(x)
+
+
+@dataclass(frozen=True)
+class Localization:
+    """The first op, in execution order, whose output differs between the sides.
+
+    ``divergence`` is the comparison of that op's output (shapes, error
+    statistics, first mismatching index); ``tf1_op``/``tf2_op`` and
+    ``tf1_type``/``tf2_type`` name it on each side and ``tf1_source``/
+    ``tf2_source`` give the line that created it. ``path`` runs from the input
+    to the divergent op through the compared ops (at each op, the input with the
+    largest error), with each op's largest absolute error. ``unaligned_tf1``
+    and ``unaligned_tf2`` list (a few of) the ops that found no counterpart.
+    """
+
+    status: str
+    reason: str = ""
+    mode: str = "eager"
+    compared: int = 0
+    tf1_ops: int = 0
+    tf2_ops: int = 0
+    tf1_op: str = ""
+    tf2_op: str = ""
+    tf1_type: str = ""
+    tf2_type: str = ""
+    tf1_source: str = ""
+    tf2_source: str = ""
+    divergence: Optional[LeafComparison] = None
+    path: tuple = ()
+    unaligned_tf1: tuple = ()
+    unaligned_tf2: tuple = ()
+    unaligned_tf1_count: int = 0
+    unaligned_tf2_count: int = 0
+    seconds: float = 0.0
+    notes: tuple = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.status not in LOCALIZATION_STATUSES:
+            raise ValueError(f"Localization status must be one of {LOCALIZATION_STATUSES}, got {self.status!r}")
+        if self.status == "diverged" and self.divergence is None:
+            raise ValueError("a 'diverged' Localization needs the divergent op's comparison")
+        if self.status == "no_divergence" and self.compared == 0:
+            raise ValueError("'no_divergence' needs at least one compared op; use 'inconclusive'")
+        object.__setattr__(self, "path", tuple(self.path))
+        object.__setattr__(self, "unaligned_tf1", tuple(self.unaligned_tf1))
+        object.__setattr__(self, "unaligned_tf2", tuple(self.unaligned_tf2))
+        object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
+
+    @property
+    def diverged(self) -> bool:
+        return self.status == "diverged"
+
+    def summary(self) -> str:
+        if self.status == "diverged":
+            d = self.divergence
+            types = self.tf1_type if self.tf1_type == self.tf2_type else f"{self.tf1_type} (TF1) vs {self.tf2_type} (TF2)"
+            where = "shapes differ" if d.shape_mismatch else (
+                f"max abs {_fmt_err(d.max_abs)}, first mismatch at {d.first_mismatch_str}")
+            return f"first divergent op: {self.tf1_op} [{types}] ({where})"
+        if self.status == "no_divergence":
+            return f"no divergence: {self.compared} aligned ops within tolerance"
+        return f"localization inconclusive: {self.reason}"
+
+    def __str__(self) -> str:
+        lines = [f"Localization ({self.mode}): {self.summary()}",
+                 f"  compared {self.compared} ops (TF1 forward: {self.tf1_ops} ops, TF2 call: {self.tf2_ops} ops)"]
+        if self.status == "diverged":
+            lines.append(f"  TF1 op: {self.tf1_op} ({self.tf1_type}) created at {self.tf1_source}")
+            lines.append(f"  TF2 op: {self.tf2_op} ({self.tf2_type}) created at {self.tf2_source}")
+            lines.extend("  " + line for line in str(self.divergence).splitlines())
+            if self.path:
+                lines.append("  path from the input (max abs error per op):")
+                for point in self.path[-12:]:
+                    mark = "ok" if point.ok else "DIFFERS"
+                    lines.append(f"    {point.name} [{point.op_type}] {_fmt_err(point.max_abs)} {mark}")
+                if len(self.path) > 12:
+                    lines.append(f"    ({len(self.path) - 12} earlier ops on the path not shown)")
+        elif self.status == "inconclusive" and self.reason:
+            pass
+        if self.unaligned_tf1_count or self.unaligned_tf2_count:
+            lines.append(f"  not aligned: {self.unaligned_tf1_count} TF1 ops, {self.unaligned_tf2_count} TF2 ops")
+            if self.unaligned_tf1:
+                lines.append("    TF1: " + ", ".join(self.unaligned_tf1))
+            if self.unaligned_tf2:
+                lines.append("    TF2: " + ", ".join(self.unaligned_tf2))
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "status": self.status, "reason": self.reason, "mode": self.mode, "compared": self.compared,
+            "tf1_ops": self.tf1_ops, "tf2_ops": self.tf2_ops, "tf1_op": self.tf1_op, "tf2_op": self.tf2_op,
+            "tf1_type": self.tf1_type, "tf2_type": self.tf2_type, "tf1_source": self.tf1_source,
+            "tf2_source": self.tf2_source,
+            "divergence": None if self.divergence is None else self.divergence.to_dict(),
+            "path": [p.to_dict() for p in self.path],
+            "unaligned_tf1": list(self.unaligned_tf1), "unaligned_tf2": list(self.unaligned_tf2),
+            "unaligned_tf1_count": self.unaligned_tf1_count, "unaligned_tf2_count": self.unaligned_tf2_count,
+            "seconds": self.seconds, "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Localization":
+        divergence = d.get("divergence")
+        return cls(
+            status=d["status"], reason=d.get("reason", ""), mode=d.get("mode", "eager"),
+            compared=int(d.get("compared", 0)), tf1_ops=int(d.get("tf1_ops", 0)), tf2_ops=int(d.get("tf2_ops", 0)),
+            tf1_op=d.get("tf1_op", ""), tf2_op=d.get("tf2_op", ""), tf1_type=d.get("tf1_type", ""),
+            tf2_type=d.get("tf2_type", ""), tf1_source=d.get("tf1_source", ""),
+            tf2_source=d.get("tf2_source", ""),
+            divergence=None if divergence is None else LeafComparison.from_dict(divergence),
+            path=tuple(OpError.from_dict(p) for p in d.get("path", ())),
+            unaligned_tf1=tuple(d.get("unaligned_tf1", ())), unaligned_tf2=tuple(d.get("unaligned_tf2", ())),
+            unaligned_tf1_count=int(d.get("unaligned_tf1_count", 0)),
+            unaligned_tf2_count=int(d.get("unaligned_tf2_count", 0)),
+            seconds=_float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", ())),
+        )
+
+
+def as_localization(value: Any) -> Optional[Localization]:
+    """A :class:`Localization` from itself or its ``to_dict`` form (a report read back from JSON)."""
+    if isinstance(value, Localization):
+        return value
+    if isinstance(value, Mapping) and value.get("status") in LOCALIZATION_STATUSES:
+        return Localization.from_dict(value)
+    return None
+
+
+def path_plot_png(localization: Localization, title: str = "") -> str:
+    """Max abs error per op along the path from the input to the divergent op, as base64 PNG."""
+    import base64
+    import io
+
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path = localization.path
+    x = np.arange(len(path))
+    errors = np.array([p.max_abs for p in path], dtype=float)
+    atol = np.array([p.atol for p in path], dtype=float)
+    finite = errors[np.isfinite(errors) & (errors > 0)]
+    floor = min([*finite, *atol[atol > 0], 1e-8]) / 10.0
+    shown = np.where(np.isfinite(errors) & (errors > 0), errors, floor)
+    ok = np.array([p.ok for p in path], dtype=bool)
+    fig = Figure(figsize=(min(max(6.0, 0.22 * len(path) + 2.0), 24.0), 4.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_yscale("log")
+    ax.plot(x, shown, color="#999", linewidth=0.8, zorder=1)
+    if ok.any():
+        ax.scatter(x[ok], shown[ok], color="#176f2c", s=16, zorder=3, label="within tolerance")
+    if (~ok).any():
+        ax.scatter(x[~ok], shown[~ok], color="#b00020", marker="x", s=30, zorder=3, label="exceeds tolerance")
+    if len(atol) and np.all(atol == atol[0]) and atol[0] > 0:
+        ax.axhline(atol[0], color="#1f5fbf", linestyle="--", linewidth=1, label=f"atol = {atol[0]:g}")
+    ax.set_ylabel("max |TF2 - TF1|")
+    ax.set_xlabel("op on the path from the input, in execution order")
+    ax.set_title(title or f"path to the first divergent op: {localization.tf1_op}", fontsize=9)
+    if len(path) <= 60:
+        ax.set_xticks(x)
+        ax.set_xticklabels([p.name.rsplit("/", 2)[-2] + "/" + p.name.rsplit("/", 1)[-1]
+                            if p.name.count("/") >= 2 else p.name for p in path], rotation=90, fontsize=6)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+# --------------------------------------------------------------------------
+# Rendering helpers for the report (text hint, HTML section)
+# --------------------------------------------------------------------------
+
+#: The steps that compare forward outputs, which ``localize=True`` localizes.
+LOCALIZABLE_STEPS = ("fixed_weights", "random/", "checkpoint")
+
+RERUN_HINT = ("to find the first op whose output differs, re-run this step localized: "
+              "check_equivalence(..., steps=[{step!r}], localize=True) or "
+              "`equivtool check ... --steps {step} --localize`")
+
+
+def is_localizable(step_name: str) -> bool:
+    return any(step_name == s or (s.endswith("/") and step_name.startswith(s)) for s in LOCALIZABLE_STEPS)
+
+
+def rerun_hint(step_name: str, status: str, data: Mapping) -> Optional[str]:
+    """For a failed forward-pass step run without localization: how to localize it."""
+    if status != "failed" or not is_localizable(step_name) or "localization" in data:
+        return None
+    step = step_name.split("/", 1)[0]
+    return RERUN_HINT.format(step=step)
+
+
+def localization_html(localization: Localization, escape, plot_png: Optional[str]) -> str:
+    """The report's section for one step's localization (``escape`` is html.escape)."""
+    e = escape
+    parts = [f"<h3>Localization ({e(localization.mode)})</h3><p>{e(localization.summary())}</p>",
+             f"<p>compared {localization.compared} ops (TF1 forward: {localization.tf1_ops} ops, "
+             f"TF2 call: {localization.tf2_ops} ops)</p>"]
+    if localization.diverged:
+        d = localization.divergence
+        rows = [("", "TF1", "TF2"),
+                ("op", localization.tf1_op, localization.tf2_op),
+                ("type", localization.tf1_type, localization.tf2_type),
+                ("shape", d.expected_shape, d.actual_shape),
+                ("dtype", d.expected_dtype, d.actual_dtype),
+                ("created at", localization.tf1_source, localization.tf2_source),
+                ("first mismatch", f"{d.first_mismatch_str}: {d.first_expected!r}", repr(d.first_actual))]
+        parts.append("<table>" + "".join(
+            f"<tr><th>{e(a)}</th><td><code>{e(b)}</code></td><td><code>{e(c)}</code></td></tr>"
+            for a, b, c in rows) + "</table>")
+        parts.append(f"<pre>{e(str(d))}</pre>")
+        if plot_png:
+            parts.append(f'<img alt="max abs error per op on the path to {e(localization.tf1_op)}" '
+                         f'src="data:image/png;base64,{plot_png}">')
+    if localization.unaligned_tf1_count or localization.unaligned_tf2_count:
+        parts.append(f"<p>not aligned: {localization.unaligned_tf1_count} TF1 ops, "
+                     f"{localization.unaligned_tf2_count} TF2 ops</p>")
+        if localization.unaligned_tf1:
+            parts.append("<p>TF1: <code>" + e(", ".join(localization.unaligned_tf1)) + "</code></p>")
+        if localization.unaligned_tf2:
+            parts.append("<p>TF2: <code>" + e(", ".join(localization.unaligned_tf2)) + "</code></p>")
+    if localization.notes:
+        parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in localization.notes) + "</ul>")
+    return "".join(parts)
