@@ -1,7 +1,7 @@
-"""The shared pair: one TF1 graph and one TF2 layer under ``constant`` mode.
+"""The shared pair: one TF1 build per pass and one TF2 layer under ``constant`` mode.
 
 Most steps run on this pair (see ``equivtool.equivalence`` for why sharing
-changes no number); it is built lazily by the first step that needs it.
+changes no key, name or number); it is built lazily by the first step that needs it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ DISTRIBUTED_TRAINING = (
 
 
 class ConstantPair:
-    """One TF1 graph and one TF2 layer under ``constant`` mode, built lazily.
+    """One TF1 graph per pass and one TF2 layer under ``constant`` mode, built lazily.
 
     Without a strategy the TF2 layer's first call is the inference pass and its
     second (guarded) call the training pass, which also yields the gradients.
@@ -47,7 +47,16 @@ class ConstantPair:
                            random_tool=self.tf1_tool)
         self.inference = self.tf1.forward(training=False,
                                           with_gradients=o.want_gradients and self.distributed)
-        self.training = None if self.distributed else self.tf1.forward(
+        # The training pass is built in a graph of its own, exactly as a
+        # standalone build: built second in the same graph, its name scopes
+        # would be uniquified (net_1/...) and change name-derived output keys,
+        # op names and name-scoped collections. Its variables mirror the first
+        # graph's around every run (_tf1_fetch), as shared variables would.
+        self.tf1_train = None if self.distributed else TF1Side(
+            o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
+            disable_arithmetic_optimization=o.disable_arithmetic_optimization,
+            random_tool=self.tf1_tool)
+        self.training = None if self.distributed else self.tf1_train.forward(
             training=True, with_gradients=o.want_gradients)
         # A layer instance built before the check got its initial values
         # elsewhere: it receives the TF1 graph's instead (noted in the steps).
@@ -87,13 +96,19 @@ class ConstantPair:
     def tf2_second_call(self):
         return self.tf2_inference() if self.distributed else self.tf2_training()
 
-    def _tf1_fetch(self, key: str, forward):
+    def _tf1_fetch(self, key: str, forward, side: TF1Side | None = None):
         if key not in self._tf1_results:
+            side = self.tf1 if side is None else side
             fetches = (forward.outputs, forward.regularization, forward.loss, forward.gradients)
             wanted = tuple(x for x in fetches if x is not None)
+            if side is not self.tf1:  # the first graph's current values, in
+                side.initialize()  # (a variable only the training pass creates keeps its own)
+                side.assign_variables(self.tf1.read_variables())
             # Eager training calls update batch-norm statistics as they run; the
             # TF1 pass runs its UPDATE_OPS alongside so both sides stay equal.
-            values = iter(self.tf1.run(wanted, update_ops=forward.update_ops))
+            values = iter(side.run(wanted, update_ops=forward.update_ops))
+            if side is not self.tf1:  # and the updated values back out
+                self.tf1.assign_variables(side.read_variables())
             self._tf1_results[key] = tuple(None if x is None else next(values) for x in fetches)
         return self._tf1_results[key]
 
@@ -104,7 +119,7 @@ class ConstantPair:
         if self.distributed:
             raise SkipStep(DISTRIBUTED_TRAINING)
         self.tf1_inference()
-        return self._tf1_fetch("training", self.training)
+        return self._tf1_fetch("training", self.training, self.tf1_train)
 
     def gradients(self) -> tuple:
         """``(tf1 loss, tf1 gradients, tf2 loss, tf2 gradients)``."""
@@ -143,3 +158,5 @@ class ConstantPair:
 
     def close(self) -> None:
         self.tf1.close()
+        if self.tf1_train is not None:
+            self.tf1_train.close()

@@ -40,7 +40,7 @@ def forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg) -> list:
 
 def variables_once(e: "_Engine") -> StepResult:
     pair = e.pair
-    notes = [f"includes building the shared TF1 graph and TF2 layer ({pair.build_seconds:.1f}s)"]
+    notes = [f"includes building the shared TF1 graphs and TF2 layer ({pair.build_seconds:.1f}s)"]
     try:
         pair.tf2_second_call()
     except VariableCreationError as exc:
@@ -82,9 +82,11 @@ def random_constant(e: "_Engine", mode: str, training: bool) -> StepResult:
         tf2_out, tf2_reg, _, _ = pair.tf2_inference()
     result = e.compare_step(name, forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg),
                             notes=[_PREBUILT_NOTE] if pair.prebuilt else [])
-    forward = pair.training if training else pair.inference
+    # The training pass lives in a graph of its own (so its names match a
+    # standalone build); localization fetches its ops there.
+    forward, side = (pair.training, pair.tf1_train) if training else (pair.inference, pair.tf1)
     result = judge_loop_random(result, forward.loop_random_ops, forward_leaf_tensors(result, forward))
-    return e.localized(result, pair.tf1, forward.outputs, lambda: _localization_call(e, pair, training),
+    return e.localized(result, side, forward.outputs, lambda: _localization_call(e, pair, training),
                        state=pair.preserved)
 
 
@@ -219,10 +221,7 @@ def random_fresh(e: "_Engine", mode: str, training: bool) -> StepResult:
             tf1.close()
     try:
         tf2_tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
-        notes = []
-        if o.tf_function:
-            notes.append("called eagerly: tf.function traces a variable-creating call twice, and "
-                         "num_random_ops counts the random ops of both traces")
+        notes = list(_eager_notes(e))
         with tf2_tool.scope():
             layer = e.new_layer()
             tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False)
@@ -300,3 +299,17 @@ def _localization_call(e: "_Engine", pair, training: bool):
     from equivtool.localize._capture import call_layer
     with pair.tf2_tool.scope():
         return call_layer(pair.layer, e.options.inputs, training, e.options.tf_function)
+
+
+def _eager_notes(e: "_Engine") -> tuple:
+    if not e.options.tf_function:
+        return ()
+    return ("called eagerly: tf.function traces a variable-creating call twice, and "
+            "num_random_ops counts the random ops of both traces",)
+
+
+def notes_on_error(e: "_Engine", step) -> tuple:
+    """The notes a step's result keeps when the step raises (they hold either way)."""
+    if step.runner() is random_fresh:
+        return _eager_notes(e)
+    return ()

@@ -114,6 +114,18 @@ def keras_seed_generator():
     return getattr(backend, "_SEED_GENERATOR", None)
 
 
+def variable_creator_slots(graph) -> dict:
+    """The calling thread's slot dict of ``graph``'s thread-local variable-creator stack.
+
+    The stack (``"_variable_creator_stack"``, ``(priority, creator)`` pairs) is
+    what ``tf.variable_creator_scope`` edits. ``Graph._thread_local`` is a
+    ``threading.local``, so its ``__dict__`` is this thread's own dict: kept,
+    it lets another thread restore the stack this thread sees.
+    """
+    graph._variable_creator_stack  # creates this thread's empty stack if missing
+    return graph._thread_local.__dict__
+
+
 def serialized_dataset_graph(dataset):
     """A ``tf.data.Dataset``'s graph as a serialized ``GraphDef`` (external state ignored)."""
     policy = resolve("ExternalStatePolicy").IGNORE

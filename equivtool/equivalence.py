@@ -20,12 +20,17 @@
                        inference outputs match
 =====================  ==========================================================
 
-How work is shared between steps, and why it changes no number:
+How work is shared between steps, and why it changes no key, name or number:
 
 * In ``constant`` mode every random op gets the same seeds whatever the order,
-  so one TF1 graph holds the inference pass and, reusing its variables, the
-  training pass with its gradients; one TF2 layer serves both calls. Its
-  second call is the ``variables_once`` check; its variables serve ``parity``.
+  so one TF1 build of the inference pass and one of the training pass (with
+  its gradients) serve every constant-mode step; one TF2 layer serves both
+  calls. Its second call is the ``variables_once`` check; its variables serve
+  ``parity``. The training pass has a graph of its own, so every name scope,
+  op name and name-scoped collection is that of a standalone build (built
+  second in the inference graph it would see ``net_1/...``); its variables
+  take the inference graph's values before it runs and hand them back after
+  (batch-norm statistics), as shared variables would.
 * ``fixed_weights``, ``optimizer`` and ``checkpoint`` run on that same pair,
   after the random-mode comparisons, and put the variables back afterwards.
 * ``num_random_ops`` seeds depend on program order, so each of its inference
@@ -45,14 +50,15 @@ import dataclasses
 import gc
 import os
 import time
-import traceback
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from equivtool import steps as _steps
+from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool._pair import ConstantPair
+from equivtool._step_runs import notes_on_error
 from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
 from equivtool._tree import flatten_tensors
@@ -322,13 +328,14 @@ class _Engine:
         name, title = step.name, step.title
         start = time.perf_counter()
         try:
-            result = step.runner()(self, **dict(step.params))
+            with unfiltered_tracebacks():  # keep tf-slim's and the user's frames
+                result = step.runner()(self, **dict(step.params))
         except SkipStep as skip:
             result = StepResult(name, title, "skipped", time.perf_counter() - start, message=str(skip))
         except Exception as exc:  # a step that crashes is reported, the others still run
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             result = StepResult(name, title, "error", time.perf_counter() - start,
-                                message=detail, data={"traceback": traceback.format_exc(limit=8)})
+                                message=one_line(exc), notes=notes_on_error(self, step),
+                                data={"traceback": full_traceback(exc)})
         else:
             result = dataclasses.replace(result, seconds=time.perf_counter() - start)
         self.record(result)

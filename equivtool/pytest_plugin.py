@@ -1,40 +1,16 @@
-"""equivtool's pytest plugin (registered through the ``pytest11`` entry point).
+"""equivtool's pytest fixtures, for suites that name the plugin explicitly.
 
-It adds behaviour only where a test asks for it: two fixtures and the ``slow``
-and ``gpu`` markers' descriptions. Nothing runs at collection time.
+The installed plugin is the top-level module ``_equivtool_pytest_plugin``
+(registered through the ``pytest11`` entry point), which imports nothing of
+equivtool until a test requests one of its fixtures. Importing this module
+instead imports the ``equivtool`` package and so applies its environment fix
+(legacy Keras, the tf-slim import alias) at once; use it as
+``pytest_plugins = ["equivtool.pytest_plugin"]`` where that is wanted, or
+where equivtool is on the path without being installed.
 """
 
 from __future__ import annotations
 
-import pytest
+from _equivtool_pytest_plugin import random_tool, tf1_session  # noqa: F401
 
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: full-size model runs")
-    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
-
-
-@pytest.fixture
-def random_tool():
-    """A factory of fresh ``DeterministicRandomTestTool``s: ``random_tool(mode=..., seed=...)``."""
-    from equivtool.seeding import DeterministicRandomTestTool
-
-    def make(seed: int = 42, mode: str = "constant"):
-        return DeterministicRandomTestTool(seed=seed, mode=mode)
-
-    return make
-
-
-@pytest.fixture
-def tf1_session():
-    """A fresh ``tf.Graph`` made default, with a ``tf.compat.v1.Session`` on it, closed after the test."""
-    import equivtool  # noqa: F401  (environment fix before TensorFlow)
-    import tensorflow as tf
-
-    graph = tf.Graph()
-    with graph.as_default():
-        session = tf.compat.v1.Session(graph=graph)
-        try:
-            yield session
-        finally:
-            session.close()
+__all__ = ["random_tool", "tf1_session"]

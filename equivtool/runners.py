@@ -5,10 +5,10 @@ runs it in a ``tf.compat.v1.Session``; ``TF2Side`` calls the user's Keras
 layer eagerly or inside ``tf.function``. Both return captures as NumPy values
 keyed by normalised variable names, so everything downstream is plain data.
 
-To save graph builds (a large model takes seconds per build), one TF1 graph
-holds the inference forward pass and, reusing its variables, the training
-forward pass with its gradients: this is only done where it cannot change a
-number (see ``equivalence``).
+A ``TF1Side`` can hold several forward passes, the later ones reusing the
+first one's variables; a later pass's name scopes are uniquified (``net_1/``),
+so a pass whose outputs are compared gets a ``TF1Side`` of its own (see
+``equivalence``).
 """
 
 from __future__ import annotations
@@ -491,7 +491,7 @@ class TF2Side:
             return self._replica_step(x, training, with_gradients, optimizer, scale)
         if not self.use_tf_function:
             return step
-        key = (training, with_gradients, id(optimizer))
+        key = _function_key(training, with_gradients, optimizer)
         if fresh or key not in self._functions:
             self._functions[key] = tf.function(step)
         return self._functions[key]
@@ -520,7 +520,14 @@ class TF2Side:
 
     def forward(self, inputs, training: bool, with_gradients: bool = False):
         """Return ``(outputs, regularization, loss, gradients_by_key)`` as NumPy."""
-        outputs, regularization, loss, gradients = self._run(inputs, training, with_gradients)
+        try:
+            outputs, regularization, loss, gradients = self._run(inputs, training, with_gradients)
+        except Exception:
+            # A tf.function whose first (variable-creating) trace failed returns
+            # None when called again: drop it, so the next call traces anew and
+            # raises its own error.
+            self._functions.pop(_function_key(training, with_gradients, None), None)
+            raise
         gradients_by_key = None
         if with_gradients:
             gradients_by_key, sparse = {}, []
@@ -593,6 +600,10 @@ def _build_optimizer(optimizer, variables) -> None:
         optimizer.build(variables)
     else:
         _tf_internals.build_legacy_optimizer(optimizer, variables)
+
+
+def _function_key(training: bool, with_gradients: bool, optimizer) -> tuple:
+    return (training, with_gradients, id(optimizer))
 
 
 def split_batch(inputs, parts: int) -> list:

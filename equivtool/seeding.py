@@ -67,9 +67,11 @@ Not covered (unchanged inside a scope):
 
 Safety
 ------
-On every exit path (including an exception in the block) the scope puts back
-``get_seed``, the tf-keras seed source, and the global seeds it set (the eager
-global seed, and the seed of every graph it touched). Entering a scope while
+On every exit path (including an exception in the block, and an exit on
+another thread, as when a generator holding the scope is closed elsewhere) the
+scope puts back ``get_seed``, the tf-keras seed source of the thread that
+entered it, and the global seeds it set (the eager global seed, and the seed of
+every graph it touched). Entering a scope while
 any equivtool scope is active, or while something else has replaced
 ``get_seed`` (for example the original tool's scope), raises ``RuntimeError``.
 
@@ -199,8 +201,23 @@ def _shapes_match(a: Shape, b: Shape) -> bool:
     return all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
-def _as_trace(value) -> Sequence[RandomOpRecord]:
-    return getattr(value, "trace", value)
+def _as_trace(name: str, value) -> Sequence[RandomOpRecord]:
+    """A tool's trace, or ``value`` itself when it is a sequence of records."""
+    if isinstance(value, DeterministicRandomTestTool):
+        return value.trace
+    if isinstance(value, (list, tuple)):
+        for i, record in enumerate(value):
+            if not isinstance(record, RandomOpRecord):
+                raise TypeError(
+                    f"compare_random_traces: {name}[{i}] is a "
+                    f"{type(record).__name__}, not a RandomOpRecord. Pass a "
+                    "DeterministicRandomTestTool or its `trace` (a tuple of "
+                    "RandomOpRecord).")
+        return value
+    raise TypeError(
+        f"compare_random_traces: {name} must be a DeterministicRandomTestTool or "
+        f"its `trace` (a tuple of RandomOpRecord), got {type(value).__name__}. "
+        f"Pass the tool itself or `tool.trace`.")
 
 
 def compare_random_traces(
@@ -214,7 +231,7 @@ def compare_random_traces(
     dtype and operation seed; a trace that ends early diverges with reason
     ``"length"``. The result names both sides' source lines.
     """
-    left, right = _as_trace(a), _as_trace(b)
+    left, right = _as_trace("a", a), _as_trace("b", b)
     for i, (x, y) in enumerate(zip(left, right)):
         if x.kind != y.kind:
             reason = "kind"
@@ -356,7 +373,11 @@ class DeterministicRandomTestTool:
     ``equivtool.seeding`` lists exactly what a scope covers.
 
     Args:
-      seed: the global seed every op receives, as the first of its two seeds.
+      seed: the global seed every op receives, as the first of its two seeds;
+        an integer in [-2**63, 2**63 - 1] (TensorFlow's seeds are int64). With
+        ``seed=0`` the op that would get the pair ``(0, 0)``, which TensorFlow
+        reads as "draw a random seed", gets ``(0, 2**31 - 1)`` instead, as
+        TensorFlow's own ``get_seed`` does.
       mode: ``"constant"`` (every op gets the operation seed ``operation_seed``,
         so equal shapes give equal values) or ``"num_random_ops"`` (the
         operation seed counts the random ops seeded so far, so values follow
@@ -381,7 +402,7 @@ class DeterministicRandomTestTool:
                 f"DeterministicRandomTestTool: mode must be one of {list(MODES)}, "
                 f"got {mode!r}. Use 'constant' for the same seeds on every op, "
                 "or 'num_random_ops' for seeds that follow program order.")
-        self._seed = _as_int("seed", seed)
+        self._seed = _as_int64("seed", seed)
         self._mode = mode
         self._constant = mode == "constant"
         self._operation_seed = 0
@@ -394,7 +415,7 @@ class DeterministicRandomTestTool:
         self._entered_at = ""
         self._saved_global_seeds: dict = {}
         self._saved_keras = _MISSING
-        self._keras_holder = None
+        self._keras_slots: Optional[dict] = None
 
     # ---- public surface --------------------------------------------------
 
@@ -416,11 +437,11 @@ class DeterministicRandomTestTool:
     @operation_seed.setter
     def operation_seed(self, value: int) -> None:
         value = _as_int("operation_seed", value)
-        if value < 0:
+        if not 0 <= value <= _INT64_MAX:
             raise ValueError(
                 f"DeterministicRandomTestTool.operation_seed must be a non-negative "
-                f"integer (it becomes the op's second seed), got {value}. Set it to 0 "
-                "or a positive integer.")
+                f"integer in [0, {_INT64_MAX}] (it becomes the op's second seed, an "
+                f"int64), got {value}. Set it to 0 or a positive integer in that range.")
         self._operation_seed = value
 
     @property
@@ -478,9 +499,14 @@ class DeterministicRandomTestTool:
                 self._set_global_seed(self._seed)
                 holder = _tfi.keras_seed_generator()
                 if holder is not None:
-                    self._keras_holder = holder
-                    self._saved_keras = holder.__dict__.get("generator", _MISSING)
-                    holder.generator = _KerasSeedSource(self)
+                    # _SEED_GENERATOR is a threading.local: its __dict__ is the
+                    # entering thread's own slot dict. Keeping that dict (not
+                    # the holder) lets an exit on any thread restore the slot
+                    # the entering thread sees.
+                    slots = holder.__dict__
+                    self._keras_slots = slots
+                    self._saved_keras = slots.get("generator", _MISSING)
+                    slots["generator"] = _KerasSeedSource(self)
                 _random_seed.get_seed = _seeded_get_seed
             except BaseException:
                 self._restore()
@@ -496,15 +522,15 @@ class DeterministicRandomTestTool:
         global _active
         try:
             _random_seed.get_seed = _TF_GET_SEED
-            holder = self._keras_holder
-            if holder is not None:
+            slots = self._keras_slots
+            if slots is not None:
                 if self._saved_keras is _MISSING:
-                    holder.__dict__.pop("generator", None)
+                    slots.pop("generator", None)
                 else:
-                    holder.generator = self._saved_keras
+                    slots["generator"] = self._saved_keras
             self._restore_global_seeds()
         finally:
-            self._keras_holder = None
+            self._keras_slots = None
             self._saved_keras = _MISSING
             self._saved_global_seeds = {}
             self._owner = None
@@ -547,6 +573,10 @@ class DeterministicRandomTestTool:
                 raise ValueError(self._reuse_message(op_seed))
             self._observed_seeds.add(op_seed)
             self._operation_seed = op_seed + 1
+        if self._seed == 0 and op_seed == 0:
+            # TensorFlow reads the pair (0, 0) as "no seed" and draws a random
+            # one per op; its own get_seed substitutes (0, 2**31 - 1), so do we.
+            op_seed = _ZERO_PAIR_OPERATION_SEED
         if self._record:
             frame = sys._getframe(2)  # the op's Python wrapper
             try:
@@ -599,6 +629,21 @@ class DeterministicRandomTestTool:
             f"already used ({_summarise(used)}). Set `operation_seed` to a value "
             f"whose sequence stays clear of them (for example {fresh}), or use a "
             "new tool for the new program.")
+
+
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+_ZERO_PAIR_OPERATION_SEED = 2 ** 31 - 1  # TensorFlow's substitute for the pair (0, 0)
+
+
+def _as_int64(name: str, value) -> int:
+    """An integer that fits TensorFlow's int64 seed attributes."""
+    value = _as_int(name, value)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(
+            f"DeterministicRandomTestTool: {name} must be an integer in "
+            f"[{_INT64_MIN}, {_INT64_MAX}] (TensorFlow's seeds are int64), got "
+            f"{value}. Pick a seed in that range, for example 42.")
+    return value
 
 
 def _as_int(name: str, value) -> int:

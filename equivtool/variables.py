@@ -16,9 +16,11 @@ This module provides both as library calls:
 * :func:`tf1_variables`, :func:`tf2_variables`, :func:`compare_variables` and
   :func:`assert_variable_parity` capture and compare the two sides.
 
-All guards use ``tf.variable_creator_scope``, so they see ``tf.Variable``,
-``tf.compat.v1.get_variable`` (and so tf-slim and ``tf.compat.v1.layers``) and
-Keras ``add_weight``, eagerly and while a ``tf.function`` is traced.
+All guards install a variable creator as ``tf.variable_creator_scope`` does, so
+they see ``tf.Variable``, ``tf.compat.v1.get_variable`` (and so tf-slim and
+``tf.compat.v1.layers``) and Keras ``add_weight``, eagerly and while a
+``tf.function`` is traced. Each guard removes exactly its own creator when it
+ends, in whatever order guards end and on whichever thread.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import collections
 import contextlib
 import functools
 import re
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
@@ -36,6 +39,7 @@ import tensorflow as tf
 
 from equivtool._render import fixed_row, text_table
 from equivtool._stack import user_frame_location
+from equivtool import _tf_internals as _tfi
 from equivtool._tf_internals import tf_decorator
 from equivtool.runners import strip_output_index as _strip_output_index
 
@@ -145,30 +149,69 @@ def _describe_variable(variable, location: str) -> CreatedVariable:
 # Step 1: guards
 # --------------------------------------------------------------------------
 
-class _GuardBase(contextlib.ContextDecorator):
-    """A creator scope entered on the current default graph.
+# tf.variable_creator_scope's priority for user creators.
+_CREATOR_PRIORITY = 100
 
-    ``tf.variable_creator_scope`` is per graph and per thread; ``tf.function``
-    traces inherit the outer graph's creators, so a guard entered eagerly
-    also covers functions traced inside it.
+
+@dataclass(frozen=True, eq=False)
+class _InstalledCreator:
+    """One entry of a guard: the creator-stack item it added, and where."""
+
+    slots: dict
+    item: tuple
+    thread: int
+    previous: list   # the stack before the entry, put back on an in-order exit
+    installed: list  # the stack the entry made
+
+
+class _GuardBase(contextlib.ContextDecorator):
+    """A variable creator installed on the current default graph for the current thread.
+
+    It adds ``(100, creator)`` to the graph's creator stack as
+    ``tf.variable_creator_scope`` does (which is per graph and per thread;
+    ``tf.function`` traces inherit the outer graph's creators, so a guard
+    entered eagerly also covers functions traced inside it). On exit it
+    removes exactly its own item from the stack of the thread that entered
+    it, whatever the order of exits and on whichever thread the exit runs;
+    TensorFlow's own scope refuses an out-of-order exit and leaves the later
+    guard installed.
     """
 
     def __init__(self) -> None:
-        self._scopes: list = []
+        self._installed: list = []
 
     def _creator(self, next_creator, **kwargs):  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __enter__(self):
-        scope = tf.variable_creator_scope(self._creator)
-        scope.__enter__()
-        self._scopes.append(scope)
+        slots = _tfi.variable_creator_slots(tf.compat.v1.get_default_graph())
+        item = (_CREATOR_PRIORITY, self._creator)  # a new tuple: identity marks this entry
+        stack = list(slots["_variable_creator_stack"])
+        stack.append(item)
+        stack.sort(key=lambda entry: entry[0])  # stable, as TensorFlow's
+        previous = slots["_variable_creator_stack"]
+        slots["_variable_creator_stack"] = stack
+        self._installed.append(_InstalledCreator(slots, item, threading.get_ident(), previous, stack))
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        scope = self._scopes.pop()
-        scope.__exit__(exc_type, exc, tb)
+        self._uninstall()
         return False
+
+    def _uninstall(self) -> None:
+        # The latest entry made on this thread; an exit on another thread
+        # (a generator closed elsewhere) ends the latest entry of all.
+        me = threading.get_ident()
+        index = next((i for i in range(len(self._installed) - 1, -1, -1)
+                      if self._installed[i].thread == me), len(self._installed) - 1)
+        entry = self._installed.pop(index)
+        stack = entry.slots.get("_variable_creator_stack", [])
+        if stack is entry.installed:
+            # In order: the very list that was there before, as TensorFlow's own
+            # scopes expect (they check the stack's identity when they exit).
+            entry.slots["_variable_creator_stack"] = entry.previous
+        else:
+            entry.slots["_variable_creator_stack"] = [item for item in stack if item is not entry.item]
 
 
 class assert_no_variable_creations(_GuardBase):  # noqa: N801 (reads as a function)
@@ -228,7 +271,7 @@ class catch_and_raise_created_variables(_GuardBase):  # noqa: N801
         return super().__enter__()
 
     def __exit__(self, exc_type, exc, tb):
-        super().__exit__(exc_type, exc, tb)
+        self._uninstall()
         if exc_type is None and self.created:
             lines = [f"{len(self.created)} variable(s) were created inside "
                      "catch_and_raise_created_variables(); expected none:"]

@@ -513,3 +513,131 @@ def test_keras_seed_source_takes_a_float_bound_as_python_random_does(mode):
     with tool.scope():
         with pytest.raises(TypeError, match="randint bound b must be an integer"):
             keras_backend._SEED_GENERATOR.generator.randint(1, 1.5)
+
+
+# ------------------------------------------- scopes that end somewhere else
+
+
+def _glorot_pair():
+    """Two unseeded tf-keras initializers' values; equal only if their seeds are pinned."""
+    first = tf_keras.initializers.GlorotUniform()((4, 4)).numpy()
+    second = tf_keras.initializers.GlorotUniform()((4, 4)).numpy()
+    return first, second
+
+
+def _run_on_another_thread(fn):
+    errors = []
+
+    def target():
+        try:
+            fn()
+        except BaseException as exc:  # reported to the test thread below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+
+
+def _assert_entering_thread_restored(holder):
+    assert "generator" not in holder.__dict__  # the entering thread's own slot
+    assert random_seed.get_seed is TF_GET_SEED
+    first, second = _glorot_pair()
+    assert not np.array_equal(first, second)  # Python's random again, not the tool's seed
+
+
+def test_scope_exited_on_another_thread_restores_the_entering_threads_keras_seed():
+    holder = keras_backend._SEED_GENERATOR
+    assert "generator" not in holder.__dict__
+    tool = DeterministicRandomTestTool()
+    scope = tool.scope()
+    scope.__enter__()
+    try:
+        first, second = _glorot_pair()
+        assert np.array_equal(first, second)  # inside: the tool pins Keras seeds
+        _run_on_another_thread(lambda: scope.__exit__(None, None, None))
+        assert not tool.active
+        _assert_entering_thread_restored(holder)
+    finally:
+        holder.__dict__.pop("generator", None)
+        random_seed.get_seed = TF_GET_SEED
+
+
+def test_scope_held_by_a_generator_closed_on_another_thread_is_restored():
+    holder = keras_backend._SEED_GENERATOR
+    tool = DeterministicRandomTestTool(mode="num_random_ops")
+
+    def held():
+        with tool.scope():
+            yield
+
+    gen = held()
+    next(gen)
+    try:
+        assert tool.active and "generator" in holder.__dict__
+        _run_on_another_thread(gen.close)
+        assert not tool.active
+        _assert_entering_thread_restored(holder)
+    finally:
+        holder.__dict__.pop("generator", None)
+        random_seed.get_seed = TF_GET_SEED
+
+
+def test_scope_exited_on_another_thread_puts_back_a_users_keras_generator():
+    holder = keras_backend._SEED_GENERATOR
+    sentinel = object()
+    holder.generator = sentinel  # as tf.keras.utils.set_random_seed would
+    try:
+        scope = DeterministicRandomTestTool().scope()
+        scope.__enter__()
+        _run_on_another_thread(lambda: scope.__exit__(None, None, None))
+        assert holder.generator is sentinel
+    finally:
+        holder.__dict__.pop("generator", None)
+        random_seed.get_seed = TF_GET_SEED
+
+
+# ---------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize("seed", [2 ** 63, -(2 ** 63) - 1, 10 ** 30])
+def test_seed_outside_int64_is_refused_at_construction(seed):
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[-9223372036854775808, 9223372036854775807\]"):
+        DeterministicRandomTestTool(seed=seed)
+    assert random_seed.get_seed is TF_GET_SEED
+
+
+@pytest.mark.parametrize("seed", [2 ** 63 - 1, -(2 ** 63)])
+def test_seeds_at_the_int64_bounds_work_in_graph_and_eager(seed):
+    assert_bitwise_equal(
+        run_in(DeterministicRandomTestTool(seed=seed, mode="num_random_ops"), three_uniforms_graph),
+        run_in(DeterministicRandomTestTool(seed=seed, mode="num_random_ops"), three_uniforms_eager))
+
+
+def test_operation_seed_beyond_int64_is_refused():
+    tool = DeterministicRandomTestTool()
+    with pytest.raises(ValueError, match=r"operation_seed must be a non-negative integer in \[0, 9223372036854775807\]"):
+        tool.operation_seed = 2 ** 63
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_seed_zero_is_deterministic(mode):
+    # TensorFlow reads the seed pair (0, 0) as "pick a random seed".
+    runs = [run_in(DeterministicRandomTestTool(seed=0, mode=mode), program)
+            for program in (three_uniforms_eager, three_uniforms_eager, three_uniforms_graph)]
+    assert_bitwise_equal(runs[0], runs[1])
+    assert_bitwise_equal(runs[0], runs[2])
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("trace", r"a must be a DeterministicRandomTestTool or its `trace`.*got str"),
+    (None, r"a must be a DeterministicRandomTestTool or its `trace`.*got NoneType"),
+    ({"index": 0}, r"a must be a DeterministicRandomTestTool .*got dict"),
+    ([1, 2], r"a\[0\] is a int, not a RandomOpRecord"),
+])
+def test_compare_random_traces_refuses_what_is_not_a_trace(bad, message):
+    with pytest.raises(TypeError, match=message):
+        compare_random_traces(bad, ())
+    with pytest.raises(TypeError, match=message.replace("a", "b", 1)):
+        compare_random_traces((), bad)

@@ -286,3 +286,128 @@ def test_guard_in_one_thread_does_not_affect_another():
         thread.start()
         thread.join()
     assert errors == []
+
+
+# ------------------------------------------ guards exited out of order or elsewhere
+
+
+def _creator_stack():
+    return list(tf.compat.v1.get_default_graph()._variable_creator_stack)
+
+
+def _assert_no_guard_installed(before):
+    assert _creator_stack() == before
+    assert float(tf.Variable(5.0).numpy()) == 5.0  # creation works again
+
+
+@pytest.mark.parametrize("exit_order", ["nested", "out_of_order"])
+def test_guards_exited_in_either_order_leave_none_installed(exit_order):
+    before = _creator_stack()
+    forbid = equivtool.assert_no_variable_creations()
+    collect = equivtool.catch_and_raise_created_variables()
+    forbid.__enter__()
+    collect.__enter__()
+    first, second = (collect, forbid) if exit_order == "nested" else (forbid, collect)
+    first.__exit__(None, None, None)
+    if first is forbid:  # the collector alone is still active
+        tf.Variable(1.0, name="seen_by_collector")
+        assert [v.name for v in collect.created] == ["seen_by_collector"]
+        with pytest.raises(equivtool.VariableCreationError, match="seen_by_collector"):
+            second.__exit__(None, None, None)
+    else:  # the forbidding guard alone is still active
+        with pytest.raises(equivtool.VariableCreationError, match="still_forbidden"):
+            tf.Variable(1.0, name="still_forbidden")
+        second.__exit__(None, None, None)
+    _assert_no_guard_installed(before)
+
+
+def test_guards_exited_out_of_order_in_a_graph_leave_none_installed():
+    with tf.Graph().as_default():
+        before = _creator_stack()
+        outer, inner = equivtool.assert_no_variable_creations(), equivtool.assert_no_variable_creations()
+        outer.__enter__()
+        inner.__enter__()
+        outer.__exit__(None, None, None)
+        inner.__exit__(None, None, None)
+        assert _creator_stack() == before
+        tf.compat.v1.get_variable("w", shape=[2])  # creation works again
+
+
+@pytest.mark.parametrize("guard_type", [equivtool.assert_no_variable_creations,
+                                        equivtool.catch_and_raise_created_variables])
+def test_guard_exited_on_another_thread_is_removed_from_the_entering_thread(guard_type):
+    before = _creator_stack()
+    guard = guard_type()
+    guard.__enter__()
+    errors = []
+
+    def exit_elsewhere():
+        try:
+            guard.__exit__(None, None, None)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=exit_elsewhere)
+    thread.start()
+    thread.join()
+    assert errors == []
+    _assert_no_guard_installed(before)
+
+
+def test_guard_held_by_a_generator_closed_on_another_thread_is_removed():
+    before = _creator_stack()
+
+    def held():
+        with equivtool.assert_no_variable_creations():
+            yield
+
+    gen = held()
+    next(gen)
+    with pytest.raises(equivtool.VariableCreationError):
+        tf.Variable(1.0)
+    thread = threading.Thread(target=gen.close)
+    thread.start()
+    thread.join()
+    _assert_no_guard_installed(before)
+
+
+def test_one_guard_used_as_decorator_on_two_threads_removes_each_threads_entry():
+    guard = equivtool.assert_no_variable_creations()
+    before = _creator_stack()
+    entered, release = threading.Event(), threading.Event()
+
+    @guard
+    def hold():
+        entered.set()
+        release.wait(60)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    entered.wait(60)
+    with guard:  # entered here after the other thread entered
+        release.set()
+        thread.join()  # the other thread exits first
+        with pytest.raises(equivtool.VariableCreationError):  # this thread's entry still holds
+            tf.Variable(1.0)
+    _assert_no_guard_installed(before)
+
+
+def test_guards_nest_with_tensorflows_own_creator_scopes():
+    def passthrough(next_creator, **kwargs):
+        return next_creator(**kwargs)
+
+    before = _creator_stack()
+    with tf.variable_creator_scope(passthrough):
+        with equivtool.assert_no_variable_creations():
+            pass
+    with equivtool.catch_and_raise_created_variables():
+        with tf.variable_creator_scope(passthrough):
+            pass
+
+    @tf.function  # tracing wraps the body in TensorFlow's own creator scope
+    def traced():
+        with equivtool.assert_no_variable_creations():
+            return tf.constant(1.0)
+
+    assert float(traced()) == 1.0
+    _assert_no_guard_installed(before)
