@@ -9,8 +9,12 @@ tf-slim 1.1.0 (through ``tensorflow.python.layers``) imports
 ``tf_keras.src.legacy_tf_layers.*``.
 
 ``apply()`` is idempotent and is the one documented global change equivtool
-makes: it sets the environment variable and installs an import alias that is
-consulted only when the old module names do not resolve by themselves.
+makes: it sets the environment variable, installs an import alias that is
+consulted only when the old module names do not resolve by themselves, and
+arms the tf-slim repairs of ``equivtool._compat`` (moved TensorFlow symbols,
+collection membership by identity, eager name scopes), which run when tf-slim
+is imported and each do nothing where tf-slim already works. ``equivtool
+doctor`` lists what each repair did.
 """
 
 from __future__ import annotations
@@ -112,6 +116,8 @@ def apply() -> None:
                 "`import tensorflow`.")
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+    from equivtool import _compat
+    _compat.install()
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,17 @@ helper) and returns a :class:`~equivtool.StepResult`, or raises
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from equivtool.comparison import compare
 from equivtool.report import StepResult
-from equivtool.runners import TF1Side, TF2Side, fixed_value, variable_key
+from equivtool._tree import dense_gradient, flatten_tensors
+from equivtool.runners import TF1Side, TF2Side, depends_on, fixed_value, variable_key
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.steps import SkipStep, title
 from equivtool.variables import VariableCreationError, VariableInfo, VariableSet, compare_variables
@@ -83,6 +85,7 @@ def random_constant(e: "_Engine", mode: str, training: bool) -> StepResult:
     # The training pass lives in a graph of its own (so its names match a
     # standalone build); localization fetches its ops there.
     forward, side = (pair.training, pair.tf1_train) if training else (pair.inference, pair.tf1)
+    result = judge_loop_random(result, forward.loop_random_ops, forward_leaf_tensors(result, forward))
     return e.localized(result, side, forward.outputs, lambda: _localization_call(e, pair, training),
                        state=pair.preserved)
 
@@ -90,17 +93,24 @@ def random_constant(e: "_Engine", mode: str, training: bool) -> StepResult:
 def gradients(e: "_Engine") -> StepResult:
     pair = e.pair
     tf1_loss, tf1_grads, tf2_loss, tf2_grads = pair.gradients()
+    tf1_dense = {key: dense_gradient(value) for key, value in tf1_grads.items()}
+    tf1_grads = {key: dense for key, (dense, _) in tf1_dense.items()}
     missing = sorted(set(tf1_grads) ^ set(tf2_grads))
     notes = [f"loss: TF1 {float(tf1_loss):.9g}, TF2 {float(tf2_loss):.9g}"]
+    notes += sparse_note([k for k, (_, sparse) in tf1_dense.items() if sparse], pair.tf2.sparse_gradients)
     if missing:
         notes.append("gradients present on one side only: " + ", ".join(missing[:10]))
     tf1_ordered = {k: tf1_grads[k] for k in pair.tf1.keys if k in tf1_grads}
     if pair.distributed:
         notes.append(_DISTRIBUTED_NOTE)
-    return e.compare_step("gradients",
-                          [("loss", np.float32(tf1_loss), np.float32(tf2_loss)),
-                           ("gradients", tf1_ordered, tf2_grads)],
-                          notes=notes, data={"variables": len(tf1_grads)})
+    result = e.compare_step("gradients",
+                            [("loss", np.float32(tf1_loss), np.float32(tf2_loss)),
+                             ("gradients", tf1_ordered, tf2_grads)],
+                            notes=notes, data={"variables": len(tf1_grads)})
+    forward = pair.inference if pair.distributed else pair.training
+    tensors = {"loss": forward.loss}
+    tensors.update({f"gradients/{key}": g for key, g in (forward.gradients or {}).items()})
+    return judge_loop_random(result, forward.loop_random_ops, tensors)
 
 
 def fixed_weights(e: "_Engine") -> StepResult:
@@ -147,13 +157,24 @@ def optimizer(e: "_Engine") -> StepResult:
                 failed_at = step + 1
     notes = [f"{o.train_steps} steps of {type(tf1_training.optimizer).__name__} (TF1) vs "
              f"{type(tf2_optimizer).__name__} (TF2)"]
+    gradient_pass = pair.training or pair.inference
+    gradient_of = gradient_pass.gradients or {}
+    notes += sparse_note([k for k, g in gradient_of.items() if type(g).__name__ == "IndexedSlices"],
+                         pair.tf2.sparse_gradients, applied=True)
     if pair.distributed:
         notes.append(_DISTRIBUTED_NOTE)
     if failed_at is not None:
         notes.append(f"first step that exceeds tolerance: {failed_at}")
-    return StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes,
-                                       data={"steps": o.train_steps, "first_failing_step": failed_at,
-                                             "losses": losses})
+    result = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes,
+                                         data={"steps": o.train_steps, "first_failing_step": failed_at,
+                                               "losses": losses})
+    # A variable's update is explained by the loops when its gradient (in the
+    # shared pair's training pass, with that pass's loops) is.
+    tensors = {}
+    for step in range(o.train_steps):
+        tensors[f"step_{step + 1}/loss"] = tf1_training.loss
+        tensors.update({f"step_{step + 1}/variables/{key}": gradient_of.get(key) for key in tf2_keys})
+    return judge_loop_random(result, {**tf1_training.loop_random_ops, **gradient_pass.loop_random_ops}, tensors)
 
 
 def checkpoint(e: "_Engine") -> StepResult:
@@ -206,6 +227,7 @@ def random_fresh(e: "_Engine", mode: str, training: bool) -> StepResult:
             tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False)
             tf2_out, tf2_reg, _, _ = tf2.forward(o.inputs, training=training)
         result = e.compare_step(name, forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
+        result = judge_loop_random(result, forward.loop_random_ops, forward_leaf_tensors(result, forward))
 
         def fresh_call():  # the same first call of a fresh layer under a fresh tool
             from equivtool.localize._capture import call_layer
@@ -214,6 +236,61 @@ def random_fresh(e: "_Engine", mode: str, training: bool) -> StepResult:
         return e.localized(result, tf1, forward.outputs, fresh_call)
     finally:
         tf1.close()
+
+
+def forward_leaf_tensors(result: StepResult, forward) -> dict:
+    """``{leaf name: TF1 tensor}`` for a forward-pass step's comparisons, matched
+    by position (the comparison walks the TF1 structure in order); a part whose
+    leaf count differs (keys on one side only) is left out."""
+    from equivtool.equivalence import _split_outputs
+    parts = [flatten_tensors(part) for _, part, _ in _split_outputs(forward.outputs, forward.outputs)]
+    parts.append([forward.regularization])
+    tensors = {}
+    for comparison, part in zip(result.comparisons, parts):
+        if len(comparison.leaves) == len(part):
+            tensors.update({leaf.name: tensor for leaf, tensor in zip(comparison.leaves, part)})
+    return tensors
+
+
+def judge_loop_random(result: StepResult, loops: Mapping, tensors: Mapping) -> StepResult:
+    """A failed step is "not comparable" when the TF1 pass draws random numbers
+    inside a while loop and every failing leaf is computed from such a loop.
+
+    In a TF1 session a random op inside ``tf.while_loop`` (``DropoutWrapper``
+    under ``dynamic_rnn``) is one stateful op that draws a new value at every
+    iteration; run eagerly, every iteration creates a new op, which the random
+    tool seeds afresh, so the two sides' draws cannot be aligned. A failing
+    leaf that does not depend on such a loop is a real difference: the step
+    stays failed, with a note.
+    """
+    if result.status != "failed" or not loops:
+        return result
+    failing = [leaf.name for comparison in result.comparisons for leaf in comparison.failures]
+    unexplained = [name for name in failing if not depends_on(tensors.get(name), loops)]
+    described = "; ".join(f"{loop}: {', '.join(found[:3])}" for loop, found in list(loops.items())[:3])
+    if unexplained:
+        note = (f"the TF1 pass draws random numbers inside while loops ({described}), but these failing "
+                f"leaves do not depend on them: {unexplained[:5]}")
+        return dataclasses.replace(result, notes=result.notes + (note,))
+    message = ("not comparable: the TF1 pass draws random numbers inside a while loop (one stateful op "
+               "drawing anew at every iteration, while eagerly each iteration creates a new op), so the "
+               f"two sides' draws cannot be aligned; every failing leaf ({len(failing)}) depends on it. "
+               f"Loops: {described}. The inference steps compare the same layers without those draws.")
+    return dataclasses.replace(result, status="skipped", message=message,
+                               data={**dict(result.data), "not_comparable": "random ops inside while loops",
+                                     "failed_leaves": failing[:20]})
+
+
+def sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:
+    """A note naming the variables whose gradients were sparse (tf.IndexedSlices)."""
+    keys = sorted(set(tf1_keys) | set(tf2_keys))
+    if not keys:
+        return []
+    how = ("applied sparsely by both optimizers; the updated variables are compared" if applied
+           else "scattered into dense arrays and compared densely")
+    sides = ("on both sides" if set(tf1_keys) == set(tf2_keys)
+             else f"TF1: {sorted(tf1_keys)[:5]}, TF2: {sorted(tf2_keys)[:5]}")
+    return [f"sparse gradients (tf.IndexedSlices, {sides}) for {len(keys)} variable(s) {keys[:5]}: {how}"]
 
 
 def _localization_call(e: "_Engine", pair, training: bool):

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["is_namedtuple", "to_numpy", "flatten_tensors", "pack_like"]
+__all__ = ["is_namedtuple", "is_sparse", "dense_gradient", "to_numpy", "flatten_tensors", "pack_like"]
 
 
 def is_namedtuple(x: Any) -> bool:
@@ -31,8 +31,43 @@ def _rebuild_sequence(original, items: list):
     return type(original)(items)
 
 
+def is_sparse(value: Any) -> bool:
+    """A ``tf.IndexedSlices``, or the ``IndexedSlicesValue`` a session returns for one
+    (recognised by type name and fields, so this module imports no TensorFlow)."""
+    return type(value).__name__ in ("IndexedSlices", "IndexedSlicesValue") and all(
+        hasattr(value, field) for field in ("values", "indices", "dense_shape"))
+
+
+def _array(value):
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def dense_gradient(value, shape=None) -> tuple:
+    """``(dense NumPy array, was_sparse)`` for a gradient.
+
+    The gradient of ``tf.gather``/``tf.nn.embedding_lookup`` w.r.t. the table
+    is sparse: ``tf.IndexedSlices`` eagerly, ``IndexedSlicesValue`` from a
+    session. Both sides are scattered into a dense array the same way (rows
+    of repeated indices summed in index order), so the comparison sees only
+    the values and where they go.
+    """
+    if not is_sparse(value):
+        return _array(value), False
+    values, indices = _array(value.values), _array(value.indices)
+    if value.dense_shape is not None:
+        shape = tuple(int(d) for d in _array(value.dense_shape))
+    elif shape is None:
+        raise ValueError("a sparse gradient without dense_shape needs the variable's shape")
+    dense = np.zeros(tuple(int(d) for d in shape), dtype=values.dtype)
+    np.add.at(dense, indices, values)
+    return dense, True
+
+
 def to_numpy(structure):
-    """Tensors (eager) to NumPy, keeping dict insertion order and containers."""
+    """Tensors (eager) to NumPy, keeping dict insertion order and containers;
+    sparse gradients (``tf.IndexedSlices``, ``IndexedSlicesValue``) become dense arrays."""
+    if is_sparse(structure):
+        return dense_gradient(structure)[0]
     if isinstance(structure, Mapping):
         return _rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
     if isinstance(structure, (list, tuple)):

@@ -217,6 +217,16 @@ def doctor_slim_fix() -> tuple[bool, str]:
     return True, state
 
 
+def doctor_slim_repairs() -> tuple[bool, str]:
+    """The tf-slim repairs of the import-time fix (equivtool._compat): what each did."""
+    from equivtool import _compat
+    repairs = _compat.repairs(import_libraries=True)
+    if not repairs:
+        return True, "none (tf-slim is not installed)"
+    text = "; ".join(f"{r.name}: {r.state}" + (f" ({r.detail})" if r.state == "failed" else "") for r in repairs)
+    return all(r.state != "failed" for r in repairs), text
+
+
 def doctor_shim() -> tuple[bool, str]:
     import tensorflow as tf
     if hasattr(tf.compat.v1.keras.utils, "track_tf1_style_variables"):
@@ -268,6 +278,7 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("numpy", _version_check("numpy")),
     ("legacy Keras", doctor_legacy_keras),
     ("tf-slim fix", doctor_slim_fix),
+    ("tf-slim repairs", doctor_slim_repairs),
     ("shim", doctor_shim),
     ("devices", doctor_devices),
     ("xent op", doctor_xent_op),

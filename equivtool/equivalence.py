@@ -275,6 +275,7 @@ class _Engine:
         self.user_layer = layer if isinstance(layer, tf.Module) else None
         self.factory = None if self.user_layer is not None else layer
         self._user_layer_used = False
+        self.layer_names: set = set()  # the TF2 layers' names: their name scopes may prefix end-point keys
         self._pair: ConstantPair | None = None
         self._pair_error: str | None = None
         self.results: dict[str, StepResult] = {}
@@ -286,11 +287,13 @@ class _Engine:
             layer = self.factory()
             if not callable(layer):
                 raise TypeError(f"tf2_layer: the factory returned {type(layer).__name__}, expected a Keras layer")
+            self.layer_names.add(getattr(layer, "name", None))
             return layer
         if self._user_layer_used:
             raise SkipStep("tf2_layer is a layer instance, which can be created only once; pass a "
                            "zero-argument factory (e.g. lambda: MyLayer()) to run this step on a fresh layer")
         self._user_layer_used = True
+        self.layer_names.add(getattr(self.user_layer, "name", None))
         return self.user_layer
 
     @property
@@ -340,8 +343,14 @@ class _Engine:
     def compare_step(self, name, pairs: Iterable[tuple], notes=(), data=None) -> StepResult:
         spec = self.options.tolerances.get(name)
         comparisons = []
+        notes = list(notes)
         for label, expected, actual in pairs:
             if label == "outputs":
+                expected, actual, stripped = _align_output_keys(expected, actual, self.options.renamer,
+                                                                 self.layer_names)
+                if stripped:
+                    notes.append(f"end-point keys: the TF2 layer's own name scope {stripped!r} removed "
+                                 "(the only difference from the TF1 keys)")
                 for sub_label, sub_expected, sub_actual in _split_outputs(expected, actual):
                     comparisons.append(compare(sub_expected, sub_actual, spec, name=sub_label))
             else:
@@ -396,6 +405,43 @@ def _split_outputs(expected, actual) -> list[tuple]:
         parts += [(f"outputs/{i}", expected[i], actual[i]) for i in others]
         return parts
     return [("outputs", expected, actual)]
+
+
+def _rename_keys(outputs, renamer):
+    """``rename`` applied to every str key of the dicts in ``outputs`` (end points)."""
+    if isinstance(outputs, Mapping):
+        return {(renamer(k) if isinstance(k, str) else k): _rename_keys(v, renamer) for k, v in outputs.items()}
+    if isinstance(outputs, (list, tuple)) and not hasattr(outputs, "_fields"):
+        return type(outputs)(_rename_keys(v, renamer) for v in outputs)
+    return outputs
+
+
+def _align_output_keys(expected, actual, renamer, layer_names) -> tuple:
+    """``(expected, actual, stripped prefix or None)`` with ``rename`` applied to
+    output keys, and the TF2 layer's own name scope (``<layer name>/``) removed
+    from the TF2 end-point keys when that is all that tells them apart."""
+    expected, actual = _rename_keys(expected, renamer), _rename_keys(actual, renamer)
+    stripped = []
+
+    def walk(exp, act):
+        if isinstance(exp, Mapping) and isinstance(act, Mapping):
+            if set(exp) != set(act):
+                for layer_name in sorted(n for n in layer_names if isinstance(n, str)):
+                    prefix = layer_name + "/"
+                    renamed = {(k[len(prefix):] if isinstance(k, str) and k.startswith(prefix) else k): v
+                               for k, v in act.items()}
+                    if len(renamed) == len(act) and set(renamed) == set(exp):
+                        stripped.append(prefix)
+                        act = renamed
+                        break
+            return exp, {k: walk(exp[k], v)[1] if k in exp else v for k, v in act.items()}
+        if (isinstance(exp, (list, tuple)) and isinstance(act, (list, tuple)) and len(exp) == len(act)
+                and not hasattr(act, "_fields")):
+            return exp, type(act)(walk(e, a)[1] for e, a in zip(exp, act))
+        return exp, act
+
+    expected, actual = walk(expected, actual)
+    return expected, actual, (stripped[0] if stripped else None)
 
 
 def check_equivalence(
