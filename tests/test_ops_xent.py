@@ -570,3 +570,18 @@ def test_invalid_label_gpu_gives_nan_loss_and_gradient_row():
     _assert_ran_on_gpu(loss, grad)
     assert np.isnan(loss.numpy()[1]) and np.isnan(grad.numpy()[1]).all()
     assert not np.isnan(loss.numpy()[[0, 2]]).any()
+
+
+@pytest.mark.parametrize("axis,error,match", [
+    (2, ValueError, r"axis must be in \[-2, 2\) for logits of rank 2, got 2"),
+    (-3, ValueError, r"axis must be in \[-2, 2\)"),
+    (1.0, TypeError, "axis must be an int"),
+    (True, TypeError, "axis must be an int"),
+    ("1", TypeError, "axis must be an int"),
+])
+def test_dense_axis_is_checked_and_named(axis, error, match):
+    # before: IndexError from a list (out of range) or TypeError from list indexing
+    x = np.zeros([2, 3], np.float32)
+    with pytest.raises(error, match=match):
+        ops.softmax_cross_entropy_with_logits(labels=x, logits=x, axis=axis)
+    assert ops.softmax_cross_entropy_with_logits(labels=x, logits=x, axis=np.int64(0)).shape == (3,)

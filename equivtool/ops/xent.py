@@ -46,6 +46,7 @@ cannot raise inside a kernel), as with ``tf.nn`` under XLA.
 from __future__ import annotations
 
 
+import numpy as np
 import tensorflow as tf
 from equivtool._tf_internals import ops as _tf_ops
 
@@ -278,6 +279,9 @@ def softmax_cross_entropy_with_logits(labels=None, logits=None, axis=-1, name=No
     _require_args(fn, labels, logits)
     if not isinstance(exact_gradient, bool):
         raise TypeError(f"{fn}: exact_gradient must be True or False, got {exact_gradient!r}.")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{fn}: axis must be an int (the class dimension, e.g. -1), got {axis!r}.")
+    axis = int(axis)
     with tf.name_scope(name or "equivtool_xent"):
         logits = tf.convert_to_tensor(logits, name="logits")
         _check_logits_dtype(logits, fn)
@@ -289,6 +293,9 @@ def softmax_cross_entropy_with_logits(labels=None, logits=None, axis=-1, name=No
         x_shape = logits.shape
         if x_shape.rank == 0:
             raise ValueError(f"{fn}: logits cannot be a scalar; got shape {x_shape}.")
+        if x_shape.rank is not None and not -x_shape.rank <= axis < x_shape.rank:
+            raise ValueError(f"{fn}: axis must be in [{-x_shape.rank}, {x_shape.rank}) for logits of "
+                             f"rank {x_shape.rank}, got {axis}.")
         labels = _broadcast_labels(labels, logits, fn)
         static_shape = None
         if x_shape.rank is not None:
