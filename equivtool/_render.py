@@ -280,6 +280,11 @@ def error_plot_png(leaves: Sequence[LeafComparison], title: str,
     if len(leaves) <= 60:
         ax.set_xticks(x)
         ax.set_xticklabels([shorten(leaf.name, 40) for leaf in leaves], rotation=90, fontsize=6)
+    return finished_png(fig, ax)
+
+
+def finished_png(fig, ax) -> str:
+    """Legend, grid and layout for one of the reports' error plots, as base64 PNG."""
     ax.legend(fontsize=7, loc="best")
     ax.grid(True, which="major", axis="y", alpha=0.3)
     fig.tight_layout()

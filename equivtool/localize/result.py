@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from equivtool._render import finished_png
 from equivtool._render import fmt_err as _fmt_err
 from equivtool.comparison import LeafComparison
 
@@ -175,9 +176,6 @@ def as_localization(value: Any) -> Optional[Localization]:
 
 def path_plot_png(localization: Localization, title: str = "") -> str:
     """Max abs error per op along the path from the input to the divergent op, as base64 PNG."""
-    import base64
-    import io
-
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -208,12 +206,7 @@ def path_plot_png(localization: Localization, title: str = "") -> str:
         ax.set_xticks(x)
         ax.set_xticklabels([p.name.rsplit("/", 2)[-2] + "/" + p.name.rsplit("/", 1)[-1]
                             if p.name.count("/") >= 2 else p.name for p in path], rotation=90, fontsize=6)
-    ax.legend(fontsize=7, loc="best")
-    ax.grid(True, which="major", axis="y", alpha=0.3)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    return finished_png(fig, ax)
 
 
 # --------------------------------------------------------------------------
