@@ -137,6 +137,14 @@ def iterator_dataset(iterator):
     return getattr(iterator, "_dataset", None)
 
 
+def tensor_equality_enabled() -> bool:
+    """Whether TF2's element-wise ``==`` for tensors and variables is on
+    (``tf.compat.v1.enable/disable_tensor_equality`` set it). Unknown on a
+    TensorFlow without the switch: then True, the TF2 default."""
+    import tensorflow as tf
+    return bool(getattr(tf.Tensor, "_USE_EQUALITY", True))
+
+
 def build_legacy_optimizer(optimizer, variables) -> bool:
     """Create a legacy Keras optimizer's slot variables now; False if it has no such method."""
     create = getattr(optimizer, "_create_all_weights", None)

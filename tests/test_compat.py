@@ -76,3 +76,28 @@ def test_doctor_lists_the_repairs():
     proc = subprocess.run([sys.executable, "-m", "equivtool.cli", "doctor"], cwd=ROOT, capture_output=True,
                           text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
     assert "tf-slim repairs" in proc.stdout and "moved TensorFlow symbols" in proc.stdout, proc.stdout
+
+
+def test_importing_tf_slim_leaves_the_runtime_uninitialised():
+    # The repairs' probes must not run eager ops at `import tf_slim`: a user
+    # configures devices (logical CPUs, GPU memory growth) after importing,
+    # and TensorFlow refuses once its runtime is initialised.
+    code = (
+        "import equivtool, tensorflow as tf, tf_slim\n"
+        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+        "tf.config.set_logical_device_configuration(\n"
+        "    cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])\n"
+        "print(len(tf.config.list_logical_devices('CPU')))\n")
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "2", result.stderr[-2000:]
+
+
+def test_membership_probe_follows_tensorflows_equality_switch():
+    try:
+        tf.compat.v1.disable_tensor_equality()
+        assert not _tf_slim._membership_is_broken()
+    finally:
+        tf.compat.v1.enable_tensor_equality()
+    assert _tf_slim._membership_is_broken()

@@ -140,15 +140,13 @@ class _IdentityList(list):
 # -- 2. collection membership -------------------------------------------------
 
 def _membership_is_broken() -> bool:
-    import tensorflow as tf
-    with tf.init_scope():  # eager, where TF2 tensor equality applies
-        a = tf.Variable([0.0, 1.0], name="equivtool_probe_a")
-        b = tf.Variable([0.0, 1.0], name="equivtool_probe_b")
-        try:
-            a in [b]  # noqa: B015  (the probe is whether `in` raises)
-        except (ValueError, TypeError):
-            return True
-    return False
+    """Whether ``==`` between tensors/variables is element-wise (TF2's tensor
+    equality), which makes tf-slim's ``var in collection`` raise. Read from
+    TensorFlow's switch rather than by comparing two variables: creating
+    eager variables here would initialise the runtime at ``import tf_slim``,
+    before the user could configure devices (logical CPUs, GPU memory growth)."""
+    from equivtool import _tf_internals
+    return _tf_internals.tensor_equality_enabled()
 
 
 def _repaired(module_name: str, attribute: str) -> bool:
