@@ -5,10 +5,16 @@ marked ``@pytest.mark.gpu`` is skipped, with the reason, when TensorFlow sees
 no GPU or when the op library carries no CUDA kernels. A GPU test must still
 check where its ops ran (a tensor's ``.device``): TensorFlow places an op on
 the CPU silently when the GPU has no kernel for it.
+
+equivtool is imported here, before any test module is collected: its
+import-time environment fix (legacy Keras) must precede TensorFlow, and the
+pytest plugin no longer imports it for every suite, so a test module that
+imports TensorFlow first works run alone as well as in the whole suite.
 """
 
 import functools
 
+import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import pytest
 
 
