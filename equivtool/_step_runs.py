@@ -17,7 +17,8 @@ import numpy as np
 from equivtool.comparison import compare
 from equivtool.report import StepResult
 from equivtool._tree import dense_gradient, flatten_tensors
-from equivtool.runners import TF1Side, TF2Side, depends_on, fixed_value, variable_key
+from equivtool._tf1_graph import depends_on
+from equivtool.runners import TF1Side, TF2Side, fixed_value, variable_key
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.steps import SkipStep, title
 from equivtool.variables import VariableCreationError, VariableInfo, VariableSet, compare_variables
