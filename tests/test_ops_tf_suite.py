@@ -50,6 +50,27 @@ GRAPH_STRUCTURE_CASES = {
 }
 
 
+class _FilteringRestored:
+    """Mixin: tf.test.TestCase.__init__ turns TensorFlow's traceback filtering
+    off for the thread and never back on, and pytest constructs these cases
+    while collecting, so every later test of the run would start with
+    filtering off (equivtool's own tests of that setting failed in the full
+    suite only). Construction puts the thread's setting back; each case runs
+    with filtering off, as TensorFlow intends, and restores it afterwards."""
+
+    def __init__(self, *args, **kwargs):
+        was_enabled = tf.debugging.is_traceback_filtering_enabled()
+        super().__init__(*args, **kwargs)
+        if was_enabled:
+            tf.debugging.enable_traceback_filtering()
+
+    def setUp(self):
+        if tf.debugging.is_traceback_filtering_enabled():
+            tf.debugging.disable_traceback_filtering()
+            self.addCleanup(tf.debugging.enable_traceback_filtering)
+        super().setUp()
+
+
 class _RoutedToEquivtool:
     """Mixin: every case runs inside deterministic_xent(); graph-structure
     cases run with op determinism enabled (see GRAPH_STRUCTURE_CASES)."""
@@ -66,11 +87,11 @@ class _RoutedToEquivtool:
             _tf_config.enable_op_determinism()
 
 
-class TestTensorFlowSparseXent(_sparse_base.SparseXentOpTestBase):
+class TestTensorFlowSparseXent(_FilteringRestored, _sparse_base.SparseXentOpTestBase):
     """Baseline: TensorFlow's SparseSoftmaxCrossEntropyWithLogits."""
 
 
-class TestEquivtoolSparseXent(_RoutedToEquivtool, _sparse_base.SparseXentOpTestBase):
+class TestEquivtoolSparseXent(_FilteringRestored, _RoutedToEquivtool, _sparse_base.SparseXentOpTestBase):
     """The same cases on equivtool's sparse op."""
 
     def _opFwdBwd(self, labels, logits):
@@ -81,11 +102,11 @@ class TestEquivtoolSparseXent(_RoutedToEquivtool, _sparse_base.SparseXentOpTestB
         return loss, tape.gradient(loss, logits)
 
 
-class TestTensorFlowXent(_dense_base.XentOpTestBase):
+class TestTensorFlowXent(_FilteringRestored, _dense_base.XentOpTestBase):
     """Baseline: TensorFlow's SoftmaxCrossEntropyWithLogits."""
 
 
-class TestEquivtoolXent(_RoutedToEquivtool, _dense_base.XentOpTestBase):
+class TestEquivtoolXent(_FilteringRestored, _RoutedToEquivtool, _dense_base.XentOpTestBase):
     """The same cases on equivtool's dense op."""
 
     def _opFwdBwd(self, labels, logits, axis=-1):
@@ -150,3 +171,20 @@ def test_routing_is_undone_after_each_case():
     assert result.testsRun > 0
     assert tf.nn.softmax_cross_entropy_with_logits is original
     assert not _tf_config.is_op_determinism_enabled()
+
+
+def test_constructing_and_running_cases_leaves_traceback_filtering_as_it_was():
+    tf.debugging.enable_traceback_filtering()
+    try:
+        for case_class in (TestTensorFlowSparseXent, TestEquivtoolSparseXent, TestTensorFlowXent,
+                           TestEquivtoolXent):
+            unittest.defaultTestLoader.loadTestsFromTestCase(case_class)  # constructs every case
+            assert tf.debugging.is_traceback_filtering_enabled(), case_class.__name__
+        case = TestEquivtoolXent("testSecondGradient")
+        result = unittest.TestResult()
+        case.run(result)
+        assert result.wasSuccessful() and tf.debugging.is_traceback_filtering_enabled()
+        _dense_base.XentOpTestBase("testSecondGradient")  # TensorFlow's own class does switch it off
+        assert not tf.debugging.is_traceback_filtering_enabled()
+    finally:
+        tf.debugging.enable_traceback_filtering()
