@@ -1,39 +1,69 @@
-"""Time equivtool's full Inception-ResNet-v2 check against the guide's checks written by hand.
+"""Time equivtool's Inception-ResNet-v2 check against the guide's own code and a plain script.
 
-Two variants perform the same checks on the same model configuration
-(``parity.model_kwargs()``, 1000 classes) and the same input
-(``RandomState(0).uniform(-1, 1)``, as ``parity.run`` makes it):
+Three variants check the same model configuration (``parity.model_kwargs()``,
+1000 classes) at the same size; each must pass, or the benchmark stops:
+
+``guide`` (the primary baseline)
+    TensorFlow's guide "Validating correctness & numerical equivalence"
+    (tensorflow/docs, ``site/en/guide/migrate/validate_correctness.ipynb``),
+    its steps 1-4 as the notebook's code cells write them, in
+    ``benchmarks/_guide_steps.py``: variables created once (its two
+    ``variable_creator_scope`` guards), variable parity (counts, names,
+    trainability, shapes), fixed weights (every variable assigned 0.001;
+    logits and regularization loss), the random tool in ``num_random_ops``
+    mode for inference and for training and in ``constant`` mode for training
+    through a Keras functional model. Its inputs (``tf.ones``), asserts and
+    ``np.testing.assert_allclose`` tolerances are the notebook's; it compares
+    the logits and the regularization loss only. By hand: the project's model
+    behind the notebook's ``inception_resnet_v2`` / ``InceptionResnetV2``
+    names, the ``tf_slim`` alias, and tf-keras' ``DeterministicRandomTestTool``
+    for the notebook's copy of it. Before its TF1 sessions it turns
+    Grappler's ``arithmetic_optimization`` and ``remapping`` passes off, as the
+    notebook's troubleshooting section advises: with TensorFlow's defaults the
+    inference cells fail the notebook's ``rtol=1e-07`` on a CPU (fused oneDNN
+    kernels in the session, unfused eagerly; ``--guide-default-grappler``
+    shows it). ``--guide-constant-inference`` adds a constant-mode inference
+    cell, which the notebook does not have.
 
 ``equivtool``
-    ``examples.inception_resnet_v2.parity.run`` with its default steps:
-    variables_once, parity, fixed_weights, random in both modes for inference
-    and training, gradients. It must pass.
+    ``examples.inception_resnet_v2.parity.run`` with ``--steps`` (default the
+    guide's steps 1-4: variables_once, parity, fixed_weights, random in both
+    modes for inference and training) and, with ``--workers N``,
+    ``workers=N`` (only where ``run`` accepts it). It compares the logits,
+    every end point and the regularization loss, input
+    ``RandomState(0).uniform(-1, 1)``.
 
-``plain``
-    The same checks the way TensorFlow's guide "Validating correctness &
-    numerical equivalence" writes them, with no equivtool engine: for each
-    check a fresh ``tf.Graph`` + ``Session`` building the TF1 model and a
-    fresh shim layer, tf-keras' own ``DeterministicRandomTestTool`` and
-    ``numpy.testing.assert_allclose``. Checks: variables once (second call
-    under a ``variable_creator_scope`` guard), parity (names, trainability,
-    shapes), fixed weights (every variable set to ``0.001`` as in the guide;
-    inference outputs and regularization losses), constant mode inference
-    and training, num_random_ops inference and training, gradients of the
-    engine's default loss (mean square of the logits plus regularization)
-    w.r.t. every trainable variable. Every comparison covers the logits and
-    every end point, with equivtool's default tolerance (rtol 1e-6,
-    atol 1e-5), and the TF1 session has Grappler's arithmetic optimizer off,
-    as the engine's does; the script fails if any comparison fails, so it is
-    not a strawman doing less work.
+``plain`` (the earlier baseline)
+    The same checks as equivtool's written by hand with no equivtool engine:
+    for each check a fresh ``tf.Graph`` + ``Session`` building the TF1 model
+    and a fresh shim layer, tf-keras' ``DeterministicRandomTestTool`` and
+    ``numpy.testing.assert_allclose`` on the logits and every end point, with
+    equivtool's default tolerance (rtol 1e-6, atol 1e-5) and Grappler's
+    arithmetic optimizer off as in the engine; random mode covers both modes
+    for inference and training; ``gradients`` (in ``--steps``) compares the
+    gradients of the engine's default loss. It runs the blocks for the
+    selected ``--steps``, so it does the same steps as equivtool.
 
-Each variant runs in its own subprocess (its peak RSS is its own); with
-``--repeats N`` the order alternates between repeats. Printed: the machine
-(CPU model, cores, load average before and after each run), the versions,
-each run's wall time of the check (imports excluded), the process wall and
-CPU time, peak RSS, and the ratio equivtool / plain (target <= 0.8).
-Not a test. Usage:
+Each variant runs in its own subprocess, with the order alternating between
+repeats (A B C, then C B A). Printed: the machine (CPU model, cores, load
+average before and after each run), the versions, each run's wall time of the
+check (imports excluded), the process wall and CPU time (the subprocess and
+its waited-for descendants), its number of checks (assertions; compared
+leaves for equivtool), peak memory, and the ratios equivtool / guide (targets:
+wall time <= 0.5, largest process's peak RSS <= 1.0, all processes together
+<= 1.5) and equivtool / plain (wall time <= 0.8).
+
+Peak memory of a variant is read inside its subprocess: its own
+``ru_maxrss``; ``RUSAGE_CHILDREN``'s ``ru_maxrss`` (the largest of the
+descendants it has waited for, not their sum); and, sampled from /proc every
+0.25 s, each descendant's ``VmHWM`` (its kernel-kept peak RSS). "largest" is
+the maximum of these; "sum" adds the subprocess's own peak to every
+descendant's (a process that grows in its last 0.25 s is undercounted by that
+growth). Not a test. Usage:
 
     .venv/bin/python benchmarks/bench_parity.py [--image-size 299] [--batch-size 1] [--repeats 1]
+        [--variants guide,equivtool,plain] [--steps variables_once,parity,fixed_weights,random]
+        [--workers N] [--guide-constant-inference] [--guide-default-grappler]
 """
 
 from __future__ import annotations
@@ -51,14 +81,18 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_TAG = "BENCH_PARITY_RESULT "
 NUM_CLASSES = 1000
-RTOL, ATOL = 1e-6, 1e-5  # equivtool.Tolerance() defaults (the guide's)
+RTOL, ATOL = 1e-6, 1e-5  # equivtool.Tolerance() defaults (the plain variant's)
+#: The guide's steps 1-4 under equivtool's step names (the default --steps).
+GUIDE_STEPS = ("variables_once", "parity", "fixed_weights", "random")
+#: examples.inception_resnet_v2.parity.MIN_IMAGE_SIZE (importing it would load TensorFlow here).
+MIN_IMAGE_SIZE = 107
 
 
 # --------------------------------------------------------------------------
 # The plain variant: the guide's checks, by hand
 # --------------------------------------------------------------------------
 
-def run_plain(image_size: int, batch_size: int) -> dict:
+def run_plain(image_size: int, batch_size: int, steps: tuple) -> dict:
     import equivtool  # noqa: F401  (environment fix before TensorFlow; nothing else is used)
     import numpy as np
     import tensorflow as tf
@@ -97,92 +131,97 @@ def run_plain(image_size: int, batch_size: int) -> dict:
         return tf.reduce_mean(tf.square(logits)) + reg
 
     # Step 1: variables are created only once.
-    model = make_shim(NUM_CLASSES, **kwargs)
-    model(images, training=False)
+    if "variables_once" in steps:
+        model = make_shim(NUM_CLASSES, **kwargs)
+        model(images, training=False)
 
-    def invalid_variable_creator(next_creator, **kw):
-        raise ValueError(f"Attempted to create a new variable instead of reusing one: {kw.get('name')}")
+        def invalid_variable_creator(next_creator, **kw):
+            raise ValueError(f"Attempted to create a new variable instead of reusing one: {kw.get('name')}")
 
-    with tf.variable_creator_scope(invalid_variable_creator):
-        model(images, training=True)
-    del model
+        with tf.variable_creator_scope(invalid_variable_creator):
+            model(images, training=True)
+        del model
 
     # Step 2: variable counts, names, trainability and shapes match.
-    graph = tf.Graph()
-    with graph.as_default(), session(graph):
-        tf1_forward(tf.constant(images), False, num_classes=NUM_CLASSES, **kwargs)
-        tf1_vars = {v.name: (v.trainable, tuple(v.shape.as_list())) for v in tf.compat.v1.global_variables()}
-        num_tf1 = len(tf.compat.v1.global_variables())
-    model = make_shim(NUM_CLASSES, **kwargs)
-    model(images, training=False)
-    model(images, training=False)
-    tf2_vars = {v.name: (v.trainable, tuple(v.shape.as_list())) for v in model.variables}
-    assert num_tf1 == len(model.variables), (num_tf1, len(model.variables))
-    assert tf1_vars == tf2_vars, "variable names, trainability or shapes differ"
-    comparisons += 1
-    del model
+    if "parity" in steps:
+        graph = tf.Graph()
+        with graph.as_default(), session(graph):
+            tf1_forward(tf.constant(images), False, num_classes=NUM_CLASSES, **kwargs)
+            tf1_vars = {v.name: (v.trainable, tuple(v.shape.as_list())) for v in tf.compat.v1.global_variables()}
+            num_tf1 = len(tf.compat.v1.global_variables())
+        model = make_shim(NUM_CLASSES, **kwargs)
+        model(images, training=False)
+        model(images, training=False)
+        tf2_vars = {v.name: (v.trainable, tuple(v.shape.as_list())) for v in model.variables}
+        assert num_tf1 == len(model.variables), (num_tf1, len(model.variables))
+        assert tf1_vars == tf2_vars, "variable names, trainability or shapes differ"
+        comparisons += 1
+        del model
 
     # Step 3: every variable reset to a fixed value; inference outputs and
     # regularization losses match.
-    graph = tf.Graph()
-    with graph.as_default(), session(graph) as sess:
-        outputs = tf1_forward(tf.constant(images), False, num_classes=NUM_CLASSES, **kwargs)
-        reg = tf1_reg_loss()
-        sess.run(tf.group([v.assign(tf.ones_like(v) * 0.001) for v in tf.compat.v1.global_variables()]))
-        tf1_outputs, tf1_reg = sess.run((outputs, reg))
-    model = make_shim(NUM_CLASSES, **kwargs)
-    model(images, training=False)
-    for v in model.variables:
-        v.assign(tf.ones_like(v) * 0.001)
-    tf2_outputs = model(images, training=False)
-    assert_close(tf1_reg, tf.math.add_n(model.losses).numpy(), "fixed weights: regularization loss")
-    assert_outputs_close(tf1_outputs, tf2_outputs, "fixed weights")
-    del model, tf2_outputs
-
-    # Step 4: the random tool in each mode, inference and training.
-    for mode in ("constant", "num_random_ops"):
-        for training in (False, True):
-            what = f"{mode} {'training' if training else 'inference'}"
-            with Tool(mode=mode).scope():
-                graph = tf.Graph()
-                with graph.as_default(), session(graph) as sess:
-                    outputs = tf1_forward(tf.constant(images), training, num_classes=NUM_CLASSES, **kwargs)
-                    reg = tf1_reg_loss()
-                    updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
-                    sess.run(tf.compat.v1.global_variables_initializer())
-                    tf1_outputs, tf1_reg, _ = sess.run((outputs, reg, updates))
-            with Tool(mode=mode).scope():
-                model = make_shim(NUM_CLASSES, **kwargs)
-                tf2_outputs = model(images, training=training)
-                tf2_reg = tf.math.add_n(model.losses).numpy()
-            assert_close(tf1_reg, tf2_reg, f"{what}: regularization loss")
-            assert_outputs_close(tf1_outputs, tf2_outputs, what)
-            del model, tf2_outputs
-
-    # Gradients of the loss w.r.t. every trainable variable (training, constant mode).
-    with Tool(mode="constant").scope():
+    if "fixed_weights" in steps:
         graph = tf.Graph()
         with graph.as_default(), session(graph) as sess:
-            logits, _ = tf1_forward(tf.constant(images), True, num_classes=NUM_CLASSES, **kwargs)
-            loss = loss_of(logits, tf1_reg_loss())
-            # The auxiliary head does not feed the loss: it gets no gradient (None).
-            trainable = tf.compat.v1.trainable_variables()
-            pairs = [(v.name, g) for v, g in zip(trainable, tf.gradients(loss, trainable)) if g is not None]
-            updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
-            sess.run(tf.compat.v1.global_variables_initializer())
-            tf1_loss, tf1_grads, _ = sess.run((loss, [g for _, g in pairs], updates))
-            tf1_grads = {name: value for (name, _), value in zip(pairs, tf1_grads)}
-    with Tool(mode="constant").scope():
+            outputs = tf1_forward(tf.constant(images), False, num_classes=NUM_CLASSES, **kwargs)
+            reg = tf1_reg_loss()
+            sess.run(tf.group([v.assign(tf.ones_like(v) * 0.001) for v in tf.compat.v1.global_variables()]))
+            tf1_outputs, tf1_reg = sess.run((outputs, reg))
         model = make_shim(NUM_CLASSES, **kwargs)
-        with tf.GradientTape() as tape:
-            logits, _ = model(images, training=True)
-            loss = loss_of(logits, tf.math.add_n(model.losses))
-        grads = tape.gradient(loss, model.trainable_variables)
-        tf2_grads = {v.name: g.numpy() for v, g in zip(model.trainable_variables, grads) if g is not None}
-    assert_close(tf1_loss, loss.numpy(), "gradients: loss")
-    assert sorted(tf1_grads) == sorted(tf2_grads), "gradients: variables differ"
-    for name, value in tf1_grads.items():
-        assert_close(value, tf2_grads[name], f"gradients: {name}")
+        model(images, training=False)
+        for v in model.variables:
+            v.assign(tf.ones_like(v) * 0.001)
+        tf2_outputs = model(images, training=False)
+        assert_close(tf1_reg, tf.math.add_n(model.losses).numpy(), "fixed weights: regularization loss")
+        assert_outputs_close(tf1_outputs, tf2_outputs, "fixed weights")
+        del model, tf2_outputs
+
+    # Step 4: the random tool in each mode, inference and training.
+    if "random" in steps:
+        for mode in ("constant", "num_random_ops"):
+            for training in (False, True):
+                what = f"{mode} {'training' if training else 'inference'}"
+                with Tool(mode=mode).scope():
+                    graph = tf.Graph()
+                    with graph.as_default(), session(graph) as sess:
+                        outputs = tf1_forward(tf.constant(images), training, num_classes=NUM_CLASSES, **kwargs)
+                        reg = tf1_reg_loss()
+                        updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+                        sess.run(tf.compat.v1.global_variables_initializer())
+                        tf1_outputs, tf1_reg, _ = sess.run((outputs, reg, updates))
+                with Tool(mode=mode).scope():
+                    model = make_shim(NUM_CLASSES, **kwargs)
+                    tf2_outputs = model(images, training=training)
+                    tf2_reg = tf.math.add_n(model.losses).numpy()
+                assert_close(tf1_reg, tf2_reg, f"{what}: regularization loss")
+                assert_outputs_close(tf1_outputs, tf2_outputs, what)
+                del model, tf2_outputs
+
+    # Gradients of the loss w.r.t. every trainable variable (training, constant mode).
+    if "gradients" in steps:
+        with Tool(mode="constant").scope():
+            graph = tf.Graph()
+            with graph.as_default(), session(graph) as sess:
+                logits, _ = tf1_forward(tf.constant(images), True, num_classes=NUM_CLASSES, **kwargs)
+                loss = loss_of(logits, tf1_reg_loss())
+                # The auxiliary head does not feed the loss: it gets no gradient (None).
+                trainable = tf.compat.v1.trainable_variables()
+                pairs = [(v.name, g) for v, g in zip(trainable, tf.gradients(loss, trainable)) if g is not None]
+                updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+                sess.run(tf.compat.v1.global_variables_initializer())
+                tf1_loss, tf1_grads, _ = sess.run((loss, [g for _, g in pairs], updates))
+                tf1_grads = {name: value for (name, _), value in zip(pairs, tf1_grads)}
+        with Tool(mode="constant").scope():
+            model = make_shim(NUM_CLASSES, **kwargs)
+            with tf.GradientTape() as tape:
+                logits, _ = model(images, training=True)
+                loss = loss_of(logits, tf.math.add_n(model.losses))
+            grads = tape.gradient(loss, model.trainable_variables)
+            tf2_grads = {v.name: g.numpy() for v, g in zip(model.trainable_variables, grads) if g is not None}
+        assert_close(tf1_loss, loss.numpy(), "gradients: loss")
+        assert sorted(tf1_grads) == sorted(tf2_grads), "gradients: variables differ"
+        for name, value in tf1_grads.items():
+            assert_close(value, tf2_grads[name], f"gradients: {name}")
     return {"passed": True, "comparisons": comparisons}
 
 
@@ -190,11 +229,13 @@ def run_plain(image_size: int, batch_size: int) -> dict:
 # The equivtool variant
 # --------------------------------------------------------------------------
 
-def run_equivtool(image_size: int, batch_size: int) -> dict:
+def run_equivtool(image_size: int, batch_size: int, steps: tuple, workers: int | None) -> dict:
     import equivtool  # noqa: F401
     from examples.inception_resnet_v2 import parity
 
-    report = parity.run(image_size=image_size, batch_size=batch_size, num_classes=NUM_CLASSES)
+    extra = {} if workers is None else {"workers": workers}  # main() checked that run() takes it
+    report = parity.run(image_size=image_size, batch_size=batch_size, num_classes=NUM_CLASSES,
+                        steps=steps, **extra)
     if not report.passed:
         print(report, file=sys.stderr)
         raise AssertionError("equivtool's check did not pass")
@@ -202,10 +243,111 @@ def run_equivtool(image_size: int, batch_size: int) -> dict:
             "steps": {s.name: round(s.seconds, 2) for s in report.steps}}
 
 
-VARIANTS = {"plain": run_plain, "equivtool": run_equivtool}
+# --------------------------------------------------------------------------
+# The guide variant: the notebook's own code (benchmarks/_guide_steps.py)
+# --------------------------------------------------------------------------
+
+def run_guide(image_size: int, batch_size: int, constant_inference: bool, grappler_off: bool) -> dict:
+    from benchmarks._guide_steps import run_guide as guide
+
+    return guide(image_size, batch_size, NUM_CLASSES, constant_inference=constant_inference,
+                 grappler_off=grappler_off)
 
 
-def child(variant: str, image_size: int, batch_size: int) -> None:
+VARIANTS = ("guide", "equivtool", "plain")
+CHECKS_LABEL = {"guide": "assertions", "plain": "assertions", "equivtool": "compared leaves"}
+
+
+def run_in_child(variant: str, args: argparse.Namespace) -> dict:
+    steps = tuple(args.steps.split(","))
+    if variant == "guide":
+        return run_guide(args.image_size, args.batch_size, args.guide_constant_inference,
+                         not args.guide_default_grappler)
+    if variant == "equivtool":
+        return run_equivtool(args.image_size, args.batch_size, steps, args.workers)
+    return run_plain(args.image_size, args.batch_size, steps)
+
+
+# --------------------------------------------------------------------------
+# Memory of the variant's process tree (read from /proc while it runs)
+# --------------------------------------------------------------------------
+
+def _status_kib(pid: int, field: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _descendants(root: int) -> list:
+    """The pids below ``root`` now, from the parent field of every /proc/<pid>/stat."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+class TreeMemory:
+    """Samples this process's descendants every ``interval`` seconds from /proc.
+
+    Per descendant it keeps the last ``VmHWM`` read (the kernel's own peak RSS of
+    that process, so only growth in its last ``interval`` before exiting is
+    missed); it also keeps the largest sampled sum of ``VmRSS`` over the whole
+    tree (this process included), i.e. the memory all processes held at once.
+    """
+
+    def __init__(self, interval: float = 0.25):
+        import threading
+
+        self.interval = interval
+        self.available = os.path.isdir(f"/proc/{os.getpid()}")
+        self.peak_kib: dict = {}
+        self.peak_total_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tree-memory", daemon=True)
+
+    def sample(self) -> None:
+        total = _status_kib(os.getpid(), "VmRSS") or 0
+        for pid in _descendants(os.getpid()):
+            hwm, rss = _status_kib(pid, "VmHWM"), _status_kib(pid, "VmRSS")
+            if hwm is not None:
+                self.peak_kib[pid] = max(hwm, self.peak_kib.get(pid, 0))
+            total += rss or 0
+        self.peak_total_kib = max(self.peak_total_kib, total)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> "TreeMemory":
+        if self.available:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.available:
+            self._stop.set()
+            self._thread.join()
+            self.sample()
+
+
+def child(variant: str, args: argparse.Namespace) -> None:
     """Run one variant in this process and print its result as one tagged JSON line."""
     sys.path.insert(0, ROOT)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -215,11 +357,22 @@ def child(variant: str, image_size: int, batch_size: int) -> None:
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
     import_seconds = time.perf_counter() - imported
-    start = time.perf_counter()
-    result = VARIANTS[variant](image_size, batch_size)
-    result.update(variant=variant, seconds=time.perf_counter() - start, import_seconds=import_seconds,
-                  cpu_seconds=time.process_time() - start_cpu,
-                  peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+    with TreeMemory() as tree:
+        start = time.perf_counter()
+        result = run_in_child(variant, args)
+        seconds = time.perf_counter() - start
+    self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    children_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+    sampled = [kib / 1024.0 for kib in tree.peak_kib.values()]
+    result.update(
+        variant=variant, seconds=seconds, import_seconds=import_seconds,
+        cpu_seconds=time.process_time() - start_cpu,
+        peak_rss_mb=self_mb,  # this process (ru_maxrss)
+        children_max_rss_mb=children_mb,  # the largest waited-for descendant (ru_maxrss), 0 if none
+        largest_rss_mb=max([self_mb, children_mb] + sampled),
+        processes=1 + len(sampled),
+        sum_peak_rss_mb=self_mb + sum(sampled) if tree.available else None,
+        peak_total_rss_mb=tree.peak_total_kib / 1024.0 if tree.available else None)
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
@@ -256,13 +409,23 @@ def versions() -> str:
     return f"Python {platform.python_version()}, " + ", ".join(found)
 
 
-def run_variant(variant: str, image_size: int, batch_size: int) -> dict:
+def child_argv(variant: str, args: argparse.Namespace) -> list:
+    argv = [sys.executable, os.path.abspath(__file__), "--child", variant, "--image-size", str(args.image_size),
+            "--batch-size", str(args.batch_size), "--steps", args.steps]
+    if args.workers is not None:
+        argv += ["--workers", str(args.workers)]
+    if args.guide_constant_inference:
+        argv.append("--guide-constant-inference")
+    if args.guide_default_grappler:
+        argv.append("--guide-default-grappler")
+    return argv
+
+
+def run_variant(variant: str, args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", variant,
-                           "--image-size", str(image_size), "--batch-size", str(batch_size)],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(child_argv(variant, args), capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT_TAG)]
@@ -275,48 +438,145 @@ def run_variant(variant: str, image_size: int, batch_size: int) -> dict:
     return result
 
 
-def main(argv=None) -> int:
+def _names(text: str, allowed, option: str) -> tuple:
+    names = tuple(n.strip() for n in text.split(","))
+    bad = [n for n in names if n not in allowed]
+    if not names or bad or len(set(names)) != len(names):
+        raise ValueError(f"{option}: expected distinct comma-separated names among {', '.join(allowed)}, "
+                         f"got {text!r}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--image-size", type=int, default=299)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        child(args.child, args.image_size, args.batch_size)
-        return 0
+    parser.add_argument("--image-size", type=int, default=299,
+                        help=f"image height and width, at least {MIN_IMAGE_SIZE} (default 299)")
+    parser.add_argument("--batch-size", type=int, default=1, help="images per batch (default 1)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each variant, order alternating (default 1)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, among {', '.join(VARIANTS)}; run in this order, then reversed "
+                             f"(default {','.join(VARIANTS)})")
+    parser.add_argument("--steps", default=",".join(GUIDE_STEPS),
+                        help="the steps equivtool and plain run (default: the guide's steps 1-4, "
+                             f"{','.join(GUIDE_STEPS)}); the guide variant always runs its steps 1-4")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="passed as workers= to examples.inception_resnet_v2.parity.run (default: not passed)")
+    parser.add_argument("--guide-constant-inference", action="store_true",
+                        help="add a constant-mode inference cell to the guide (the notebook has none)")
+    parser.add_argument("--guide-default-grappler", action="store_true",
+                        help="run the guide's TF1 sessions with Grappler's defaults, as the notebook does "
+                             "(default: arithmetic_optimization and remapping off, the notebook's advice; "
+                             "see benchmarks/_guide_steps.py)")
+    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    return parser
 
-    print(f"machine: {machine()}")
-    print(f"versions: {versions()}")
-    print(f"Inception-ResNet-v2, {args.image_size}x{args.image_size}, batch {args.batch_size}, "
-          f"{NUM_CLASSES} classes; {args.repeats} repeat(s), order alternating", flush=True)
-    header = (f"{'repeat':>6} {'variant':<10} {'check s':>8} {'process s':>9} {'cpu s':>8} "
-              f"{'peak RSS MB':>11} {'comparisons':>11} {'load 1m before/after':>21}")
-    print(header, flush=True)
-    runs = {name: [] for name in VARIANTS}
-    for repeat in range(args.repeats):
-        order = ("plain", "equivtool") if repeat % 2 == 0 else ("equivtool", "plain")
-        for name in order:
-            r = run_variant(name, args.image_size, args.batch_size)
-            runs[name].append(r)
-            print(f"{repeat + 1:>6} {name:<10} {r['seconds']:>8.1f} {r['process_wall']:>9.1f} "
-                  f"{r['process_cpu']:>8.1f} {r['peak_rss_mb']:>11.0f} {r['comparisons']:>11} "
-                  f"{r['load_before']:>10.2f}/{r['load_after']:<10.2f}", flush=True)
-    for r in runs["equivtool"]:
-        print(f"equivtool step seconds: {r['steps']}")
 
+def check_args(args: argparse.Namespace) -> tuple:
+    """The variants, after checking every option; raises ValueError naming the option."""
+    from equivtool.steps import STEPS  # the step registry; does not load TensorFlow
+
+    for option, value, low in (("--image-size", args.image_size, MIN_IMAGE_SIZE), ("--batch-size", args.batch_size, 1),
+                               ("--repeats", args.repeats, 1)):
+        if value < low:
+            raise ValueError(f"{option}: expected an int >= {low}, got {value}")
+    variants = _names(args.variants, VARIANTS, "--variants")
+    _names(args.steps, STEPS, "--steps")
+    if args.workers is not None:
+        if args.workers < 1:
+            raise ValueError(f"--workers: expected an int >= 1, got {args.workers}")
+        if "equivtool" not in variants:
+            raise ValueError("--workers: applies to the equivtool variant, which --variants leaves out")
+        import inspect
+        sys.path.insert(0, ROOT)
+        from examples.inception_resnet_v2 import parity
+
+        if "workers" not in inspect.signature(parity.run).parameters:
+            raise ValueError("--workers: this equivtool has no workers= "
+                             "(examples.inception_resnet_v2.parity.run does not accept it)")
+    return variants
+
+
+def ratio_lines(runs: dict, base: str, wall_target: float, largest_target: float | None,
+                sum_target: float | None) -> list:
     def median(name, key):
         return statistics.median(r[key] for r in runs[name])
 
-    ratio = median("equivtool", "seconds") / median("plain", "seconds")
-    print(f"ratio equivtool/plain, check wall time (median): {ratio:.3f}  (target <= 0.8: "
-          f"{'met' if ratio <= 0.8 else 'MISSED'})")
-    print(f"ratio equivtool/plain, process wall time:       "
-          f"{median('equivtool', 'process_wall') / median('plain', 'process_wall'):.3f}")
-    print(f"ratio equivtool/plain, process CPU time:        "
-          f"{median('equivtool', 'process_cpu') / median('plain', 'process_cpu'):.3f}")
-    print(f"peak RSS: equivtool {max(r['peak_rss_mb'] for r in runs['equivtool']):.0f} MB, "
-          f"plain {max(r['peak_rss_mb'] for r in runs['plain']):.0f} MB")
+    def peak(name, key):
+        values = [r[key] for r in runs[name] if r.get(key) is not None]
+        return max(values) if values else None
+
+    def verdict(value, target):
+        return "" if target is None else f"  (target <= {target}: {'met' if value <= target else 'MISSED'})"
+
+    e = "equivtool"
+    wall = median(e, "seconds") / median(base, "seconds")
+    lines = [f"ratio {e}/{base}, check wall time (median):       {wall:.3f}{verdict(wall, wall_target)}",
+             f"ratio {e}/{base}, process wall time (median):     "
+             f"{median(e, 'process_wall') / median(base, 'process_wall'):.3f}",
+             f"ratio {e}/{base}, process CPU time (median):      "
+             f"{median(e, 'process_cpu') / median(base, 'process_cpu'):.3f}"]
+    largest = peak(e, "largest_rss_mb") / peak(base, "largest_rss_mb")
+    lines.append(f"ratio {e}/{base}, largest process's peak RSS:    {largest:.3f}{verdict(largest, largest_target)}"
+                 f"  ({peak(e, 'largest_rss_mb'):.0f} / {peak(base, 'largest_rss_mb'):.0f} MB)")
+    if peak(e, "sum_peak_rss_mb") and peak(base, "sum_peak_rss_mb"):
+        total = peak(e, "sum_peak_rss_mb") / peak(base, "sum_peak_rss_mb")
+        lines.append(f"ratio {e}/{base}, sum of all processes' peaks: {total:.3f}{verdict(total, sum_target)}"
+                     f"  ({peak(e, 'sum_peak_rss_mb'):.0f} / {peak(base, 'sum_peak_rss_mb'):.0f} MB)")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args)
+        return 0
+    try:
+        variants = check_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+    steps = tuple(args.steps.split(","))
+    print(f"machine: {machine()}")
+    print(f"versions: {versions()}")
+    print(f"Inception-ResNet-v2, {args.image_size}x{args.image_size}, batch {args.batch_size}, "
+          f"{NUM_CLASSES} classes; {args.repeats} repeat(s), order alternating")
+    print(f"equivtool and plain steps: {', '.join(steps)}"
+          + ("" if args.workers is None else f"; equivtool workers={args.workers}"))
+    if "guide" in variants:
+        print("guide: the notebook's steps 1-4" + (" plus a constant-mode inference cell"
+                                                   if args.guide_constant_inference else "")
+              + ("; Grappler defaults" if args.guide_default_grappler
+                 else "; Grappler's arithmetic_optimization and remapping off"))
+        if "equivtool" in variants and set(steps) != set(GUIDE_STEPS):
+            print(f"NOTE: equivtool's steps are not the guide's ({','.join(GUIDE_STEPS)}): "
+                  "equivtool/guide is not like for like")
+    print("peak RSS: 'largest' is the largest process's ru_maxrss (/proc VmHWM for processes still running); "
+          "'sum' adds every process's peak, sampled from /proc every 0.25 s", flush=True)
+    header = (f"{'repeat':>6} {'variant':<10} {'check s':>8} {'process s':>9} {'cpu s':>8} {'largest MB':>10} "
+              f"{'sum MB':>8} {'procs':>5} {'checks':>7} {'load 1m before/after':>21}")
+    print(header, flush=True)
+    runs = {name: [] for name in variants}
+    for repeat in range(args.repeats):
+        order = variants if repeat % 2 == 0 else tuple(reversed(variants))
+        for name in order:
+            r = run_variant(name, args)
+            runs[name].append(r)
+            total = "n/a" if r["sum_peak_rss_mb"] is None else f"{r['sum_peak_rss_mb']:.0f}"
+            print(f"{repeat + 1:>6} {name:<10} {r['seconds']:>8.1f} {r['process_wall']:>9.1f} "
+                  f"{r['process_cpu']:>8.1f} {r['largest_rss_mb']:>10.0f} {total:>8} {r['processes']:>5} "
+                  f"{r['comparisons']:>7} {r['load_before']:>10.2f}/{r['load_after']:<10.2f}", flush=True)
+    print("checks: " + "; ".join(f"{name}: {CHECKS_LABEL[name]}" for name in variants))
+    for name in ("guide", "equivtool"):
+        for r in runs.get(name, ()):
+            print(f"{name} step seconds: {r['steps']}")
+    if "equivtool" in runs:
+        if "guide" in runs:
+            for line in ratio_lines(runs, "guide", 0.5, 1.0, 1.5):
+                print(line)
+        if "plain" in runs:
+            for line in ratio_lines(runs, "plain", 0.8, None, None):
+                print(line)
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
