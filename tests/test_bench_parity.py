@@ -111,7 +111,7 @@ def test_guide_variant_passes_with_every_assertion():
     proc = _run([sys.executable, "benchmarks/bench_parity.py", "--image-size", "107", "--variants", "guide"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     row = next(line.split() for line in proc.stdout.splitlines() if line.split()[:2] == ["1", "guide"])
-    assert row[7] == str(_guide_steps.NOTEBOOK_ASSERTIONS)  # the checks column
+    assert row[8] == str(_guide_steps.NOTEBOOK_ASSERTIONS)  # the checks column
 
 
 @pytest.mark.slow
