@@ -28,7 +28,26 @@ DISTRIBUTED_TRAINING = (
     "device by design (gradients and optimizer steps are compared with training=False)")
 
 
-class TF1Half:
+class _Half:
+    """What both halves share: ``side`` (a TF1Side or TF2Side) and ``inference_pass``."""
+
+    side: TF1Side | TF2Side
+
+    def inference_pass(self) -> tuple:  # pragma: no cover - each half defines it
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def preserved(self):
+        """The variables as they are now, put back on every exit path; yields them."""
+        self.inference_pass()  # initialised (TF1) or built (TF2)
+        saved = self.side.read_variables()
+        try:
+            yield saved
+        finally:
+            self.side.assign_variables(saved)
+
+
+class TF1Half(_Half):
     """The TF1 side of the pair: one graph for the inference pass, one for the training pass.
 
     The training pass is built in a graph of its own, exactly as a standalone
@@ -91,16 +110,6 @@ class TF1Half:
     def gradient_forward(self):
         return self.inference if self.distributed else self.training
 
-    @contextlib.contextmanager
-    def preserved(self):
-        """The variables as they are now, put back on every exit path; yields them."""
-        self.inference_pass()  # initialised
-        saved = self.side.read_variables()
-        try:
-            yield saved
-        finally:
-            self.side.assign_variables(saved)
-
     def inference_now(self) -> tuple:
         """A fresh inference pass with the current values: ``(outputs, regularization)``."""
         return self.side.run((self.inference.outputs, self.inference.regularization))
@@ -111,7 +120,7 @@ class TF1Half:
             self.train_side.close()
 
 
-class TF2Half:
+class TF2Half(_Half):
     """The TF2 side of the pair: one layer under ``constant`` mode.
 
     Without a strategy the layer's first call is the inference pass and its
@@ -163,15 +172,6 @@ class TF2Half:
     def gradient_pass(self) -> tuple:
         """The guarded second call (distributed: the inference pass)."""
         return self.inference_pass() if self.distributed else self.training_pass()
-
-    @contextlib.contextmanager
-    def preserved(self):
-        self.inference_pass()  # built
-        saved = self.side.read_variables()
-        try:
-            yield saved
-        finally:
-            self.side.assign_variables(saved)
 
     def inference_now(self) -> tuple:
         with self.tool.scope():

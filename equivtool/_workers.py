@@ -167,6 +167,7 @@ class _Parallel:
         self.captures: dict = {}      # (step name, side) -> ("ok", capture, s) | ("skip", why, s) | ("error", ...)
         self.count = min(workers, len(self.queue))
         self.pair_worker: _Worker | None = None
+        self.jobs: list = []          # what each finished job ran, where, and for how long
 
     def run(self) -> None:
         engine = self.engine
@@ -186,10 +187,21 @@ class _Parallel:
                     break
                 for conn in wait([w.conn for w in busy]):
                     self._receive(next(w for w in busy if w.conn is conn))
+            self._drain(workers)
             failed = False
         finally:
             for worker in workers:
                 worker.stop(force=failed)
+
+    def _drain(self, workers, timeout: float = 30.0) -> None:
+        """Every step is judged: collect the workers' last "done" (their job times)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            busy = [w for w in workers if w.job is not None]
+            if not busy:
+                return
+            for conn in wait([w.conn for w in busy], timeout=max(0.0, deadline - time.monotonic())):
+                self._receive(next(w for w in busy if w.conn is conn))
 
     def _dispatch(self, workers) -> None:
         for job in list(self.queue):
@@ -232,6 +244,9 @@ class _Parallel:
                                        inputs={name: outcome[1]} if ok else {}))
         elif message[0] == "done":
             job, worker.job = worker.job, None
+            if job is not None and job.steps:
+                self.jobs.append({"side": job.side, "steps": [step.name for step in job.steps],
+                                  "worker": worker.process.pid, "seconds": round(message[1], 2)})
             if job is not None and job.side == "tf2" and not job.release_after:
                 self.pair_worker, worker.reserved = worker, True
 
@@ -275,10 +290,13 @@ class _Parallel:
         return dataclasses.replace(result, seconds=seconds + time.perf_counter() - started)
 
 
-def run_parallel(engine: "_Engine", workers: int) -> None:
+def run_parallel(engine: "_Engine", workers: int) -> list:
     """Run every selected step with its sides in up to ``workers`` processes; results
-    are recorded on ``engine`` (in run order, as soon as both sides are in)."""
-    _Parallel(engine, workers).run()
+    are recorded on ``engine`` (in run order, as soon as both sides are in). Returns
+    the jobs run: ``[{"side", "steps", "worker" (pid), "seconds"}]``, in the order they ended."""
+    parallel = _Parallel(engine, workers)
+    parallel.run()
+    return parallel.jobs
 
 
 # --------------------------------------------------------------------------
@@ -327,6 +345,7 @@ def _serve(conn: Connection) -> None:
         elif kind == "run":
             from equivtool import steps as _steps
             _, side, names, inputs, release_after = message
+            started = time.perf_counter()
             for name in names:
                 step = _steps.get_step(name)
                 outcome = engine if isinstance(engine, tuple) else _run_side(engine, step, side, inputs.get(name))
@@ -334,7 +353,7 @@ def _serve(conn: Connection) -> None:
                 conn.send(("capture", name, side, outcome, sorted(n for n in names_seen if isinstance(n, str))))
             if release_after and not isinstance(engine, tuple):
                 engine.release_pair()
-            conn.send(("done",))
+            conn.send(("done", time.perf_counter() - started))
         elif kind == "exit":
             return
 

@@ -293,6 +293,7 @@ class _Engine:
         self._workdir = workdir
         self._tempdir = None
         self.results: dict[str, StepResult] = {}
+        self.jobs: list = []           # with workers > 1: the worker jobs (see _workers.run_parallel)
 
     # -- layers ------------------------------------------------------------
 
@@ -419,7 +420,7 @@ class _Engine:
         try:
             if self.options.workers > 1 and self.options.in_process is None:
                 from equivtool._workers import run_parallel
-                run_parallel(self, self.options.workers)
+                self.jobs = run_parallel(self, self.options.workers)
             else:
                 for step in _steps.run_order(self.options.steps, self.options.modes):
                     if not step.shared:
@@ -590,8 +591,12 @@ def check_equivalence(
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         disable_arithmetic_optimization=disable_arithmetic_optimization, seed=seed, progress=progress,
         meta=meta, strategy=strategy, localize=localize, workers=workers)
-    results = _Engine(options).run()
-    return EquivalenceReport(tuple(results), _header(options))
+    engine = _Engine(options)
+    results = engine.run()
+    header = _header(options)
+    if engine.jobs:
+        header["worker_jobs"] = engine.jobs
+    return EquivalenceReport(tuple(results), header)
 
 
 def _header(options: _Options) -> dict:

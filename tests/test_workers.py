@@ -50,6 +50,12 @@ def test_every_step_gives_the_same_numbers_and_verdicts_as_one_process():
         f"random/{m}/{p}" for m in equivtool.MODES for p in ("inference", "training")}
     assert summary(one) == summary(two)
     assert two.meta["workers"] == 2 and "workers" not in one.meta
+    # Every side of every step ran in a worker, once; the pair's two halves in different processes.
+    jobs = two.meta["worker_jobs"]
+    ran = sorted((job["side"], name) for job in jobs for name in job["steps"])
+    assert ran == sorted((side, step.name) for step in two.steps for side in ("tf1", "tf2"))
+    pair = {job["side"]: job["worker"] for job in jobs if "variables_once" in job["steps"]}
+    assert len(pair) == 2 and pair["tf1"] != pair["tf2"] and os.getpid() not in pair.values()
 
 
 def test_a_planted_fault_fails_the_same_way():
