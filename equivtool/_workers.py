@@ -143,7 +143,7 @@ class _Job:
 
 
 class _Worker:
-    def __init__(self, payload: bytes, workdir: str):
+    def __init__(self):
         parent, child = socket.socketpair()
         env = dict(os.environ, **{_FD_ENV: str(child.fileno())})
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process has already said what TensorFlow says at start
@@ -158,6 +158,10 @@ class _Worker:
         self.pending: set = set()   # (step name, side) this worker still owes
         self.dead: str | None = None
         self.reserved = False       # holds the pair's TF2 half for a step still to come
+
+    def setup(self, payload: bytes, workdir: str) -> None:
+        """The options; sent once every worker is starting, so that their imports overlap
+        (a large payload waits until the worker reads it)."""
         self.conn.send(("setup", list(sys.path), payload, workdir))
 
     def start(self, job: _Job) -> None:
@@ -222,9 +226,14 @@ class _Parallel:
     def run(self) -> None:
         engine = self.engine
         payload = check_sendable(engine.options)
-        workers = [_Worker(payload, engine.workdir()) for _ in range(self.count)]
+        workers = [_Worker() for _ in range(self.count)]
         emitted, failed = 0, True
         try:
+            for worker in workers:
+                try:
+                    worker.setup(payload, engine.workdir())
+                except OSError:  # it did not even start
+                    worker.died()
             while True:
                 self._dispatch(workers)
                 emitted = self._emit(emitted)
@@ -270,7 +279,12 @@ class _Parallel:
                 if target is None:
                     continue
             self.queue.remove(job)
-            target.start(job)
+            try:
+                target.start(job)
+            except OSError:
+                dead = target.died()
+                for step in job.steps:
+                    self.captures[(step.name, job.side)] = ("error", f"WorkerDied: {dead}", "")
 
     def _receive(self, worker: _Worker) -> None:
         try:
