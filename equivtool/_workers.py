@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -34,6 +33,8 @@ import sys
 import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING
+
+from equivtool import _send
 
 if TYPE_CHECKING:  # pragma: no cover
     from equivtool.equivalence import _Engine, _Options
@@ -61,57 +62,6 @@ def _for_workers(options: "_Options") -> "_Options":
     return dataclasses.replace(options, progress=None)
 
 
-_LIBRARIES = ("tensorflow", "tf_keras", "tf_slim", "keras")
-_library_index: dict | None = None
-
-
-def _library_reference(function) -> tuple | None:
-    """``(module, attribute)`` under which a TensorFlow/Keras/tf-slim module holds
-    ``function``, when its own ``__module__``/``__qualname__`` do not lead back to
-    it: TensorFlow's dispatch wrappers copy the wrapped op's names (``nn_ops.relu``
-    says it is ``gen_nn_ops.relu``), so cloudpickle would try to copy it by value
-    (and fail on the dispatcher it holds). The modules loaded so far are indexed once."""
-    global _library_index
-    if _library_index is None:
-        _library_index = {}
-        for name, module in list(sys.modules.items()):
-            if module is None or name.split(".")[0] not in _LIBRARIES:
-                continue
-            for attribute, value in list(getattr(module, "__dict__", {}).items()):
-                if callable(value) and not isinstance(value, type):
-                    _library_index.setdefault(id(value), (name, attribute))
-    return _library_index.get(id(function))
-
-
-def _resolve(module: str, attribute: str):
-    return getattr(importlib.import_module(module), attribute)
-
-
-def _dumps(value) -> bytes:
-    """cloudpickle, with library functions that do not name themselves sent by reference."""
-    import io
-    import types
-
-    import cloudpickle
-
-    class Pickler(cloudpickle.Pickler):
-        def reducer_override(self, obj):
-            if isinstance(obj, types.FunctionType) and str(getattr(obj, "__module__", "")).split(".")[0] \
-                    in _LIBRARIES:
-                try:
-                    named = _resolve(obj.__module__, obj.__qualname__) is obj
-                except (ImportError, AttributeError):
-                    named = False
-                reference = None if named else _library_reference(obj)
-                if reference is not None:
-                    return _resolve, reference
-            return super().reducer_override(obj)
-
-    buffer = io.BytesIO()
-    Pickler(buffer).dump(value)
-    return buffer.getvalue()
-
-
 def check_sendable(options: "_Options") -> bytes:
     """The options as the workers receive them; a TypeError naming the argument
     that cannot be sent to another process."""
@@ -121,12 +71,12 @@ def check_sendable(options: "_Options") -> bytes:
                ("meta", options.meta), ("checkpoint", options.checkpoint))
     for name, value in checked:
         try:
-            _dumps(value)
+            _send.dumps(value)
         except Exception as exc:
             raise TypeError(
                 f"{name}: cannot be sent to a worker process with workers>1 ({type(exc).__name__}: "
                 f"{str(exc)[:200]}); pass module-level functions or picklable objects, or workers=1") from None
-    return _dumps(_for_workers(options))
+    return _send.dumps(_for_workers(options))
 
 
 # --------------------------------------------------------------------------
@@ -402,7 +352,7 @@ def _serve(conn: Connection) -> None:
             from equivtool._errors import full_traceback, one_line
             from equivtool.equivalence import _Engine
             try:
-                engine = _Engine(pickle.loads(payload), workdir=workdir)
+                engine = _Engine(_send.loads(payload), workdir=workdir)
             except Exception as exc:  # e.g. a function whose module this process cannot import
                 engine = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
                           full_traceback(exc), 0.0)

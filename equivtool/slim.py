@@ -103,11 +103,12 @@ class SlimShim(tf.keras.layers.Layer):
                  name: str | None = None, **kwargs: Any):
         _check(fn, arg_scope, training_arg, name)
         super().__init__(name=name or f"{getattr(fn, '__name__', 'slim_net')}_shim")
-        self.fn = fn
-        self.arg_scope = arg_scope
-        self.training_arg = training_arg
-        self.fn_kwargs = dict(kwargs)
-        self._net = SlimNet(fn, arg_scope, training_arg, self.fn_kwargs)
+        # Set past Keras' attribute tracking, which would wrap the user's arg-scope
+        # dict's values in trackable _DictWrappers, in place.
+        for attribute, value in (("fn", fn), ("arg_scope", arg_scope), ("training_arg", training_arg),
+                                 ("fn_kwargs", dict(kwargs))):
+            object.__setattr__(self, attribute, value)
+        object.__setattr__(self, "_net", SlimNet(fn, arg_scope, training_arg, self.fn_kwargs))
 
     def _build_net(self, inputs, training: bool):
         return self._net(inputs, training)

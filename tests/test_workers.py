@@ -210,16 +210,25 @@ def tiny_arg_scope():
     import tf_slim as slim
     # tf.nn.relu is TensorFlow's dispatch wrapper, which names itself gen_nn_ops.relu
     with slim.arg_scope([slim.conv2d, slim.fully_connected], activation_fn=tf.nn.relu,
-                        weights_regularizer=slim.l2_regularizer(0.01)) as scope:
-        return scope
+                        weights_regularizer=slim.l2_regularizer(0.01)):
+        with slim.arg_scope([slim.conv2d], normalizer_fn=slim.batch_norm) as scope:
+            return scope
+
+
+def test_slim_shim_leaves_the_users_arg_scope_as_it_was():
+    scope = tiny_arg_scope()
+    before = {key: dict(defaults) for key, defaults in scope.items()}
+    layer = equivtool.slim_shim(tiny_slim_net, scope, num_classes=3)
+    layer(np.zeros([1, 6, 6, 3], np.float32), training=False)
+    assert all(type(defaults) is dict for defaults in scope.values())  # not Keras-tracked wrappers
+    assert scope == before and layer.arg_scope is scope
 
 
 def test_library_functions_that_misname_themselves_travel_by_reference():
-    import pickle
-    from equivtool._workers import _dumps
+    from equivtool import _send
     assert tf.nn.relu.__module__ == "tensorflow.python.ops.gen_nn_ops"  # what made plain cloudpickle fail
-    assert pickle.loads(_dumps(tf.nn.relu)) is tf.nn.relu
-    assert pickle.loads(_dumps({"act": tf.nn.relu}))["act"] is tf.nn.relu
+    assert _send.loads(_send.dumps(tf.nn.relu)) is tf.nn.relu
+    assert _send.loads(_send.dumps({"act": tf.nn.relu}))["act"] is tf.nn.relu
 
 
 def test_a_slim_shim_with_an_arg_scope_runs_in_workers():
@@ -228,3 +237,55 @@ def test_a_slim_shim_with_an_arg_scope_runs_in_workers():
     one, two = both(make().tf1_fn, make, x, steps=["parity", "fixed_weights", "random"])
     assert two.passed, str(two)
     assert summary(one) == summary(two)
+    # The arg scope reached both sides in the workers: conv1 has batch norm instead of
+    # biases (weights, beta, moving mean and variance; 2 without the scope), and the logits
+    # weights and biases.
+    assert dict(two.step("parity").data) == dict(one.step("parity").data)
+    assert two.step("parity").data["tf1_variables"] == 4 + 2
+    regularization = [leaf for leaf in two.step("fixed_weights").leaves if leaf.name == "regularization_loss"]
+    assert regularization and regularization[0].max_abs == 0
+
+
+_ARG_SCOPE_PROBE = """
+import sys, equivtool, tensorflow as tf, tf_slim as slim
+from equivtool import _send
+import cloudpickle
+scope = (_send.loads if sys.argv[1] == "send" else cloudpickle.loads)(open(sys.argv[2], "rb").read())
+with tf.Graph().as_default():
+    with slim.arg_scope(scope):
+        slim.conv2d(tf.zeros([1, 4, 4, 3]), 2, [3, 3], scope="conv")
+    print("VARIABLES", len(tf.compat.v1.global_variables()))
+"""
+
+
+@pytest.mark.parametrize("how", ["send", "plain cloudpickle"])
+def test_an_arg_scope_still_applies_in_another_process(how, tmp_path):
+    import cloudpickle
+    from equivtool import _send
+    scope = tiny_arg_scope()
+    path = tmp_path / "scope.pickle"
+    path.write_bytes(_send.dumps(scope) if how == "send" else cloudpickle.dumps(scope))
+    done = subprocess.run([sys.executable, "-c", _ARG_SCOPE_PROBE, how.split()[0], str(path)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr[-2000:]
+    count = int(done.stdout.split("VARIABLES")[1])
+    # With the scope: weights + batch norm (beta, moving mean, moving variance); without: weights + biases.
+    assert count == (4 if how == "send" else 2)
+
+
+def test_an_arg_scope_whose_op_cannot_be_found_is_refused():
+    import tf_slim as slim
+
+    @slim.add_arg_scope
+    def local_op(x, units=1):  # lives in no module: another process cannot find it
+        return x
+
+    with slim.arg_scope([local_op], units=2) as scope:
+        pass
+
+    def tf1_fn(x, training):
+        with slim.arg_scope(scope):
+            return slim_net(x, training)
+
+    with pytest.raises(TypeError, match=r"^tf1_fn: cannot be sent .*tf-slim arg scope for <function"):
+        equivtool.check_equivalence(tf1_fn, SlimNetShim, X, workers=2)
