@@ -217,15 +217,16 @@ class _Audit:
         eager: list[tuple[Any, str]] = []  # (handle, leaf name): matched by identity
         graph: dict[tuple, str] = {}
         names = self.store.names()
-        for v, name in zip(self.store.variables, names):
-            if self.store.in_graph(v):
-                graph[(v.graph, v.op.name)] = f"variables/{name}"
-            else:
-                eager.append((v.handle, f"variables/{name}"))
-        for ref, _ in self.created_live:
-            v = ref()
-            if v is not None:
-                eager.append((v.handle, f"variables/{v.name.rsplit(':', 1)[0]} (created in run 1)"))
+        created = [(ref(), f"{ref().name.rsplit(':', 1)[0]} (created in run 1)")
+                   for ref, _ in self.created_live if ref() is not None]
+        for v, name in list(zip(self.store.variables, names)) + created:
+            try:
+                if self.store.in_graph(v):
+                    graph[(v.graph, v.op.name)] = f"variables/{name}"
+                else:
+                    eager.append((v.handle, f"variables/{name}"))
+            except (AttributeError, ValueError, RuntimeError):  # e.g. a distributed variable: no one handle
+                continue
         found: dict[str, None] = {}
         for update in self.recorder.sparse_updates:
             target = update.target
