@@ -61,22 +61,72 @@ def _for_workers(options: "_Options") -> "_Options":
     return dataclasses.replace(options, progress=None)
 
 
+_LIBRARIES = ("tensorflow", "tf_keras", "tf_slim", "keras")
+_library_index: dict | None = None
+
+
+def _library_reference(function) -> tuple | None:
+    """``(module, attribute)`` under which a TensorFlow/Keras/tf-slim module holds
+    ``function``, when its own ``__module__``/``__qualname__`` do not lead back to
+    it: TensorFlow's dispatch wrappers copy the wrapped op's names (``nn_ops.relu``
+    says it is ``gen_nn_ops.relu``), so cloudpickle would try to copy it by value
+    (and fail on the dispatcher it holds). The modules loaded so far are indexed once."""
+    global _library_index
+    if _library_index is None:
+        _library_index = {}
+        for name, module in list(sys.modules.items()):
+            if module is None or name.split(".")[0] not in _LIBRARIES:
+                continue
+            for attribute, value in list(getattr(module, "__dict__", {}).items()):
+                if callable(value) and not isinstance(value, type):
+                    _library_index.setdefault(id(value), (name, attribute))
+    return _library_index.get(id(function))
+
+
+def _resolve(module: str, attribute: str):
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _dumps(value) -> bytes:
+    """cloudpickle, with library functions that do not name themselves sent by reference."""
+    import io
+    import types
+
+    import cloudpickle
+
+    class Pickler(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, types.FunctionType) and str(getattr(obj, "__module__", "")).split(".")[0] \
+                    in _LIBRARIES:
+                try:
+                    named = _resolve(obj.__module__, obj.__qualname__) is obj
+                except (ImportError, AttributeError):
+                    named = False
+                reference = None if named else _library_reference(obj)
+                if reference is not None:
+                    return _resolve, reference
+            return super().reducer_override(obj)
+
+    buffer = io.BytesIO()
+    Pickler(buffer).dump(value)
+    return buffer.getvalue()
+
+
 def check_sendable(options: "_Options") -> bytes:
     """The options as the workers receive them; a TypeError naming the argument
     that cannot be sent to another process."""
-    import cloudpickle
     checked = (("tf1_fn", options.tf1_fn), ("tf2_layer", options.tf2_layer), ("inputs", options.inputs),
                ("loss_fn", options.loss_fn), ("optimizers", options.optimizers),
                ("tolerance or step_tolerances", options.tolerances), ("rename", options.renamer),
                ("meta", options.meta), ("checkpoint", options.checkpoint))
     for name, value in checked:
         try:
-            cloudpickle.dumps(value)
+            _dumps(value)
         except Exception as exc:
             raise TypeError(
                 f"{name}: cannot be sent to a worker process with workers>1 ({type(exc).__name__}: "
                 f"{str(exc)[:200]}); pass module-level functions or picklable objects, or workers=1") from None
-    return cloudpickle.dumps(_for_workers(options))
+    return _dumps(_for_workers(options))
 
 
 # --------------------------------------------------------------------------
@@ -93,7 +143,7 @@ class _Job:
 
 
 class _Worker:
-    def __init__(self, payload: bytes, workdir: str):
+    def __init__(self):
         parent, child = socket.socketpair()
         env = dict(os.environ, **{_FD_ENV: str(child.fileno())})
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process has already said what TensorFlow says at start
@@ -108,6 +158,10 @@ class _Worker:
         self.pending: set = set()   # (step name, side) this worker still owes
         self.dead: str | None = None
         self.reserved = False       # holds the pair's TF2 half for a step still to come
+
+    def setup(self, payload: bytes, workdir: str) -> None:
+        """The options; sent once every worker is starting, so that their imports overlap
+        (a large payload waits until the worker reads it)."""
         self.conn.send(("setup", list(sys.path), payload, workdir))
 
     def start(self, job: _Job) -> None:
@@ -172,9 +226,14 @@ class _Parallel:
     def run(self) -> None:
         engine = self.engine
         payload = check_sendable(engine.options)
-        workers = [_Worker(payload, engine.workdir()) for _ in range(self.count)]
+        workers = [_Worker() for _ in range(self.count)]
         emitted, failed = 0, True
         try:
+            for worker in workers:
+                try:
+                    worker.setup(payload, engine.workdir())
+                except OSError:  # it did not even start
+                    worker.died()
             while True:
                 self._dispatch(workers)
                 emitted = self._emit(emitted)
@@ -220,7 +279,12 @@ class _Parallel:
                 if target is None:
                     continue
             self.queue.remove(job)
-            target.start(job)
+            try:
+                target.start(job)
+            except OSError:
+                dead = target.died()
+                for step in job.steps:
+                    self.captures[(step.name, job.side)] = ("error", f"WorkerDied: {dead}", "")
 
     def _receive(self, worker: _Worker) -> None:
         try:

@@ -192,3 +192,39 @@ def test_cli_check_runs_with_workers(tmp_path):
         env=dict(os.environ, PYTHONPATH=ROOT))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "workers: 2" in done.stdout and "Verdict: EQUIVALENT" in done.stdout
+
+
+def tiny_slim_net(inputs, num_classes=3, is_training=True, scope="tiny"):
+    import tf_slim as slim
+    end_points = {}
+    with tf.compat.v1.variable_scope(scope):
+        net = slim.conv2d(inputs, 4, [3, 3], scope="conv1")
+        end_points["conv1"] = net
+        net = slim.dropout(slim.flatten(net), 0.5, is_training=is_training, scope="dropout")
+        net = slim.fully_connected(net, num_classes, activation_fn=None, scope="logits")
+        end_points["logits"] = net
+    return net, end_points
+
+
+def tiny_arg_scope():
+    import tf_slim as slim
+    # tf.nn.relu is TensorFlow's dispatch wrapper, which names itself gen_nn_ops.relu
+    with slim.arg_scope([slim.conv2d, slim.fully_connected], activation_fn=tf.nn.relu,
+                        weights_regularizer=slim.l2_regularizer(0.01)) as scope:
+        return scope
+
+
+def test_library_functions_that_misname_themselves_travel_by_reference():
+    import pickle
+    from equivtool._workers import _dumps
+    assert tf.nn.relu.__module__ == "tensorflow.python.ops.gen_nn_ops"  # what made plain cloudpickle fail
+    assert pickle.loads(_dumps(tf.nn.relu)) is tf.nn.relu
+    assert pickle.loads(_dumps({"act": tf.nn.relu}))["act"] is tf.nn.relu
+
+
+def test_a_slim_shim_with_an_arg_scope_runs_in_workers():
+    make = functools.partial(equivtool.slim_shim, tiny_slim_net, tiny_arg_scope(), num_classes=3)
+    x = np.random.RandomState(1).rand(2, 6, 6, 3).astype(np.float32)
+    one, two = both(make().tf1_fn, make, x, steps=["parity", "fixed_weights", "random"])
+    assert two.passed, str(two)
+    assert summary(one) == summary(two)
