@@ -1,16 +1,25 @@
 """How each registered step runs (see :mod:`equivtool.steps`).
 
-Each function takes the engine (its options, the shared pair, the comparison
-helper) and returns a :class:`~equivtool.StepResult`, or raises
-:class:`~equivtool.steps.SkipStep` with the reason it cannot run.
+A step is three functions (:class:`SplitStep`): what the TF1 side computes,
+what the TF2 side computes, and the judgement that compares them. The sides
+are independent until their captures are judged (the one exception: the
+``checkpoint`` step's TF2 side loads the file its TF1 side names), so with
+``workers=2`` each side runs in a process of its own and only its picklable
+capture (NumPy arrays, names, flags) comes back; with ``workers=1`` the same
+functions run one after the other in this process.
+
+A side function takes the engine (its options and the lazily built pair
+halves) and the step's parameters and returns a dict; a key starting with
+``_`` holds in-process objects (for localization) and never crosses a process.
+A side raises :class:`~equivtool.steps.SkipStep` with the reason it cannot run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import tempfile
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 
@@ -32,6 +41,31 @@ _DISTRIBUTED_NOTE = ("under a distribution strategy: computed with training=Fals
                      "gradients are all-reduced across replicas")
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitStep:
+    """A step as its two sides and their judgement.
+
+    ``tf2(e, tf1_capture, **params)`` receives the TF1 side's capture when
+    ``tf2_needs_tf1`` (else ``None``); ``judge(e, tf1, tf2, **params)`` returns
+    the :class:`StepResult`.
+    """
+
+    tf1: Callable[..., dict]
+    tf2: Callable[..., dict]
+    judge: Callable[..., StepResult]
+    tf2_needs_tf1: bool = False
+
+    def __call__(self, e: "_Engine", **params) -> StepResult:
+        """Both sides in this process, TF1 first (a side that raises ends the step)."""
+        tf1 = self.tf1(e, **params)
+        tf2 = self.tf2(e, tf1 if self.tf2_needs_tf1 else None, **params)
+        return self.judge(e, tf1, tf2, **params)
+
+
+# --------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------
+
 def forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg) -> list:
     """What a forward-pass step compares: the outputs and the total regularization loss
     (0 on a side without regularizers)."""
@@ -39,223 +73,39 @@ def forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg) -> list:
             ("regularization_loss", np.float32(tf1_reg), np.float32(tf2_reg))]
 
 
-def variables_once(e: "_Engine") -> StepResult:
-    pair = e.pair
-    notes = [f"includes building the shared TF1 graphs and TF2 layer ({pair.build_seconds:.1f}s)"]
-    try:
-        pair.tf2_second_call()
-    except VariableCreationError as exc:
-        return StepResult("variables_once", title("variables_once"), "failed", 0.0,
-                          message=str(exc), notes=notes)
-    which = "distributed inference" if pair.distributed else "training=True"
-    return StepResult("variables_once", title("variables_once"), "passed", 0.0,
-                      message=f"the second call ({which}) created no variable", notes=notes,
-                      data={"variables": len(pair.layer.variables)})
+def _loop_flags(loops: Mapping, tensors: Mapping) -> dict:
+    """``{name: whether the tensor is computed from a random while loop}``; empty without loops."""
+    if not loops:
+        return {}
+    return {name: depends_on(tensor, loops) for name, tensor in tensors.items()}
 
 
-def parity(e: "_Engine") -> StepResult:
-    pair = e.pair
-    renamer = e.options.renamer
-    pair.tf2_inference()
-    expected = VariableSet.from_variables(pair.tf1.variables, "tf1")
-    trainable = pair.tf1.trainable_keys
-    expected = VariableSet(tuple(
-        VariableInfo(v.name, v.shape, v.dtype, variable_key(v.name, renamer) in trainable)
-        for v in expected), "tf1")
-    actual = VariableSet.from_variables(pair.layer.variables, "tf2")
-    result = compare_variables(expected, actual, rename=renamer)
-    status = "passed" if result.ok else "failed"
-    return StepResult("parity", title("parity"), status, 0.0,
-                      message="" if result.ok else str(result),
-                      data={"tf1_variables": len(expected), "tf2_variables": len(actual),
-                            "trainable": len(expected.trainable),
-                            "trainable_parameters": expected.num_trainable_parameters})
-
-
-def random_constant(e: "_Engine", mode: str, training: bool) -> StepResult:
-    name = f"random/{mode}/{'training' if training else 'inference'}"
-    pair = e.pair
-    if training:
-        tf1_out, tf1_reg, _, _ = pair.tf1_training()
-        tf2_out, tf2_reg, _, _ = pair.tf2_training()
-    else:
-        tf1_out, tf1_reg, _, _ = pair.tf1_inference()
-        tf2_out, tf2_reg, _, _ = pair.tf2_inference()
-    result = e.compare_step(name, forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg),
-                            notes=[_PREBUILT_NOTE] if pair.prebuilt else [])
-    # The training pass lives in a graph of its own (so its names match a
-    # standalone build); localization fetches its ops there.
-    forward, side = (pair.training, pair.tf1_train) if training else (pair.inference, pair.tf1)
-    result = judge_loop_random(result, forward.loop_random_ops, forward_leaf_tensors(result, forward))
-    return e.localized(result, side, forward.outputs, lambda: _localization_call(e, pair, training),
-                       state=pair.preserved)
-
-
-def gradients(e: "_Engine") -> StepResult:
-    pair = e.pair
-    tf1_loss, tf1_grads, tf2_loss, tf2_grads = pair.gradients()
-    tf1_dense = {key: dense_gradient(value) for key, value in tf1_grads.items()}
-    tf1_grads = {key: dense for key, (dense, _) in tf1_dense.items()}
-    missing = sorted(set(tf1_grads) ^ set(tf2_grads))
-    notes = [f"loss: TF1 {float(tf1_loss):.9g}, TF2 {float(tf2_loss):.9g}"]
-    notes += sparse_note([k for k, (_, sparse) in tf1_dense.items() if sparse], pair.tf2.sparse_gradients)
-    if missing:
-        notes.append("gradients present on one side only: " + ", ".join(missing[:10]))
-    tf1_ordered = {k: tf1_grads[k] for k in pair.tf1.keys if k in tf1_grads}
-    if pair.distributed:
-        notes.append(_DISTRIBUTED_NOTE)
-    result = e.compare_step("gradients",
-                            [("loss", np.float32(tf1_loss), np.float32(tf2_loss)),
-                             ("gradients", tf1_ordered, tf2_grads)],
-                            notes=notes, data={"variables": len(tf1_grads)})
-    forward = pair.inference if pair.distributed else pair.training
-    tensors = {"loss": forward.loss}
-    tensors.update({f"gradients/{key}": g for key, g in (forward.gradients or {}).items()})
-    return judge_loop_random(result, forward.loop_random_ops, tensors)
-
-
-def fixed_weights(e: "_Engine") -> StepResult:
-    pair = e.pair
-    with pair.preserved():
-        values = {key: fixed_value(key, v.shape, v.dtype.base_dtype)
-                  for key, v in zip(pair.tf1.keys, pair.tf1.variables)}
-        pair.tf1.assign_variables(values)
-        pair.tf2.assign_variables(values)
-        unassigned = [k for k in pair.tf2.keys() if k not in values]
-        outputs = pair.inference_now()
-        notes = [f"TF2 variables without a TF1 counterpart kept their values: {unassigned[:5]}"] if unassigned else []
-        result = e.compare_step("fixed_weights", forward_pairs(*outputs), notes=notes)
-        return e.localized(result, pair.tf1, pair.inference.outputs, lambda: _localization_call(e, pair, False))
-
-
-def optimizer(e: "_Engine") -> StepResult:
-    o = e.options
-    if o.optimizers is None:
-        raise SkipStep("no optimizers given: pass optimizers=(make_tf1_optimizer, make_tf2_optimizer)")
-    make_tf1, make_tf2 = o.optimizers
-    pair = e.pair
-    training = not pair.distributed
-    pair.gradients()  # both sides have had the same calls (batch-norm statistics included)
-    with pair.preserved():
-        tf1_training = pair.tf1.build_training(make_tf1, training)
-        tf2_optimizer = pair.tf2.make_optimizer(make_tf2)
-        comparisons, failed_at, losses = [], None, []
-        tf2_keys = set(pair.tf2.keys())
-        for step in range(o.train_steps):
-            # Every step sees each random op's first draw on both sides: a
-            # new TF1 session, and a new op per eager call (or per trace).
-            tf1_loss = pair.tf1.train_step(tf1_training)
-            with pair.tf2_tool.scope():
-                tf2_loss = pair.tf2.train_step(o.inputs, tf2_optimizer, training=training)
-            losses.append([float(tf1_loss), float(tf2_loss)])
-            tf1_vars = {k: v for k, v in pair.tf1.read_variables().items() if k in tf2_keys}
-            spec = o.tolerances.get("optimizer", step)
-            comparison = compare({"loss": np.float32(tf1_loss), "variables": tf1_vars},
-                                 {"loss": np.float32(tf2_loss), "variables": pair.tf2.read_variables()},
-                                 spec, name=f"step_{step + 1}")
-            comparisons.append(comparison)
-            if not comparison.ok and failed_at is None:
-                failed_at = step + 1
-    notes = [f"{o.train_steps} steps of {type(tf1_training.optimizer).__name__} (TF1) vs "
-             f"{type(tf2_optimizer).__name__} (TF2)"]
-    gradient_pass = pair.training or pair.inference
-    gradient_of = gradient_pass.gradients or {}
-    notes += sparse_note([k for k, g in gradient_of.items() if type(g).__name__ == "IndexedSlices"],
-                         pair.tf2.sparse_gradients, applied=True)
-    if pair.distributed:
-        notes.append(_DISTRIBUTED_NOTE)
-    if failed_at is not None:
-        notes.append(f"first step that exceeds tolerance: {failed_at}")
-    result = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes,
-                                         data={"steps": o.train_steps, "first_failing_step": failed_at,
-                                               "losses": losses})
-    # A variable's update is explained by the loops when its gradient (in the
-    # shared pair's training pass, with that pass's loops) is.
-    tensors = {}
-    for step in range(o.train_steps):
-        tensors[f"step_{step + 1}/loss"] = tf1_training.loss
-        tensors.update({f"step_{step + 1}/variables/{key}": gradient_of.get(key) for key in tf2_keys})
-    return judge_loop_random(result, {**tf1_training.loop_random_ops, **gradient_pass.loop_random_ops}, tensors)
-
-
-def checkpoint(e: "_Engine") -> StepResult:
-    pair = e.pair
-    with pair.preserved() as saved, tempfile.TemporaryDirectory(prefix="equivtool-ckpt-") as workdir:
-        given = e.options.checkpoint
-        path = given if isinstance(given, (str, os.PathLike)) else None
-        notes = []
-        if path is None:
-            # The checkpoint holds fixed values, so that loading it visibly
-            # changes both sides' (random) variables.
-            values = {key: fixed_value("ckpt/" + key, v.shape, v.dtype.base_dtype)
-                      for key, v in zip(pair.tf1.keys, pair.tf1.variables)}
-            pair.tf1.assign_variables(values)
-            path = pair.tf1.save_checkpoint(os.path.join(workdir, "model.ckpt"))
-            pair.restore(saved)
-            notes.append("checkpoint written by the TF1 side with tf.compat.v1.train.Saver")
-        pair.tf1.restore_checkpoint(path)
-        loaded, absent = pair.tf2.load_checkpoint(path, pair.tf1.checkpoint_names())
-        if absent:
-            notes.append(f"{len(absent)} TF2 variables not in the checkpoint: {absent[:5]}")
-        tf1_out, _, tf2_out, _ = pair.inference_now()
-        result = e.compare_step("checkpoint", [("outputs", tf1_out, tf2_out)], notes=notes,
-                                data={"loaded_variables": loaded, "missing": len(absent)})
-        return e.localized(result, pair.tf1, pair.inference.outputs, lambda: _localization_call(e, pair, False))
-
-
-def random_fresh(e: "_Engine", mode: str, training: bool) -> StepResult:
-    name = f"random/{mode}/{'training' if training else 'inference'}"
-    o = e.options
-    if o.strategy is not None:
-        raise SkipStep("not run under a distribution strategy: replica functions run on other "
-                       "threads, outside the random tool's scope, so num_random_ops counts differ; "
-                       "the constant-mode steps cover the distributed layer")
-    tf1_tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
-    tf1 = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
-                  disable_arithmetic_optimization=o.disable_arithmetic_optimization,
-                  random_tool=tf1_tool)
-    try:
-        forward = tf1.forward(training=training)
-        tf1_out, tf1_reg = tf1.run((forward.outputs, forward.regularization), update_ops=forward.update_ops)
-    finally:
-        if not o.localize:  # localization fetches from this graph after the TF2 pass
-            tf1.close()
-    try:
-        tf2_tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
-        notes = list(_eager_notes(e))
-        with tf2_tool.scope():
-            layer = e.new_layer()
-            tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False)
-            tf2_out, tf2_reg, _, _ = tf2.forward(o.inputs, training=training)
-        result = e.compare_step(name, forward_pairs(tf1_out, tf1_reg, tf2_out, tf2_reg), notes=notes)
-        result = judge_loop_random(result, forward.loop_random_ops, forward_leaf_tensors(result, forward))
-
-        def fresh_call():  # the same first call of a fresh layer under a fresh tool
-            from equivtool.localize._capture import call_layer
-            with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
-                return call_layer(e.new_layer(), o.inputs, training, False)
-        return e.localized(result, tf1, forward.outputs, fresh_call)
-    finally:
-        tf1.close()
-
-
-def forward_leaf_tensors(result: StepResult, forward) -> dict:
-    """``{leaf name: TF1 tensor}`` for a forward-pass step's comparisons, matched
-    by position (the comparison walks the TF1 structure in order); a part whose
-    leaf count differs (keys on one side only) is left out."""
+def _forward_capture(forward, outputs, regularization) -> dict:
+    """A TF1 forward pass's capture: values, its random while loops, and per
+    output leaf (in the order the comparison walks them) whether it depends on one."""
     from equivtool.equivalence import _split_outputs
     parts = [flatten_tensors(part) for _, part, _ in _split_outputs(forward.outputs, forward.outputs)]
     parts.append([forward.regularization])
-    tensors = {}
-    for comparison, part in zip(result.comparisons, parts):
+    loops = dict(forward.loop_random_ops)
+    flags = [[depends_on(t, loops) for t in part] for part in parts] if loops else []
+    return {"outputs": outputs, "regularization": regularization, "loops": loops, "leaf_flags": flags}
+
+
+def _leaf_flags(result: StepResult, flags: list) -> dict:
+    """``{leaf name: flag}`` for a forward-pass step, matched by position (the
+    comparison walks the TF1 structure in order); a part whose leaf count
+    differs (keys on one side only) is left out."""
+    named = {}
+    for comparison, part in zip(result.comparisons, flags):
         if len(comparison.leaves) == len(part):
-            tensors.update({leaf.name: tensor for leaf, tensor in zip(comparison.leaves, part)})
-    return tensors
+            named.update({leaf.name: flag for leaf, flag in zip(comparison.leaves, part)})
+    return named
 
 
-def judge_loop_random(result: StepResult, loops: Mapping, tensors: Mapping) -> StepResult:
+def judge_loop_random(result: StepResult, loops: Mapping, depends: Mapping) -> StepResult:
     """A failed step is "not comparable" when the TF1 pass draws random numbers
-    inside a while loop and every failing leaf is computed from such a loop.
+    inside a while loop and every failing leaf is computed from such a loop
+    (``depends``: leaf name -> whether it is).
 
     In a TF1 session a random op inside ``tf.while_loop`` (``DropoutWrapper``
     under ``dynamic_rnn``) is one stateful op that draws a new value at every
@@ -267,7 +117,7 @@ def judge_loop_random(result: StepResult, loops: Mapping, tensors: Mapping) -> S
     if result.status != "failed" or not loops:
         return result
     failing = [leaf.name for comparison in result.comparisons for leaf in comparison.failures]
-    unexplained = [name for name in failing if not depends_on(tensors.get(name), loops)]
+    unexplained = [name for name in failing if not depends.get(name, False)]
     described = "; ".join(f"{loop}: {', '.join(found[:3])}" for loop, found in list(loops.items())[:3])
     if unexplained:
         note = (f"the TF1 pass draws random numbers inside while loops ({described}), but these failing "
@@ -282,6 +132,12 @@ def judge_loop_random(result: StepResult, loops: Mapping, tensors: Mapping) -> S
                                      "failed_leaves": failing[:20]})
 
 
+def _judge_forward(e: "_Engine", name: str, tf1: dict, tf2: dict, notes=()) -> StepResult:
+    result = e.compare_step(name, forward_pairs(tf1["outputs"], tf1["regularization"],
+                                                tf2["outputs"], tf2["regularization"]), notes=notes)
+    return judge_loop_random(result, tf1["loops"], _leaf_flags(result, tf1["leaf_flags"]))
+
+
 def sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:
     """A note naming the variables whose gradients were sparse (tf.IndexedSlices)."""
     keys = sorted(set(tf1_keys) | set(tf2_keys))
@@ -294,15 +150,422 @@ def sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:
     return [f"sparse gradients (tf.IndexedSlices, {sides}) for {len(keys)} variable(s) {keys[:5]}: {how}"]
 
 
-def _localization_call(e: "_Engine", pair, training: bool):
+def _specs(keys, variables) -> dict:
+    return {key: (tuple(int(d) for d in v.shape), v.dtype.base_dtype.name) for key, v in zip(keys, variables)}
+
+
+def _assign_fixed(side, keys, variables, prefix: str = "") -> None:
+    side.assign_variables({key: fixed_value(prefix + key, v.shape, v.dtype.base_dtype)
+                           for key, v in zip(keys, variables)})
+
+
+def _tf2_keys_and_variables(half) -> tuple:
+    half.inference_pass()  # built
+    variables = list(half.layer.variables)
+    return [variable_key(v.name, half.side.renamer) for v in variables], variables
+
+
+# --------------------------------------------------------------------------
+# variables_once and parity
+# --------------------------------------------------------------------------
+
+def _variables_once_tf1(e: "_Engine") -> dict:
+    return {"build_seconds": e.tf1_half.build_seconds}
+
+
+def _variables_once_tf2(e: "_Engine", _) -> dict:
+    half = e.tf2_half
+    try:
+        half.gradient_pass()  # the layer's second call
+    except VariableCreationError as exc:
+        return {"created": str(exc), "build_seconds": half.build_seconds}
+    return {"created": None, "build_seconds": half.build_seconds, "variables": len(half.layer.variables),
+            "distributed": half.distributed}
+
+
+def _variables_once_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+    built = tf1["build_seconds"] + tf2["build_seconds"]
+    notes = [f"includes building the shared TF1 graphs and TF2 layer ({built:.1f}s)"]
+    if tf2["created"] is not None:
+        return StepResult("variables_once", title("variables_once"), "failed", 0.0,
+                          message=tf2["created"], notes=notes)
+    which = "distributed inference" if tf2["distributed"] else "training=True"
+    return StepResult("variables_once", title("variables_once"), "passed", 0.0,
+                      message=f"the second call ({which}) created no variable", notes=notes,
+                      data={"variables": tf2["variables"]})
+
+
+variables_once = SplitStep(_variables_once_tf1, _variables_once_tf2, _variables_once_judge)
+
+
+def _parity_tf1(e: "_Engine") -> dict:
+    half = e.tf1_half
+    side = half.side
+    found = VariableSet.from_variables(side.variables, "tf1")
+    return {"variables": VariableSet(tuple(
+        VariableInfo(v.name, v.shape, v.dtype, variable_key(v.name, side.renamer) in side.trainable_keys)
+        for v in found), "tf1")}
+
+
+def _parity_tf2(e: "_Engine", _) -> dict:
+    half = e.tf2_half
+    half.inference_pass()
+    return {"variables": VariableSet.from_variables(half.layer.variables, "tf2")}
+
+
+def _parity_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+    expected, actual = tf1["variables"], tf2["variables"]
+    result = compare_variables(expected, actual, rename=e.options.renamer)
+    status = "passed" if result.ok else "failed"
+    return StepResult("parity", title("parity"), status, 0.0,
+                      message="" if result.ok else str(result),
+                      data={"tf1_variables": len(expected), "tf2_variables": len(actual),
+                            "trainable": len(expected.trainable),
+                            "trainable_parameters": expected.num_trainable_parameters})
+
+
+parity = SplitStep(_parity_tf1, _parity_tf2, _parity_judge)
+
+
+# --------------------------------------------------------------------------
+# Forward passes in constant mode, and fixed weights
+# --------------------------------------------------------------------------
+
+def _random_constant_tf1(e: "_Engine", mode: str, training: bool) -> dict:
+    half = e.tf1_half
+    outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
+    forward = half.training if training else half.inference
+    return _forward_capture(forward, outputs, regularization)
+
+
+def _random_constant_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
+    half = e.tf2_half
+    outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
+    return {"outputs": outputs, "regularization": regularization, "prebuilt": half.prebuilt}
+
+
+def _random_constant_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:
+    name = f"random/{mode}/{'training' if training else 'inference'}"
+    result = _judge_forward(e, name, tf1, tf2, notes=[_PREBUILT_NOTE] if tf2["prebuilt"] else [])
+    if not e.options.localize:
+        return result
+    # The training pass lives in a graph of its own (so its names match a
+    # standalone build); localization fetches its ops there.
+    tf1_half = e.tf1_half
+    forward, side = ((tf1_half.training, tf1_half.train_side) if training
+                     else (tf1_half.inference, tf1_half.side))
+    return e.localized(result, side, forward.outputs, lambda: _localization_call(e, training),
+                       state=lambda: _both_preserved(e))
+
+
+random_constant = SplitStep(_random_constant_tf1, _random_constant_tf2, _random_constant_judge)
+
+
+def _fixed_weights_tf1(e: "_Engine") -> dict:
+    half = e.tf1_half
+    side = half.side
+    with half.preserved():
+        _assign_fixed(side, side.keys, side.variables)
+        outputs, regularization = half.inference_now()
+    return {"outputs": outputs, "regularization": regularization, "loops": {}, "leaf_flags": [],
+            "specs": _specs(side.keys, side.variables)}
+
+
+def _fixed_weights_tf2(e: "_Engine", _) -> dict:
+    half = e.tf2_half
+    keys, variables = _tf2_keys_and_variables(half)
+    with half.preserved():
+        _assign_fixed(half.side, keys, variables)
+        outputs, regularization = half.inference_now()
+    return {"outputs": outputs, "regularization": regularization, "specs": _specs(keys, variables)}
+
+
+def _fixed_weights_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+    tf1_specs, tf2_specs = tf1["specs"], tf2["specs"]
+    clashes = [f"{key}: TF1 {list(tf1_specs[key][0])} {tf1_specs[key][1]}, "
+               f"TF2 {list(tf2_specs[key][0])} {tf2_specs[key][1]}"
+               for key in tf1_specs if key in tf2_specs and tf1_specs[key] != tf2_specs[key]]
+    if clashes:
+        return StepResult("fixed_weights", title("fixed_weights"), "failed", 0.0,
+                          message=f"{len(clashes)} variable(s) differ in shape or dtype between the sides, so "
+                                  f"they cannot hold the same fixed values: {'; '.join(clashes[:3])}")
+    notes = []
+    for side, own, other in (("TF2", tf2_specs, tf1_specs), ("TF1", tf1_specs, tf2_specs)):
+        alone = [key for key in own if key not in other]
+        if alone:
+            notes.append(f"{side} variables without a counterpart on the other side (given fixed values of "
+                         f"their own): {alone[:5]}")
+    result = e.compare_step("fixed_weights", forward_pairs(tf1["outputs"], tf1["regularization"],
+                                                           tf2["outputs"], tf2["regularization"]), notes=notes)
+    if not e.options.localize:
+        return result
+    return e.localized(result, e.tf1_half.side, e.tf1_half.inference.outputs,
+                       lambda: _localization_call(e, False), state=lambda: _fixed_state(e))
+
+
+fixed_weights = SplitStep(_fixed_weights_tf1, _fixed_weights_tf2, _fixed_weights_judge)
+
+
+@contextlib.contextmanager
+def _both_preserved(e: "_Engine"):
+    with e.tf1_half.preserved(), e.tf2_half.preserved():
+        yield
+
+
+@contextlib.contextmanager
+def _fixed_state(e: "_Engine"):
+    """Both sides with the fixed values (for localization), put back afterwards."""
+    with _both_preserved(e):
+        side = e.tf1_half.side
+        _assign_fixed(side, side.keys, side.variables)
+        _assign_fixed(e.tf2_half.side, *_tf2_keys_and_variables(e.tf2_half))
+        yield
+
+
+def _localization_call(e: "_Engine", training: bool):
     """One more TF2 forward pass of the pair's layer for localization (with
     ``tf_function=True`` a new trace, which the op taps see being built)."""
     from equivtool.localize._capture import call_layer
-    with pair.tf2_tool.scope():
-        return call_layer(pair.layer, e.options.inputs, training, e.options.tf_function)
+    half = e.tf2_half
+    with half.tool.scope():
+        return call_layer(half.layer, e.options.inputs, training, e.options.tf_function)
 
 
-def _eager_notes(e: "_Engine") -> tuple:
+# --------------------------------------------------------------------------
+# Gradients and optimizer steps
+# --------------------------------------------------------------------------
+
+def _gradients_tf1(e: "_Engine") -> dict:
+    half = e.tf1_half
+    _, _, loss, gradients = half.gradient_pass()
+    dense = {key: dense_gradient(value) for key, value in gradients.items()}
+    forward = half.gradient_forward()
+    tensors = {"loss": forward.loss}
+    tensors.update({f"gradients/{key}": g for key, g in (forward.gradients or {}).items()})
+    return {"loss": loss, "gradients": {k: dense[k][0] for k in half.side.keys if k in dense},
+            "sparse": [k for k, (_, sparse) in dense.items() if sparse],
+            "loops": dict(forward.loop_random_ops), "flags": _loop_flags(forward.loop_random_ops, tensors)}
+
+
+def _gradients_tf2(e: "_Engine", _) -> dict:
+    half = e.tf2_half
+    _, _, loss, gradients = half.gradient_pass()
+    return {"loss": loss, "gradients": gradients, "sparse": list(half.side.sparse_gradients)}
+
+
+def _gradients_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+    tf1_grads, tf2_grads = tf1["gradients"], tf2["gradients"]
+    missing = sorted(set(tf1_grads) ^ set(tf2_grads))
+    notes = [f"loss: TF1 {float(tf1['loss']):.9g}, TF2 {float(tf2['loss']):.9g}"]
+    notes += sparse_note(tf1["sparse"], tf2["sparse"])
+    if missing:
+        notes.append("gradients present on one side only: " + ", ".join(missing[:10]))
+    if e.options.strategy is not None:
+        notes.append(_DISTRIBUTED_NOTE)
+    result = e.compare_step("gradients",
+                            [("loss", np.float32(tf1["loss"]), np.float32(tf2["loss"])),
+                             ("gradients", tf1_grads, tf2_grads)],
+                            notes=notes, data={"variables": len(tf1_grads)})
+    return judge_loop_random(result, tf1["loops"], tf1["flags"])
+
+
+gradients = SplitStep(_gradients_tf1, _gradients_tf2, _gradients_judge)
+
+
+def _optimizers(e: "_Engine") -> tuple:
+    if e.options.optimizers is None:
+        raise SkipStep("no optimizers given: pass optimizers=(make_tf1_optimizer, make_tf2_optimizer)")
+    return e.options.optimizers
+
+
+def _optimizer_tf1(e: "_Engine") -> dict:
+    make_tf1, _ = _optimizers(e)
+    o, half = e.options, e.tf1_half
+    half.gradient_pass()  # both sides have had the same calls (batch-norm statistics included)
+    losses, values = [], []
+    with half.preserved():
+        training = half.side.build_training(make_tf1, not half.distributed)
+        for _ in range(o.train_steps):
+            # Every step sees each random op's first draw on both sides: a
+            # new TF1 session, and a new op per eager call (or per trace).
+            losses.append(half.side.train_step(training))
+            values.append(half.side.read_variables())
+    forward = half.gradient_forward()
+    gradient_of = forward.gradients or {}
+    # A variable's update is explained by the loops when its gradient (in the
+    # pair's gradient pass, with that pass's loops) is.
+    loops = {**training.loop_random_ops, **forward.loop_random_ops}
+    tensors = {}
+    for step in range(o.train_steps):
+        tensors[f"step_{step + 1}/loss"] = training.loss
+        tensors.update({f"step_{step + 1}/variables/{key}": g for key, g in gradient_of.items()})
+    return {"losses": losses, "variables": values, "optimizer": type(training.optimizer).__name__,
+            "sparse": [k for k, g in gradient_of.items() if type(g).__name__ == "IndexedSlices"],
+            "loops": loops, "flags": _loop_flags(loops, tensors)}
+
+
+def _optimizer_tf2(e: "_Engine", _) -> dict:
+    _, make_tf2 = _optimizers(e)
+    o, half = e.options, e.tf2_half
+    half.gradient_pass()
+    losses, values = [], []
+    with half.preserved():
+        optimizer = half.side.make_optimizer(make_tf2)
+        for _ in range(o.train_steps):
+            with half.tool.scope():
+                losses.append(half.side.train_step(o.inputs, optimizer, training=not half.distributed))
+            values.append(half.side.read_variables())
+    return {"losses": losses, "variables": values, "optimizer": type(optimizer).__name__,
+            "sparse": list(half.side.sparse_gradients)}
+
+
+def _optimizer_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+    o = e.options
+    comparisons, failed_at = [], None
+    for step, (tf1_loss, tf1_values, tf2_loss, tf2_values) in enumerate(
+            zip(tf1["losses"], tf1["variables"], tf2["losses"], tf2["variables"])):
+        tf1_vars = {k: v for k, v in tf1_values.items() if k in tf2_values}
+        comparison = compare({"loss": np.float32(tf1_loss), "variables": tf1_vars},
+                             {"loss": np.float32(tf2_loss), "variables": tf2_values},
+                             o.tolerances.get("optimizer", step), name=f"step_{step + 1}")
+        comparisons.append(comparison)
+        if not comparison.ok and failed_at is None:
+            failed_at = step + 1
+    notes = [f"{o.train_steps} steps of {tf1['optimizer']} (TF1) vs {tf2['optimizer']} (TF2)"]
+    notes += sparse_note(tf1["sparse"], tf2["sparse"], applied=True)
+    if o.strategy is not None:
+        notes.append(_DISTRIBUTED_NOTE)
+    if failed_at is not None:
+        notes.append(f"first step that exceeds tolerance: {failed_at}")
+    losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
+    result = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes,
+                                         data={"steps": o.train_steps, "first_failing_step": failed_at,
+                                               "losses": losses})
+    return judge_loop_random(result, tf1["loops"], tf1["flags"])
+
+
+optimizer = SplitStep(_optimizer_tf1, _optimizer_tf2, _optimizer_judge)
+
+
+# --------------------------------------------------------------------------
+# Checkpoint
+# --------------------------------------------------------------------------
+
+def _checkpoint_tf1(e: "_Engine") -> dict:
+    half = e.tf1_half
+    side = half.side
+    given = e.options.checkpoint
+    path = given if isinstance(given, (str, os.PathLike)) else None
+    with half.preserved() as saved:
+        if path is None:
+            # The checkpoint holds fixed values, so that loading it visibly
+            # changes both sides' (random) variables.
+            _assign_fixed(side, side.keys, side.variables, prefix="ckpt/")
+            path = side.save_checkpoint(os.path.join(e.workdir(), "model.ckpt"))
+            side.assign_variables(saved)
+        side.restore_checkpoint(path)
+        outputs, _ = half.inference_now()
+    return {"outputs": outputs, "path": os.fspath(path), "names": side.checkpoint_names(),
+            "written": given is True}
+
+
+def _checkpoint_tf2(e: "_Engine", tf1: dict) -> dict:
+    half = e.tf2_half
+    with half.preserved():
+        loaded, absent = half.side.load_checkpoint(tf1["path"], tf1["names"])
+        outputs, _ = half.inference_now()
+    return {"outputs": outputs, "loaded": loaded, "absent": absent}
+
+
+def _checkpoint_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+    notes = ["checkpoint written by the TF1 side with tf.compat.v1.train.Saver"] if tf1["written"] else []
+    if tf2["absent"]:
+        notes.append(f"{len(tf2['absent'])} TF2 variables not in the checkpoint: {tf2['absent'][:5]}")
+    result = e.compare_step("checkpoint", [("outputs", tf1["outputs"], tf2["outputs"])], notes=notes,
+                            data={"loaded_variables": tf2["loaded"], "missing": len(tf2["absent"])})
+    if not e.options.localize:
+        return result
+    return e.localized(result, e.tf1_half.side, e.tf1_half.inference.outputs,
+                       lambda: _localization_call(e, False), state=lambda: _checkpoint_state(e, tf1))
+
+
+@contextlib.contextmanager
+def _checkpoint_state(e: "_Engine", tf1: dict):
+    with _both_preserved(e):
+        e.tf1_half.side.restore_checkpoint(tf1["path"])
+        e.tf2_half.side.load_checkpoint(tf1["path"], tf1["names"])
+        yield
+
+
+checkpoint = SplitStep(_checkpoint_tf1, _checkpoint_tf2, _checkpoint_judge, tf2_needs_tf1=True)
+
+
+# --------------------------------------------------------------------------
+# num_random_ops: a fresh graph and a fresh layer per comparison
+# --------------------------------------------------------------------------
+
+def _refuse_strategy(e: "_Engine") -> None:
+    if e.options.strategy is not None:
+        raise SkipStep("not run under a distribution strategy: replica functions run on other "
+                       "threads, outside the random tool's scope, so num_random_ops counts differ; "
+                       "the constant-mode steps cover the distributed layer")
+
+
+def _random_fresh_tf1(e: "_Engine", mode: str, training: bool) -> dict:
+    _refuse_strategy(e)
+    o = e.options
+    tf1 = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
+                  disable_arithmetic_optimization=o.disable_arithmetic_optimization,
+                  random_tool=DeterministicRandomTestTool(seed=o.seed, mode=mode))
+    keep = False
+    try:
+        forward = tf1.forward(training=training)
+        outputs, regularization = tf1.run((forward.outputs, forward.regularization),
+                                          update_ops=forward.update_ops)
+        capture = _forward_capture(forward, outputs, regularization)
+        if o.localize:  # localization fetches from this graph after the TF2 pass
+            capture["_local"] = (tf1, forward)
+            keep = True
+        return capture
+    finally:
+        if not keep:
+            tf1.close()
+
+
+def _random_fresh_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
+    _refuse_strategy(e)
+    o = e.options
+    with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
+        layer = e.new_layer()
+        tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False)
+        outputs, regularization, _, _ = tf2.forward(o.inputs, training=training)
+    return {"outputs": outputs, "regularization": regularization}
+
+
+def _random_fresh_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:
+    name = f"random/{mode}/{'training' if training else 'inference'}"
+    o = e.options
+    local = tf1.get("_local")
+    try:
+        result = _judge_forward(e, name, tf1, tf2, notes=eager_notes(e))
+        if local is None:
+            return result
+        side, forward = local
+
+        def fresh_call():  # the same first call of a fresh layer under a fresh tool
+            from equivtool.localize._capture import call_layer
+            with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
+                return call_layer(e.new_layer(), o.inputs, training, False)
+        return e.localized(result, side, forward.outputs, fresh_call)
+    finally:
+        if local is not None:
+            local[0].close()
+
+
+random_fresh = SplitStep(_random_fresh_tf1, _random_fresh_tf2, _random_fresh_judge)
+
+
+def eager_notes(e: "_Engine") -> tuple:
     if not e.options.tf_function:
         return ()
     return ("called eagerly: tf.function traces a variable-creating call twice, and "
@@ -312,5 +575,5 @@ def _eager_notes(e: "_Engine") -> tuple:
 def notes_on_error(e: "_Engine", step) -> tuple:
     """The notes a step's result keeps when the step raises (they hold either way)."""
     if step.runner() is random_fresh:
-        return _eager_notes(e)
+        return eager_notes(e)
     return ()

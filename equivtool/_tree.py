@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["is_namedtuple", "is_sparse", "dense_gradient", "to_numpy", "flatten_tensors", "pack_like"]
+__all__ = ["is_namedtuple", "is_sparse", "dense_gradient", "sparse_paths", "to_numpy", "flatten_tensors",
+           "pack_like"]
 
 
 def is_namedtuple(x: Any) -> bool:
@@ -61,6 +62,20 @@ def dense_gradient(value, shape=None) -> tuple:
     dense = np.zeros(tuple(int(d) for d in shape), dtype=values.dtype)
     np.add.at(dense, indices, values)
     return dense, True
+
+
+def sparse_paths(structure, path: tuple = ()) -> list:
+    """The paths of the sparse leaves of ``structure``, labelled the way
+    :func:`equivtool.comparison.compare` names leaves (dict keys as ``str``,
+    namedtuple fields, sequence positions), in insertion order."""
+    if is_sparse(structure):
+        return [path]
+    if isinstance(structure, Mapping):
+        return [p for k, v in structure.items() for p in sparse_paths(v, (*path, str(k)))]
+    if isinstance(structure, (list, tuple)):
+        labels = structure._fields if is_namedtuple(structure) else [str(i) for i in range(len(structure))]
+        return [p for label, v in zip(labels, structure) for p in sparse_paths(v, (*path, label))]
+    return []
 
 
 def to_numpy(structure):

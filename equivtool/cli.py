@@ -338,7 +338,7 @@ def cmd_check(args) -> int:
         try:
             report = check_equivalence(
                 tf1_fn, tf2_factory, inputs, steps=steps, modes=modes, tf_function=args.tf_function,
-                seed=seed, progress=print_progress(start), localize=args.localize,
+                seed=seed, progress=print_progress(start), localize=args.localize, workers=args.workers,
                 meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
@@ -499,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--tf-function", action="store_true", help="call the TF2 layer inside tf.function")
     check.add_argument("--localize", action="store_true",
                        help="for failing forward-pass steps, find the first TF op whose output differs")
+    check.add_argument("--workers", type=int, default=1,
+                       help="processes running the TF1 and TF2 sides of each step (default 1: this process)")
     check.add_argument("--seed", type=int, default=42, help=f"input and random-tool seed (0 to {MAX_SEED})")
     check.add_argument("--html", default=None, help="write an HTML report here")
     check.add_argument("--json", default=None, help="write a JSON report here")

@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import tempfile
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -57,7 +58,7 @@ import tensorflow as tf
 
 from equivtool import steps as _steps
 from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
-from equivtool._pair import ConstantPair
+from equivtool._pair import TF1Half, TF2Half
 from equivtool._step_runs import notes_on_error
 from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
@@ -177,6 +178,8 @@ class _Options:
     meta: Mapping
     strategy: Any
     localize: bool = False
+    workers: int = 1
+    in_process: str | None = None     # why workers > 1 still runs in one process
 
     @property
     def want_gradients(self) -> bool:
@@ -185,7 +188,8 @@ class _Options:
     @classmethod
     def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
               optimizers, train_steps, checkpoint, rename, tf_function,
-              disable_arithmetic_optimization, seed, progress, meta, strategy, localize=False) -> "_Options":
+              disable_arithmetic_optimization, seed, progress, meta, strategy, localize=False,
+              workers=1) -> "_Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -205,13 +209,22 @@ class _Options:
         _check_checkpoint(checkpoint)
         if not isinstance(localize, bool):
             raise TypeError(f"localize: expected True or False, got {localize!r}")
-        return cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
+        if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
+            raise ValueError(f"workers: expected an int >= 1 (processes running the two sides), got {workers!r}")
+        options = cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
                    tolerances=_StepTolerances(tolerance, step_tolerances), loss_fn=loss_fn,
                    optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
                    renamer=_make_renamer(rename), tf_function=bool(tf_function),
                    disable_arithmetic_optimization=bool(disable_arithmetic_optimization), seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
-                   localize=localize)
+                   localize=localize, workers=int(workers))
+        if options.workers > 1:
+            from equivtool import _workers
+            reason = _workers.in_process_reason(options)
+            if reason is None:
+                _workers.check_sendable(options)
+            options = dataclasses.replace(options, in_process=reason)
+        return options
 
 
 def _check_training(train_steps, optimizers, loss_fn) -> None:
@@ -269,16 +282,18 @@ def _check_meta(meta) -> dict:
 # --------------------------------------------------------------------------
 
 class _Engine:
-    def __init__(self, options: _Options):
+    def __init__(self, options: _Options, workdir: str | None = None):
         self.options = options
         layer = options.tf2_layer
         self.user_layer = layer if isinstance(layer, tf.Module) else None
         self.factory = None if self.user_layer is not None else layer
         self._user_layer_used = False
         self.layer_names: set = set()  # the TF2 layers' names: their name scopes may prefix end-point keys
-        self._pair: ConstantPair | None = None
-        self._pair_error: str | None = None
+        self._halves: dict = {}        # "tf1" / "tf2" -> the pair's half, or the error that stopped its build
+        self._workdir = workdir
+        self._tempdir = None
         self.results: dict[str, StepResult] = {}
+        self.jobs: list = []           # with workers > 1: the worker jobs (see _workers.run_parallel)
 
     # -- layers ------------------------------------------------------------
 
@@ -296,26 +311,55 @@ class _Engine:
         self.layer_names.add(getattr(self.user_layer, "name", None))
         return self.user_layer
 
-    @property
-    def pair(self) -> ConstantPair:
-        """The constant-mode pair; a failure to build it is reported once, by the first step."""
-        if self._pair_error is not None:
-            raise SkipStep(f"not run: building the models failed in an earlier step ({self._pair_error})")
-        if self._pair is None:
-            try:
-                self._pair = ConstantPair(self)
-            except Exception as exc:
-                self._pair_error = f"{type(exc).__name__}: {exc}"[:300]
-                raise
-        return self._pair
+    # -- the constant-mode pair, one half per side ---------------------------
 
-    def _release_pair(self) -> None:
-        """Close the shared session and drop the shared graph and layer (layers and
+    def _half(self, side: str, build: Callable):
+        """The pair's ``side`` half; a failure to build it is reported once, by the first step."""
+        found = self._halves.get(side)
+        if isinstance(found, str):
+            raise SkipStep(f"not run: building the models failed in an earlier step ({found})")
+        if found is None:
+            try:
+                found = self._halves[side] = build()
+            except Exception as exc:
+                self._halves[side] = f"{type(exc).__name__}: {exc}"[:300]
+                raise
+        return found
+
+    @property
+    def tf1_half(self) -> TF1Half:
+        return self._half("tf1", lambda: TF1Half(self.options))
+
+    @property
+    def tf2_half(self) -> TF2Half:
+        # A layer instance built before the check got its initial values
+        # elsewhere: it receives the TF1 graph's instead (noted in the steps).
+        prebuilt = self.user_layer is not None and bool(getattr(self.user_layer, "built", False))
+        initial = (lambda: self.tf1_half.side.read_variables()) if prebuilt else None
+        return self._half("tf2", lambda: TF2Half(self.options, self.new_layer, initial))
+
+    def release_pair(self) -> None:
+        """Close the shared sessions and drop the shared graphs and layer (layers and
         graphs hold reference cycles, hence the collection)."""
-        if self._pair is not None:
-            self._pair.close()
-            self._pair = None
+        tf1 = self._halves.get("tf1")
+        if isinstance(tf1, TF1Half):
+            tf1.close()
+        if self._halves:
+            self._halves.clear()
             gc.collect()
+
+    def workdir(self) -> str:
+        """A temporary folder for files a step writes (a TF1 checkpoint), removed by :meth:`close`."""
+        if self._workdir is None:
+            self._tempdir = tempfile.TemporaryDirectory(prefix="equivtool-")
+            self._workdir = self._tempdir.name
+        return self._workdir
+
+    def close(self) -> None:
+        self.release_pair()
+        if self._tempdir is not None:
+            self._tempdir.cleanup()
+            self._tempdir = self._workdir = None
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -325,17 +369,15 @@ class _Engine:
             self.options.progress(result)
 
     def run_step(self, step: Step) -> None:
-        name, title = step.name, step.title
+        """Both sides of ``step`` in this process, judged; the result is recorded."""
         start = time.perf_counter()
         try:
             with unfiltered_tracebacks():  # keep tf-slim's and the user's frames
                 result = step.runner()(self, **dict(step.params))
         except SkipStep as skip:
-            result = StepResult(name, title, "skipped", time.perf_counter() - start, message=str(skip))
+            result = skipped_result(step, str(skip), time.perf_counter() - start)
         except Exception as exc:  # a step that crashes is reported, the others still run
-            result = StepResult(name, title, "error", time.perf_counter() - start,
-                                message=one_line(exc), notes=notes_on_error(self, step),
-                                data={"traceback": full_traceback(exc)})
+            result = error_result(self, step, one_line(exc), full_traceback(exc), time.perf_counter() - start)
         else:
             result = dataclasses.replace(result, seconds=time.perf_counter() - start)
         self.record(result)
@@ -376,15 +418,28 @@ class _Engine:
         if self.user_layer is not None and getattr(self.user_layer, "built", False):
             snapshot = snapshot_layer(self.user_layer)
         try:
-            for step in _steps.run_order(self.options.steps, self.options.modes):
-                if not step.shared:
-                    self._release_pair()  # steps that build their own models: free its memory first
-                self.run_step(step)
+            if self.options.workers > 1 and self.options.in_process is None:
+                from equivtool._workers import run_parallel
+                self.jobs = run_parallel(self, self.options.workers)
+            else:
+                for step in _steps.run_order(self.options.steps, self.options.modes):
+                    if not step.shared:
+                        self.release_pair()  # steps that build their own models: free its memory first
+                    self.run_step(step)
         finally:
-            self._release_pair()
+            self.close()
             if snapshot is not None:
                 restore_snapshot(snapshot)
         return [self.results[name] for name in _steps.report_order(self.results)]
+
+
+def skipped_result(step: Step, reason: str, seconds: float) -> StepResult:
+    return StepResult(step.name, step.title, "skipped", seconds, message=reason)
+
+
+def error_result(engine: _Engine, step: Step, message: str, traceback: str, seconds: float) -> StepResult:
+    return StepResult(step.name, step.title, "error", seconds, message=message,
+                      notes=notes_on_error(engine, step), data={"traceback": traceback})
 
 
 def _split_outputs(expected, actual) -> list[tuple]:
@@ -465,6 +520,7 @@ def check_equivalence(
     meta: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
     localize: bool = False,
+    workers: int = 1,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -519,15 +575,28 @@ def check_equivalence(
         exceeds tolerance as ``step.data["localization"]`` (an
         :class:`equivtool.localize.Localization`); verdicts and numbers are those
         of the steps themselves. See :mod:`equivtool.localize`.
+      workers: processes to run the check in. ``1`` runs everything here. With
+        ``N > 1`` the TF1 side and the TF2 side of every step run in separate
+        worker processes (at most ``N``), and so do independent step groups
+        (the constant-mode pair, each ``num_random_ops`` comparison); only
+        their NumPy captures come back to be compared. Same numbers, verdicts
+        and error messages as ``1``. Arguments travel with cloudpickle
+        (lambdas too); one that cannot is refused before any work. With
+        ``localize=True``, a ``strategy`` or a layer instance the check runs
+        in one process, and the report's header says why.
     """
     options = _Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
         step_tolerances=step_tolerances, loss_fn=loss_fn, optimizers=optimizers, train_steps=train_steps,
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         disable_arithmetic_optimization=disable_arithmetic_optimization, seed=seed, progress=progress,
-        meta=meta, strategy=strategy, localize=localize)
-    results = _Engine(options).run()
-    return EquivalenceReport(tuple(results), _header(options))
+        meta=meta, strategy=strategy, localize=localize, workers=workers)
+    engine = _Engine(options)
+    results = engine.run()
+    header = _header(options)
+    if engine.jobs:
+        header["worker_jobs"] = engine.jobs
+    return EquivalenceReport(tuple(results), header)
 
 
 def _header(options: _Options) -> dict:
@@ -544,5 +613,7 @@ def _header(options: _Options) -> dict:
         "strategy": None if strategy is None else
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
         **({"localize": True} if options.localize else {}),
+        **({"workers": options.workers if options.in_process is None else
+            f"1 (asked for {options.workers}: {options.in_process})"} if options.workers > 1 else {}),
         **options.meta,
     }

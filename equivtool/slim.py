@@ -20,7 +20,7 @@ The layer:
 * empties, after each eager call, the ``*_end_points`` collections the network
   filled in TensorFlow's global eager graph (slim nets collect end points
   there; left alone, every eager call would keep its activations alive);
-* offers :meth:`SlimShim.tf1_fn`, the same network built in a TF1 graph,
+* offers :attr:`SlimShim.tf1_fn`, the same network built in a TF1 graph,
   in the form ``check_equivalence`` takes.
 """
 
@@ -33,7 +33,7 @@ import equivtool  # noqa: F401  (environment fix before TensorFlow)
 import tensorflow as tf
 import tf_slim
 
-__all__ = ["slim_shim", "SlimShim"]
+__all__ = ["slim_shim", "SlimShim", "SlimNet"]
 
 ArgScope = Mapping | Callable[[], Mapping] | None
 
@@ -75,20 +75,15 @@ def _strip_prefix(outputs, prefix: str):
     return outputs
 
 
-class SlimShim(tf.keras.layers.Layer):
-    """A slim network run as TF1 code inside a Keras layer (see :func:`slim_shim`)."""
+class SlimNet:
+    """``net(inputs, training)``: ``fn`` built in the current graph under its arg scope,
+    ``training`` passed as ``training_arg``."""
 
-    def __init__(self, fn: Callable, arg_scope: ArgScope = None, *, training_arg: str | None = "is_training",
-                 name: str | None = None, **kwargs: Any):
-        _check(fn, arg_scope, training_arg, name)
-        super().__init__(name=name or f"{getattr(fn, '__name__', 'slim_net')}_shim")
-        self.fn = fn
-        self.arg_scope = arg_scope
-        self.training_arg = training_arg
-        self.fn_kwargs = dict(kwargs)
+    def __init__(self, fn: Callable, arg_scope: ArgScope, training_arg: str | None, kwargs: Mapping):
+        self.fn, self.arg_scope, self.training_arg, self.kwargs = fn, arg_scope, training_arg, dict(kwargs)
 
-    def _build_net(self, inputs, training: bool):
-        kwargs = dict(self.fn_kwargs)
+    def __call__(self, inputs, training):
+        kwargs = dict(self.kwargs)
         if self.training_arg is not None:
             kwargs[self.training_arg] = bool(training)
         scope = self.arg_scope() if callable(self.arg_scope) else self.arg_scope
@@ -96,6 +91,27 @@ class SlimShim(tf.keras.layers.Layer):
             return self.fn(inputs, **kwargs)
         with tf_slim.arg_scope(scope):
             return self.fn(inputs, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"SlimNet({getattr(self.fn, '__name__', self.fn)!r})"
+
+
+class SlimShim(tf.keras.layers.Layer):
+    """A slim network run as TF1 code inside a Keras layer (see :func:`slim_shim`)."""
+
+    def __init__(self, fn: Callable, arg_scope: ArgScope = None, *, training_arg: str | None = "is_training",
+                 name: str | None = None, **kwargs: Any):
+        _check(fn, arg_scope, training_arg, name)
+        super().__init__(name=name or f"{getattr(fn, '__name__', 'slim_net')}_shim")
+        # Set past Keras' attribute tracking, which would wrap the user's arg-scope
+        # dict's values in trackable _DictWrappers, in place.
+        for attribute, value in (("fn", fn), ("arg_scope", arg_scope), ("training_arg", training_arg),
+                                 ("fn_kwargs", dict(kwargs))):
+            object.__setattr__(self, attribute, value)
+        object.__setattr__(self, "_net", SlimNet(fn, arg_scope, training_arg, self.fn_kwargs))
+
+    def _build_net(self, inputs, training: bool):
+        return self._net(inputs, training)
 
     @tf.compat.v1.keras.utils.track_tf1_style_variables
     def call(self, inputs, training=None):
@@ -112,9 +128,11 @@ class SlimShim(tf.keras.layers.Layer):
                         del graph.get_collection_ref(key)[sizes.get(key, 0):]
         return _strip_prefix(outputs, prefix + "/" if prefix else "")
 
-    def tf1_fn(self, inputs, training):
-        """The same network built in the current TF1 graph: ``check_equivalence``'s ``tf1_fn``."""
-        return self._build_net(inputs, bool(training))
+    @property
+    def tf1_fn(self) -> "SlimNet":
+        """The same network built in the current TF1 graph: ``check_equivalence``'s
+        ``tf1_fn`` (a plain picklable object, so it travels to worker processes)."""
+        return self._net
 
 
 def slim_shim(fn: Callable, arg_scope: ArgScope = None, *, training_arg: str | None = "is_training",

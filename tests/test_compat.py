@@ -22,7 +22,8 @@ def _states():
 def test_every_repair_is_recorded_with_a_state():
     states = _states()
     assert set(states) == {"moved TensorFlow symbols", "collection membership by identity",
-                           "eager name scopes for outputs_collections"}
+                           "eager name scopes for outputs_collections",
+                           "checkpoint slices of partitioned variables"}
     assert all(state in ("applied", "not needed") for state in states.values()), states
 
 
@@ -101,3 +102,65 @@ def test_membership_probe_follows_tensorflows_equality_switch():
     finally:
         tf.compat.v1.enable_tensor_equality()
     assert _tf_slim._membership_is_broken()
+
+
+_PARTITIONED_RESTORE = """
+import sys, tempfile, os
+import numpy as np
+if sys.argv[1] == "bare":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+else:
+    import equivtool
+import tensorflow as tf
+import tf_slim as slim
+v1 = tf.compat.v1
+value = np.arange(12, dtype=np.float32).reshape(6, 2)
+path = os.path.join(tempfile.mkdtemp(), "model.ckpt")
+with tf.Graph().as_default():
+    saved = v1.get_variable("table", initializer=value)
+    with v1.Session() as session:
+        session.run(saved.initializer)
+        path = v1.train.Saver([saved]).save(session, path)
+with tf.Graph().as_default():
+    table = slim.variable("table", shape=value.shape, partitioner=v1.fixed_size_partitioner(3))
+    assign, feed = slim.assign_from_checkpoint(path, {"table": list(table)})
+    with v1.Session() as session:
+        session.run(v1.global_variables_initializer())
+        session.run(assign, feed)
+        restored = session.run(tf.identity(table))
+assert len(list(table)) == 3
+np.testing.assert_array_equal(restored, value)
+print("RESTORED")
+"""
+
+
+def _restore_partitioned(mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _PARTITIONED_RESTORE, mode], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
+                          timeout=300)
+
+
+def test_assign_from_checkpoint_restores_partitioned_variables():
+    # The same script fails without equivtool on NumPy >= 1.23: the repair is what makes it pass.
+    repaired = _restore_partitioned("equivtool")
+    assert repaired.returncode == 0 and "RESTORED" in repaired.stdout, repaired.stderr[-2000:]
+    if _tf_slim._slice_list_is_rejected():
+        bare = _restore_partitioned("bare")
+        assert bare.returncode != 0 and "IndexError: only integers, slices" in bare.stderr, bare.stderr[-2000:]
+
+
+def test_checkpoint_slice_repair_is_local_to_tf_slim_and_keeps_every_other_index():
+    import importlib
+    slim_variables = importlib.import_module("tf_slim.ops.variables")  # tf_slim.ops is shadowed by a star import
+
+    if _tf_slim._slice_list_is_rejected():
+        assert _states()["checkpoint slices of partitioned variables"] == "applied"
+        assert slim_variables.tf.train.NewCheckpointReader is not tf.compat.v1.train.NewCheckpointReader
+    # TensorFlow's own reader and NumPy are untouched
+    assert tf.compat.v1.train.NewCheckpointReader.__module__.startswith("tensorflow")
+    assert slim_variables.tf.GraphKeys is tf.compat.v1.GraphKeys
+    value = np.arange(12.0).reshape(3, 4).view(_tf_slim._SliceListArray)
+    np.testing.assert_array_equal(value[[slice(1, 3), slice(0, 2)]], [[4, 5], [8, 9]])
+    assert type(value[[slice(1, 3), slice(0, 2)]]) is np.ndarray
+    np.testing.assert_array_equal(value[[0, 2]], [[0, 1, 2, 3], [8, 9, 10, 11]])  # integer lists as before
+    assert value[1, 2] == 6.0 and type(value[1:, 0]) is np.ndarray

@@ -67,3 +67,48 @@ def test_json_and_html_are_written_atomically_and_never_through_a_symlink(tmp_pa
         assert victim.read_text() == "precious" and not link.is_symlink()
         assert link.read_text().startswith(("{", "<!DOCTYPE"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "a.json", "victim.txt"]
+
+
+def test_sparse_gradients_are_named_in_text_json_and_html(tmp_path):
+    table = tf.Variable(tf.ones([5, 2]), name="table")
+    optimizer = tf.keras.optimizers.Adam(0.1)
+    ids = tf.constant([1, 3, 1])
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, ids))
+        grad = tape.gradient(loss, table)
+        optimizer.apply_gradients([(grad, table)])
+        return [loss, grad]
+
+    report = audit_determinism(tf.function(step), runs=2)
+    assert report.passed, str(report)
+    assert report.sparse_outputs == ("outputs/1",)
+    # Adam scatters the sparse gradient into its slots m and v; the table itself gets a dense update
+    assert report.sparse_updates == ("variables/Adam/m/table by ResourceScatterAdd",
+                                     "variables/Adam/v/table by ResourceScatterAdd"), report.sparse_updates
+    note = report.sparse_note
+    assert note.startswith("sparse gradients returned as tf.IndexedSlices and compared densely: outputs/1;")
+    assert f"note: {note}" in str(report)
+    data = json.loads(report.to_json())
+    assert data["sparse_outputs"] == ["outputs/1"] and data["sparse_note"] == note
+    assert data["sparse_updates"] == list(report.sparse_updates)
+    report.to_html(tmp_path / "r.html")
+    html = (tmp_path / "r.html").read_text()
+    assert "outputs/1; applied sparsely to: variables/Adam/m/table by ResourceScatterAdd" in html
+
+
+def test_a_sparse_update_of_a_variable_outside_the_audit_says_so():
+    table = tf.Variable(tf.ones([4, 2]))
+
+    def step():
+        table.scatter_sub(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([2]), tf.constant([4, 2])))
+        return tf.constant(1.0)
+
+    try:
+        report = audit_determinism(step, runs=2, variables=[])
+        assert report.sparse_updates == ("a variable not among the audited ones by ResourceScatterSub",)
+    finally:
+        table.assign(tf.ones([4, 2]))
+    dense = audit_determinism(lambda: tf.constant(1.0), runs=2, variables=[])
+    assert dense.sparse_updates == () and dense.sparse_note is None and "sparse_note" in dense.to_dict()

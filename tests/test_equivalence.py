@@ -360,3 +360,19 @@ def test_the_engine_reads_one_frozen_options_object():
     assert options.want_gradients and options.meta == {"model": "small"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.seed = 8
+
+
+def test_a_variable_whose_shape_differs_fails_fixed_weights_by_name():
+    def tf1_fn(x, training):
+        return tf.compat.v1.layers.dense(x, 3, name="d")
+
+    class Wider(tf.keras.layers.Layer):
+        @tf.compat.v1.keras.utils.track_tf1_style_variables
+        def call(self, x, training=None):
+            return tf.compat.v1.layers.dense(tf.concat([x, x], 1), 3, name="d")
+
+    x = np.ones([2, 4], np.float32)
+    for workers in (1, 2):
+        step = equivtool.check_equivalence(tf1_fn, Wider, x, steps=["fixed_weights"], workers=workers).steps[0]
+        assert step.status == "failed", workers
+        assert "d/kernel: TF1 [4, 3] float32, TF2 [8, 3] float32" in step.message, step.message

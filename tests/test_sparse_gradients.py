@@ -126,3 +126,93 @@ def test_audit_determinism_compares_sparse_gradients_densely():
     assert report.reproducible, str(report)
     leaf = next(leaf for c in report.comparisons for leaf in c.leaves if leaf.name.endswith("table_gradient"))
     assert leaf.values_compared and leaf.size == 12
+
+
+def _lstm_train_step(use_tf_function: bool):
+    """A Keras SGD training step of the LSTM LM's shim; returns the step and the table variable."""
+    model, optimizer, ids = sm.Shim(sm.lstm_lm), tf.keras.optimizers.SGD(0.1), tf.constant(sm.token_ids())
+    model(ids, training=True)  # build the variables
+    table = next(v for v in model.trainable_variables if "embedding" in v.name)
+
+    def step():
+        with tf.GradientTape() as tape:
+            logits = model(ids, training=True)["logits"]
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ids, logits=logits))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return {"loss": loss, "table_gradient": grads[model.trainable_variables.index(table)]}
+
+    return (tf.function(step) if use_tf_function else step), model, table
+
+
+@pytest.mark.parametrize("use_tf_function", [False, True], ids=["eager", "tf_function"])
+def test_audit_of_a_tf2_embedding_training_step_names_its_sparse_gradients(use_tf_function):
+    step, model, table = _lstm_train_step(use_tf_function)
+    before = [v.numpy() for v in model.variables]
+    report = equivtool.audit_determinism(step, runs=2)
+    assert report.passed, str(report)
+    table_leaf = "variables/" + table.name.rsplit(":", 1)[0]
+    assert table_leaf in report.leaf_names
+    assert report.sparse_outputs == ("outputs/table_gradient",), report.sparse_outputs
+    # Keras's SGD scatters the sparse gradient into its momentum slot for the table, then adds that; the
+    # slot is a compared leaf (created in run 1 eagerly, found in the traced graph with tf.function)
+    (slot,) = [name for name in report.leaf_names if name.startswith("variables/SGD/m/" + table_leaf[10:])]
+    assert report.sparse_updates == (f"{slot} by ResourceScatterAdd",), report.sparse_updates
+    assert f"note: {report.sparse_note}" in str(report)
+    assert "outputs/table_gradient" in report.sparse_note and slot in report.sparse_note
+    leaf = next(leaf for leaf in report.comparisons[0].leaves if leaf.name == "outputs/table_gradient")
+    assert leaf.values_compared and leaf.size == sm.VOCAB * sm.EMBED  # compared densely
+    for v, value in zip(model.variables, before):  # the audit put the trained variables back
+        np.testing.assert_array_equal(v.numpy(), value)
+
+
+def test_audit_of_a_tf1_session_embedding_training_step_names_its_sparse_gradients():
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.constant(sm.token_ids())
+        logits = sm.lstm_lm(ids, training=True)["logits"]
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ids, logits=logits))
+        table = next(v for v in tf.compat.v1.trainable_variables() if "embedding" in v.name)
+        optimizer = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
+        grads_and_vars = optimizer.compute_gradients(loss)
+        table_gradient = next(g for g, v in grads_and_vars if v is table)
+        train_op = optimizer.apply_gradients(grads_and_vars)
+        init = tf.compat.v1.global_variables_initializer()
+    session = tf.compat.v1.Session(graph=graph)
+    session.run(init)
+
+    def step():
+        fetched = session.run({"loss": loss, "table_gradient": table_gradient, "train": train_op})
+        return {"loss": fetched["loss"], "table_gradient": fetched["table_gradient"]}
+
+    try:
+        report = equivtool.audit_determinism(step, runs=2, session=session)
+        # reproducible; the graph's (unseeded, never re-run) initializers are reported as causes
+        assert report.reproducible and report.compared_anything, str(report)
+        assert type(session.run(table_gradient)).__name__ == "IndexedSlicesValue"
+        assert report.sparse_outputs == ("outputs/table_gradient",), report.sparse_outputs
+        assert report.sparse_updates == ("variables/lstm_lm/embedding by ResourceSparseApplyMomentum",), \
+            report.sparse_updates
+        assert "variables/lstm_lm/embedding" in report.leaf_names
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("use_tf_function", [False, True], ids=["eager", "tf_function"])
+def test_audit_of_a_dense_training_step_has_no_sparse_note(use_tf_function):
+    w = tf.Variable(tf.reshape(tf.range(6, dtype=tf.float32), [3, 2]))
+    x = tf.constant([[1.0, 0.0, 2.0]])
+    optimizer = tf.keras.optimizers.SGD(0.1)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(x @ w))
+        grad = tape.gradient(loss, w)
+        optimizer.apply_gradients([(grad, w)])
+        return {"loss": loss, "gradient": grad}
+
+    report = equivtool.audit_determinism(tf.function(step) if use_tf_function else step, runs=2)
+    assert report.passed, str(report)
+    assert report.sparse_outputs == () and report.sparse_updates == () and report.sparse_note is None
+    assert "sparse gradients" not in str(report)
+    assert report.to_dict()["sparse_note"] is None

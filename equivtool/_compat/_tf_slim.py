@@ -1,9 +1,9 @@
 """tf-slim 1.1.0 on TensorFlow 2.16+: the repairs, each a no-op where things work.
 
 tf-slim 1.1.0 (the last release) reaches into TensorFlow's private modules.
-TensorFlow has since moved some of those names elsewhere, and TF2 semantics
-changed two things tf-slim relies on. Three kinds of repair, all in memory
-(installed files are never edited):
+TensorFlow has since moved some of those names elsewhere, TF2 semantics
+changed two things tf-slim relies on, and NumPy 1.23 one more. Four kinds of
+repair, all in memory (installed files are never edited):
 
 1. **Moved TensorFlow symbols** (``ops.Tensor``, ``array_ops.unstack``, ...):
    where a private module lacks a name tf-slim uses, the name is added to that
@@ -21,8 +21,14 @@ changed two things tf-slim relies on. Three kinds of repair, all in memory
    subscriptable`` when ``outputs_collections`` is set (vgg, alexnet,
    overfeat). Where that happens, ``tf_slim.layers.layers`` gets a name scope
    that yields the scope's name eagerly too, as it does in a graph.
+4. **Partitioned variables from a checkpoint**: ``slim.assign_from_checkpoint``
+   cuts each partition's slice out of the checkpoint value with
+   ``value[[slice, slice]]``, a list of slices, which NumPy >= 1.23 rejects
+   (``IndexError: only integers, slices ...``). Where NumPy rejects it, the
+   checkpoint reader ``tf_slim.ops.variables`` opens hands out values that
+   read such a list as the tuple it meant.
 
-Each module-level patch goes through a small proxy module for repairs 2 and 3,
+Each module-level patch goes through a small proxy module for repairs 2 to 4,
 so TensorFlow's own modules keep their behaviour; repair 1 adds names only.
 """
 
@@ -31,6 +37,9 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+import warnings
+
+import numpy as np
 
 from equivtool._compat import APPLIED, FAILED, NOT_NEEDED, Repair
 
@@ -66,12 +75,14 @@ MOVED_SYMBOLS = (
 MEMBERSHIP_MODULES = ("tf_slim.layers.layers", "tf_slim.ops.variables")
 # tf-slim modules whose layers name their outputs after `ops.name_scope(...)`.
 NAME_SCOPE_MODULES = ("tf_slim.layers.layers",)
+# tf-slim modules that slice checkpoint values with a list of slices (assign_from_checkpoint).
+CHECKPOINT_MODULES = ("tf_slim.ops.variables",)
 
 
 def apply() -> list:
     """Make every repair that is needed; return one :class:`Repair` per repair."""
     results = [_moved_symbols()]
-    for make in (_membership, _eager_name_scope):
+    for make in (_membership, _eager_name_scope, _checkpoint_slices):
         try:
             results.append(make())
         except Exception as exc:  # a repair that cannot be made is reported, never raised at import
@@ -109,8 +120,9 @@ def _moved_symbols() -> Repair:
 # -- proxies for repairs 2 and 3 ---------------------------------------------
 
 class _OpsProxy(types.ModuleType):
-    """Stands for ``tensorflow.python.framework.ops`` inside one tf-slim module:
-    every attribute is the real module's except the few repaired ones."""
+    """Stands for a TensorFlow module (``tensorflow.python.framework.ops``,
+    ``tf.compat.v1``, ``tf.compat.v1.train``) inside one tf-slim module: every
+    attribute is the real module's except the few repaired ones."""
 
     def __init__(self, real: types.ModuleType):
         super().__init__(real.__name__, real.__doc__)
@@ -120,13 +132,13 @@ class _OpsProxy(types.ModuleType):
         return getattr(object.__getattribute__(self, "_equivtool_real"), name)
 
 
-def _proxied_ops(module_name: str) -> _OpsProxy:
-    """The module's ``ops``, replaced by a proxy the first time it is needed."""
+def _proxied_ops(module_name: str, attribute: str = "ops") -> _OpsProxy:
+    """The module's ``ops`` (or other module ``attribute``), replaced by a proxy the first time it is needed."""
     module = sys.modules.get(module_name) or importlib.import_module(module_name)
-    current = module.ops
+    current = getattr(module, attribute)
     if not isinstance(current, _OpsProxy):
         current = _OpsProxy(current)
-        module.ops = current
+        setattr(module, attribute, current)
     return current
 
 
@@ -197,3 +209,63 @@ def _eager_name_scope() -> Repair:
 
         object.__setattr__(proxy, "name_scope", name_scope)
     return Repair(LIBRARY, name, APPLIED, "ops.name_scope in " + ", ".join(broken))
+
+
+# -- 4. checkpoint values sliced with a list of slices ---------------------------
+
+def _slice_list_is_rejected() -> bool:
+    """Whether NumPy refuses ``array[[slice, ...]]`` (NumPy >= 1.23; before, a FutureWarning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            np.zeros(2)[[slice(0, 1)]]
+        except IndexError:
+            return True
+    return False
+
+
+class _SliceListArray(np.ndarray):
+    """A checkpoint value whose ``[...]`` reads a list of slices as a tuple of
+    them (what NumPy < 1.23 did); what indexing returns is a plain array."""
+
+    def __getitem__(self, key):
+        if isinstance(key, list) and key and all(isinstance(k, slice) for k in key):
+            key = tuple(key)
+        result = super().__getitem__(key)
+        return result.view(np.ndarray) if isinstance(result, np.ndarray) else result
+
+
+class _CheckpointReader:
+    """A ``tf.train.NewCheckpointReader`` whose ``get_tensor`` values are :class:`_SliceListArray`."""
+
+    def __init__(self, reader):
+        self._equivtool_real = reader
+
+    def __getattr__(self, name):
+        return getattr(self._equivtool_real, name)
+
+    def get_tensor(self, name):
+        value = self._equivtool_real.get_tensor(name)
+        return value.view(_SliceListArray) if isinstance(value, np.ndarray) else value
+
+
+def _checkpoint_slices() -> Repair:
+    name = "checkpoint slices of partitioned variables"
+    todo = []
+    for module_name in CHECKPOINT_MODULES:
+        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+        if not (isinstance(module.tf, _OpsProxy) and "train" in vars(module.tf)):
+            todo.append(module_name)
+    if not todo or not _slice_list_is_rejected():
+        return Repair(LIBRARY, name, NOT_NEEDED, "")
+    for module_name in todo:
+        tf_proxy = _proxied_ops(module_name, "tf")
+        train = _OpsProxy(object.__getattribute__(tf_proxy, "_equivtool_real").train)
+        real_reader = object.__getattribute__(train, "_equivtool_real").NewCheckpointReader
+
+        def new_checkpoint_reader(filepattern, _real=real_reader):
+            return _CheckpointReader(_real(filepattern))
+
+        object.__setattr__(train, "NewCheckpointReader", new_checkpoint_reader)
+        object.__setattr__(tf_proxy, "train", train)
+    return Repair(LIBRARY, name, APPLIED, "tf.train.NewCheckpointReader in " + ", ".join(todo))

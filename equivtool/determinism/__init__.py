@@ -68,6 +68,16 @@ Seeds
     ``random_op_state_in_session``), ``tf.random.Generator`` objects unless
     their state variable is among the variables, and iterators.
 
+Sparse gradients
+----------------
+The gradient of ``tf.gather``/``tf.nn.embedding_lookup`` with respect to the
+table is sparse (``tf.IndexedSlices``; ``IndexedSlicesValue`` from a session).
+Returned from ``fn``, it is scattered into a dense array and compared
+densely, and the report names it (``sparse_outputs``). Applied by an
+optimizer inside ``fn``, the variables that the sparse update ops wrote are
+named too (``sparse_updates``: the table for TF1's optimizers, the slots for
+Keras's); ``report.sparse_note`` says both, in the text, JSON and HTML.
+
 Endpoints
 ---------
 With ``endpoints="end_points"`` (a key of the dict ``fn`` returns) or a

@@ -17,7 +17,7 @@ from equivtool.determinism._capture import (_captured, _flatten_variables, _fn_n
                                             _object_location, _RandomState, _variables_of, _VariableStore)
 from equivtool.determinism._causes import _captured_dataset_causes, _dedupe, _op_causes, _OpRecorder
 from equivtool.determinism._report import DeterminismReport
-from equivtool._tree import flatten_tensors, to_numpy
+from equivtool._tree import flatten_tensors, sparse_paths, to_numpy
 
 __all__ = ["audit_determinism"]
 
@@ -140,6 +140,7 @@ class _Audit:
         self.captures: list[dict] = []
         self.endpoint_prefix: Optional[str] = None
         self.callback_on = False
+        self.sparse_outputs: dict[str, None] = {}  # leaves fn returned as tf.IndexedSlices (ordered set)
 
     def creator(self, next_creator, **kwargs):
         """A variable creator scope: remembers the initial value of every variable created eagerly in run 1."""
@@ -188,11 +189,13 @@ class _Audit:
             endpoint_values = self.endpoints() if callable(self.endpoints) else None
         finally:
             self._callback_off()
+        self._note_sparse("outputs", result)
         capture = {"outputs": to_numpy(result)}
         if isinstance(self.endpoints, str):
             self._check_endpoint_key(capture["outputs"], result)
             self.endpoint_prefix = f"outputs/{self.endpoints}"
         elif callable(self.endpoints):
+            self._note_sparse("endpoints", endpoint_values)
             capture["endpoints"] = to_numpy(endpoint_values)
             self.endpoint_prefix = "endpoints"
         del result
@@ -203,6 +206,38 @@ class _Audit:
         values = self.store.read() + [np.array(ref().numpy(), copy=True) for ref, _ in self.created_live]
         capture["variables"] = dict(zip(names, values))
         self.captures.append(capture)
+
+    def _note_sparse(self, prefix: str, structure: Any) -> None:
+        for path in sparse_paths(structure):
+            self.sparse_outputs["/".join((prefix, *path))] = None
+
+    def _sparse_update_names(self) -> tuple[str, ...]:
+        """The variable leaves that ops applying sparse gradients wrote (see _causes.SPARSE_UPDATE_OPS),
+        each ``"variables/<name> by <op type>"``; a target outside the audited variables says so."""
+        eager: list[tuple[Any, str]] = []  # (handle, leaf name): matched by identity
+        graph: dict[tuple, str] = {}
+        names = self.store.names()
+        created = [(ref(), f"{ref().name.rsplit(':', 1)[0]} (created in run 1)")
+                   for ref, _ in self.created_live if ref() is not None]
+        for v, name in list(zip(self.store.variables, names)) + created:
+            try:
+                if self.store.in_graph(v):
+                    graph[(v.graph, v.op.name)] = f"variables/{name}"
+                else:
+                    eager.append((v.handle, f"variables/{name}"))
+            except (AttributeError, ValueError, RuntimeError):  # e.g. a distributed variable: no one handle
+                continue
+        found: dict[str, None] = {}
+        for update in self.recorder.sparse_updates:
+            target = update.target
+            if isinstance(target, str):
+                leaf = f"{target} (not among the audited variables)"
+            elif isinstance(target, tuple):
+                leaf = graph.get(target) or f"{target[1]} (not among the audited variables)"
+            else:
+                leaf = next((n for h, n in eager if h is target), "a variable not among the audited ones")
+            found[f"{leaf} by {update.op_type}"] = None
+        return tuple(found)
 
     def _callback_off(self) -> None:
         if self.callback_on:
@@ -268,6 +303,7 @@ class _Audit:
         return DeterminismReport(
             name=name, runs=self.runs, comparisons=tuple(comparisons), causes=_dedupe(causes),
             endpoint_prefix=self.endpoint_prefix, notes=tuple(self.notes), meta=meta,
+            sparse_outputs=tuple(self.sparse_outputs), sparse_updates=self._sparse_update_names(),
             seconds=time.perf_counter() - self.started)
 
 

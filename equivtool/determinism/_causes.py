@@ -99,6 +99,15 @@ _PARALLEL_DATASET_OPS = {
 _SHUFFLE_DATASET_OPS = frozenset({"ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
                                   "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"})
 
+# Ops through which an optimizer applies a sparse gradient (tf.IndexedSlices) to a
+# variable, its first input: the scatters of TF1's and Keras's sparse updates
+# and TF1's fused sparse-apply kernels, ref and resource forms.
+_SPARSE_APPLY = ("Adadelta", "Adagrad", "AdagradV2", "AdagradDA", "CenteredRMSProp", "Ftrl", "FtrlV2",
+                 "Momentum", "KerasMomentum", "ProximalAdagrad", "ProximalGradientDescent", "RMSProp")
+SPARSE_UPDATE_OPS = frozenset(
+    {"ScatterAdd", "ScatterSub", "ResourceScatterAdd", "ResourceScatterSub"}
+    | {f"{prefix}SparseApply{name}" for prefix in ("", "Resource") for name in _SPARSE_APPLY})
+
 _INTERESTING_OPS = STATEFUL_RANDOM_OPS | frozenset(_PARALLEL_DATASET_OPS) | frozenset(GPU_NONDETERMINISTIC_OPS)
 
 
@@ -114,6 +123,34 @@ def _graph_op_location(op) -> str:
 # ---------------------------------------------------------------------------
 # Ops seen
 # ---------------------------------------------------------------------------
+
+
+def _variable_source(tensor) -> Any:
+    """What a sparse update's first input names: the eager handle a tf.function
+    captured (followed out of nested function graphs), else ``(graph, op name)``
+    of the graph variable (``VarHandleOp``/``VariableV2``)."""
+    for _ in range(16):  # function graphs nest only a few levels deep
+        try:
+            graph, op = tensor.graph, tensor.op
+        except AttributeError:  # an eager handle
+            return tensor
+        if op.type != "Placeholder":
+            break
+        external = next((e for e, i in getattr(graph, "captures", ()) if i is tensor), None)
+        if external is None:
+            break
+        tensor = external
+    return (tensor.graph, tensor.op.name)
+
+
+@dataclass(frozen=True)
+class _SparseUpdate:
+    """An op that applied a sparse gradient: its type, its target (see
+    :func:`_variable_source`, or a FunctionDef input string) and where it was seen."""
+
+    op_type: str
+    target: Any
+    where: str
 
 
 @dataclass(frozen=True)
@@ -167,6 +204,14 @@ class _OpRecorder:
         self.functions_done: set[str] = set()
         self._is_function: dict[str, bool] = {}
         self.library: dict[str, Any] = {}  # FunctionDefs found in graph libraries
+        self.sparse_updates: list[_SparseUpdate] = []
+        self._sparse_keys: set = set()
+
+    def add_sparse_update(self, op_type: str, target: Any, where: str) -> None:
+        key = (op_type, id(target) if not isinstance(target, (str, tuple)) else target)
+        if key not in self._sparse_keys:
+            self._sparse_keys.add(key)
+            self.sparse_updates.append(_SparseUpdate(op_type, target, where))
 
     def add(self, seen: _OpSeen) -> None:
         key = (seen.op_type, tuple(sorted(seen.attrs.items())), seen.location, seen.where)
@@ -178,6 +223,8 @@ class _OpRecorder:
 
     def callback(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
         op_type = op_type.decode("utf-8") if isinstance(op_type, bytes) else str(op_type)
+        if op_type in SPARSE_UPDATE_OPS:
+            self._callback_sparse_update(op_type, inputs, outputs, op_name, graph)
         if op_type in _INTERESTING_OPS:
             if graph is None:
                 pairs = zip(attrs[0::2], attrs[1::2]) if attrs else ()
@@ -195,6 +242,17 @@ class _OpRecorder:
         elif graph is None and self._function_call(op_type):
             self.scan_function(op_type, f"tf.function {op_type} called at {user_frame_location(2)}")
         return None
+
+    def _callback_sparse_update(self, op_type, inputs, outputs, op_name, graph) -> None:
+        if graph is None:
+            if inputs:
+                self.add_sparse_update(op_type, inputs[0], "eager")
+            return
+        try:
+            op = graph.get_operation_by_name(op_name) if op_name is not None else outputs[0].op
+            self.add_sparse_update(op_type, _variable_source(op.inputs[0]), "graph")
+        except (KeyError, ValueError, IndexError, AttributeError, TypeError):
+            pass  # a note is a nicety: never fail the step for it
 
     def _function_call(self, op_type: str) -> bool:
         known = self._is_function.get(op_type)
@@ -220,6 +278,8 @@ class _OpRecorder:
         for node in fdef.node_def:
             if node.op in _INTERESTING_OPS:
                 self.add(_OpSeen(node.op, _wanted_attrs(node.attr.items()), where, f"function {name}"))
+            if node.op in SPARSE_UPDATE_OPS and node.input:
+                self.add_sparse_update(node.op, f"{node.input[0]} in function {name}", where)
             nested = _function_names_in_attrs(node.attr)
             if node.op in self.library or self._function_call(node.op):
                 nested.append(node.op)
@@ -242,6 +302,8 @@ class _OpRecorder:
             if op.type in _INTERESTING_OPS:
                 self.add(_OpSeen(op.type, _wanted_attrs(op.node_def.attr.items()),
                                  _graph_op_location(op), where))
+            if op.type in SPARSE_UPDATE_OPS and op.inputs:
+                self.add_sparse_update(op.type, _variable_source(op.inputs[0]), where)
             nested = _function_names_in_attrs(op.node_def.attr)
             if op.type in self.library:
                 nested.append(op.type)

@@ -89,6 +89,17 @@ class DeterminismReport:
     leaves ``outputs/...``, ``endpoints/...`` (when given as a callable) and
     ``variables/...``. ``causes`` lists what inspection found, ``notes`` how
     the audit was set up (which variables, what was reset).
+
+    Sparse gradients (``tf.IndexedSlices``, e.g. of an embedding table):
+    ``sparse_outputs`` names the leaves ``fn`` returned sparse (eagerly
+    ``tf.IndexedSlices``, from a session ``IndexedSlicesValue``), which were
+    scattered into dense arrays and compared densely; ``sparse_updates`` names
+    the variables that ops applying a sparse gradient wrote (the scatters and
+    sparse-apply kernels of TF1's and Keras's optimizers), each with the op
+    type: the trained variable itself (TF1's optimizers, Keras's without
+    slots) or the optimizer's slot for it (Keras's SGD scatters into its
+    momentum slot ``SGD/m/<variable>``, Adam into ``m`` and ``v``), whose
+    name contains the variable's. :attr:`sparse_note` says both in one line.
     """
 
     name: str
@@ -99,9 +110,13 @@ class DeterminismReport:
     notes: tuple[str, ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    sparse_outputs: tuple[str, ...] = ()
+    sparse_updates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "comparisons", tuple(self.comparisons))
+        object.__setattr__(self, "sparse_outputs", tuple(self.sparse_outputs))
+        object.__setattr__(self, "sparse_updates", tuple(self.sparse_updates))
         object.__setattr__(self, "causes", tuple(self.causes))
         object.__setattr__(self, "notes", tuple(self.notes))
         object.__setattr__(self, "meta", types.MappingProxyType(dict(self.meta)))
@@ -163,6 +178,16 @@ class DeterminismReport:
         return None
 
     @property
+    def sparse_note(self) -> Optional[str]:
+        """One line naming the sparse gradients the step returned or applied (None when none were seen)."""
+        parts = []
+        if self.sparse_outputs:
+            parts.append(f"returned as tf.IndexedSlices and compared densely: {', '.join(self.sparse_outputs)}")
+        if self.sparse_updates:
+            parts.append(f"applied sparsely to: {', '.join(self.sparse_updates)}")
+        return "sparse gradients " + "; ".join(parts) if parts else None
+
+    @property
     def max_abs(self) -> float:
         values = [c.max_abs for c in self.comparisons if not math.isnan(c.max_abs)]
         return max(values) if values else math.nan
@@ -211,6 +236,8 @@ class DeterminismReport:
             parts.append("Causes found: none of the known causes was detected; look at the first "
                          "differing leaf (threads, uninitialised memory, Python-side state, "
                          "GPU ops outside the known list).")
+        if self.sparse_note:
+            parts.append(f"note: {self.sparse_note}")
         parts.extend(f"note: {n}" for n in self.notes)
         first = next((c for c in self.comparisons if c.failures), None)
         if first is not None:
@@ -240,6 +267,9 @@ class DeterminismReport:
             "differing": [d.to_dict() for d in self.differing],
             "causes": [c.to_dict() for c in self.causes],
             "notes": list(self.notes),
+            "sparse_outputs": list(self.sparse_outputs),
+            "sparse_updates": list(self.sparse_updates),
+            "sparse_note": self.sparse_note,
             "meta": dict(self.meta),
             "comparisons": [c.to_dict() for c in self.comparisons],
         }
@@ -265,8 +295,9 @@ class DeterminismReport:
                 f"<td><code>{_e(c.location)}</code></td><td>{_e(c.hint)}</td></tr>" for c in self.causes)
             body.append("<h2>Causes found</h2><table><tr><th>kind</th><th>subject</th><th>what</th>"
                         f"<th>where</th><th>fix</th></tr>{rows}</table>")
-        if self.notes:
-            body.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in self.notes) + "</ul>")
+        notes = ((self.sparse_note,) if self.sparse_note else ()) + self.notes
+        if notes:
+            body.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
         for c in self.comparisons:
             status = "failed" if c.failures else "passed"
             body.append(f"<h2>{_e(c.name)} {_render.status_cell(status)}</h2><p>{_e(c.summary())}</p>")

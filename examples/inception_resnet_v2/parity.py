@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 
@@ -24,6 +25,10 @@ MIN_IMAGE_SIZE = 107
 DEFAULT_STEPS = equivtool.DEFAULT_STEPS  # the library's default selection (equivtool.steps)
 
 
+# The two sides overlap on two cores; more workers help only with more cores.
+DEFAULT_WORKERS = 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="equivtool demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--image-size", type=int, default=299, help="image height and width (default 299)")
@@ -33,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"comma-separated steps among {', '.join(equivtool.STEPS)}")
     parser.add_argument("--modes", default=",".join(equivtool.MODES),
                         help=f"comma-separated random-tool modes among {', '.join(equivtool.MODES)}")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                        help="processes running the TF1 and TF2 sides (default: 2 with 2 or more CPUs, "
+                             "else 1; 1 runs everything in this process)")
     parser.add_argument("--html", default="equivtool-report.html", help="where to write the HTML report")
     parser.add_argument("--json", default=None, help="also write the report as JSON here")
     return parser
@@ -44,7 +52,7 @@ def model_kwargs() -> dict:
 
 
 def run(image_size=299, batch_size=1, num_classes=1000, steps=DEFAULT_STEPS,
-        modes=equivtool.MODES, progress=None):
+        modes=equivtool.MODES, progress=None, workers=1):
     """Run the check and return the report."""
     # 107 px is the smallest input whose 17x17-stage map (5x5 here) still fits
     # the aux head's 5x5 average pool.
@@ -57,7 +65,7 @@ def run(image_size=299, batch_size=1, num_classes=1000, steps=DEFAULT_STEPS,
     return equivtool.check_equivalence(
         functools.partial(tf1_forward, num_classes=num_classes, **kwargs),
         functools.partial(make_shim, num_classes, **kwargs),
-        images, steps=steps, modes=modes, progress=progress,
+        images, steps=steps, modes=modes, progress=progress, workers=workers,
         meta={"model": "Inception-ResNet-v2 (tf-slim, TF1) vs shim layer (TF2)",
               "image_size": image_size, "batch_size": batch_size, "num_classes": num_classes})
 
@@ -71,7 +79,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         report = run(args.image_size, args.batch_size, args.num_classes, steps, modes,
-                     progress=print_progress(start))
+                     progress=print_progress(start), workers=args.workers)
     except (TypeError, ValueError) as exc:
         print(f"equivtool demo: error: {exc}", file=sys.stderr)
         return 2

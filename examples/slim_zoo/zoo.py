@@ -87,3 +87,41 @@ def run(name: str, *, tf_function: bool = False, batch: int = 1, **kwargs) -> eq
         train_steps=1, tf_function=tf_function,
         step_tolerances=dict(net.step_tolerances) or None,
         meta={"model": name}, **kwargs)
+
+
+def _row(name: str, tf_function: bool, report: equivtool.EquivalenceReport, seconds: float) -> str:
+    """A RESULTS.md row: time and largest absolute error of each step."""
+    cells = []
+    for step in report.steps:
+        errors = [leaf.max_abs for leaf in step.leaves if leaf.max_abs is not None]
+        error = f" · {max(errors):.1e}" if errors else ""
+        if errors and max(errors) == 0:
+            error = " · 0"
+        mark = "" if step.status == "passed" else f" **{step.status.upper()}**"
+        cells.append(f"{step.name} {step.seconds:.0f}s{error}{mark}")
+    mode = "tf.function" if tf_function else "eager"
+    return f"| {name} | {mode} | {seconds:.0f}s | {report.verdict()} | " + " | ".join(cells) + " |"
+
+
+def main(argv=None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m examples.slim_zoo.zoo",
+                                     description="check tf_slim.nets networks; print a RESULTS.md row each")
+    parser.add_argument("names", nargs="*", metavar="NET", help=f"default: all of {', '.join(ZOO)}")
+    parser.add_argument("--tf-function", action="store_true")
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.names if name not in ZOO]
+    if unknown:
+        parser.error(f"NET: unknown {unknown}; expected names among {', '.join(ZOO)}")
+    passed = True
+    for name in args.names or list(ZOO):
+        started = time.perf_counter()
+        report = run(name, tf_function=args.tf_function, workers=args.workers)
+        print(_row(name, args.tf_function, report, time.perf_counter() - started), flush=True)
+        passed = passed and report.passed
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

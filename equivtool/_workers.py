@@ -1,0 +1,384 @@
+"""``workers=N``: each side of each step in a worker process of its own.
+
+The TF1 side and the TF2 side of a step are independent until their captures
+are judged (see :mod:`equivtool._step_runs`), and so are the step groups: the
+constant-mode pair (its TF1 half, its TF2 half) and every ``num_random_ops``
+comparison (its TF1 graph, its TF2 layer). Each of those *jobs* runs in a
+worker process; the parent only judges. With 2 cores the two sides overlap;
+with more, independent steps run at the same time.
+
+What crosses a process: the check's options, once per worker (pickled with
+cloudpickle, so lambdas and functions defined in ``__main__`` travel by value;
+importable ones by reference, with the parent's ``sys.path``), and each side's
+capture coming back (NumPy arrays, names, flags). A side that raises comes
+back as the same one-line message and full traceback an in-process run
+reports. A worker that dies is reported on every side it had not finished;
+nothing waits on it.
+
+Workers are plain ``python -m equivtool._workers`` processes (not
+``multiprocessing``'s spawn, which re-imports the user's ``__main__`` and so
+re-runs a script without an ``if __name__ == "__main__"`` guard), connected by
+a socket pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING
+
+from equivtool import _send
+
+if TYPE_CHECKING:  # pragma: no cover
+    from equivtool.equivalence import _Engine, _Options
+
+_FD_ENV = "EQUIVTOOL_WORKER_FD"
+
+
+# --------------------------------------------------------------------------
+# What may not run in workers, and what cannot be sent
+# --------------------------------------------------------------------------
+
+def in_process_reason(options: "_Options") -> str | None:
+    """Why the check must run in one process whatever ``workers`` says, or None."""
+    import tensorflow as tf
+    if options.localize:
+        return "localize=True captures both sides' ops in one process"
+    if options.strategy is not None:
+        return "a distribution strategy's devices belong to this process"
+    if isinstance(options.tf2_layer, tf.Module):
+        return "tf2_layer is a layer instance, which cannot be sent to another process (pass a factory)"
+    return None
+
+
+def _for_workers(options: "_Options") -> "_Options":
+    return dataclasses.replace(options, progress=None)
+
+
+def check_sendable(options: "_Options") -> bytes:
+    """The options as the workers receive them; a TypeError naming the argument
+    that cannot be sent to another process."""
+    checked = (("tf1_fn", options.tf1_fn), ("tf2_layer", options.tf2_layer), ("inputs", options.inputs),
+               ("loss_fn", options.loss_fn), ("optimizers", options.optimizers),
+               ("tolerance or step_tolerances", options.tolerances), ("rename", options.renamer),
+               ("meta", options.meta), ("checkpoint", options.checkpoint))
+    for name, value in checked:
+        try:
+            _send.dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"{name}: cannot be sent to a worker process with workers>1 ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); pass module-level functions or picklable objects, or workers=1") from None
+    return _send.dumps(_for_workers(options))
+
+
+# --------------------------------------------------------------------------
+# The parent: jobs, workers, judging
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Job:
+    side: str                 # "tf1" or "tf2"
+    steps: list               # [Step], run in this order
+    release_after: bool = True  # drop the pair afterwards (fresh steps build their own models)
+    on_pair_worker: bool = False  # must run where the pair's TF2 half lives (it needs that state)
+    inputs: dict = dataclasses.field(default_factory=dict)  # step name -> the TF1 capture it needs
+
+
+class _Worker:
+    def __init__(self):
+        parent, child = socket.socketpair()
+        env = dict(os.environ, **{_FD_ENV: str(child.fileno())})
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process has already said what TensorFlow says at start
+        # The worker imports this very equivtool (a checkout can shadow an installed one).
+        home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        self.process = subprocess.Popen([sys.executable, "-m", "equivtool._workers"], env=env,
+                                        pass_fds=(child.fileno(),))
+        child.close()
+        self.conn = Connection(parent.detach())
+        self.job: _Job | None = None
+        self.pending: set = set()   # (step name, side) this worker still owes
+        self.dead: str | None = None
+        self.reserved = False       # holds the pair's TF2 half for a step still to come
+
+    def setup(self, payload: bytes, workdir: str) -> None:
+        """The options; sent once every worker is starting, so that their imports overlap
+        (a large payload waits until the worker reads it)."""
+        self.conn.send(("setup", list(sys.path), payload, workdir))
+
+    def start(self, job: _Job) -> None:
+        self.job = job
+        self.pending = {(step.name, job.side) for step in job.steps}
+        self.conn.send(("run", job.side, [step.name for step in job.steps], job.inputs, job.release_after))
+
+    def died(self) -> str:
+        try:
+            code = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        try:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+        self.dead = f"the worker process (pid {self.process.pid}) died ({how})"
+        self.job, self.reserved = None, False
+        return self.dead
+
+    def stop(self, force: bool) -> None:
+        if self.process.poll() is None and not force:
+            try:
+                self.conn.send(("exit",))
+                self.process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.conn.close()
+
+
+def _seconds(*outcomes) -> float:
+    return max([o[-1] for o in outcomes if o is not None and isinstance(o[-1], float)] or [0.0])
+
+
+class _Parallel:
+    """Schedules the jobs on the workers and judges each step once both sides are in."""
+
+    def __init__(self, engine: "_Engine", workers: int):
+        from equivtool import steps as _steps
+        self.engine = engine
+        self.order = _steps.run_order(engine.options.steps, engine.options.modes)
+        shared = [step for step in self.order if step.shared]
+        # Their TF2 side needs the TF1 capture (a checkpoint file), on the pair's TF2 worker.
+        self.later = {step.name: step for step in shared if step.runner().tf2_needs_tf1}
+        self.queue: list[_Job] = []
+        if shared:
+            self.queue += [_Job("tf1", shared),
+                           _Job("tf2", [s for s in shared if s.name not in self.later],
+                                release_after=not self.later)]
+        for step in self.order:
+            if not step.shared:
+                self.queue += [_Job("tf1", [step]), _Job("tf2", [step])]
+        self.captures: dict = {}      # (step name, side) -> ("ok", capture, s) | ("skip", why, s) | ("error", ...)
+        self.count = min(workers, len(self.queue))
+        self.pair_worker: _Worker | None = None
+        self.jobs: list = []          # what each finished job ran, where, and for how long
+
+    def run(self) -> None:
+        engine = self.engine
+        payload = check_sendable(engine.options)
+        workers = [_Worker() for _ in range(self.count)]
+        emitted, failed = 0, True
+        try:
+            for worker in workers:
+                try:
+                    worker.setup(payload, engine.workdir())
+                except OSError:  # it did not even start
+                    worker.died()
+            while True:
+                self._dispatch(workers)
+                emitted = self._emit(emitted)
+                if emitted >= len(self.order):
+                    break
+                busy = [w for w in workers if w.job is not None]
+                if not busy:  # nothing more can come: what is left was owed by dead workers
+                    self._fail_unowned(workers)
+                    emitted = self._emit(emitted)
+                    break
+                for conn in wait([w.conn for w in busy]):
+                    self._receive(next(w for w in busy if w.conn is conn))
+            self._drain(workers)
+            failed = False
+        finally:
+            for worker in workers:
+                worker.stop(force=failed)
+
+    def _drain(self, workers, timeout: float = 30.0) -> None:
+        """Every step is judged: collect the workers' last "done" (their job times)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            busy = [w for w in workers if w.job is not None]
+            if not busy:
+                return
+            for conn in wait([w.conn for w in busy], timeout=max(0.0, deadline - time.monotonic())):
+                self._receive(next(w for w in busy if w.conn is conn))
+
+    def _dispatch(self, workers) -> None:
+        for job in list(self.queue):
+            if job.on_pair_worker:
+                target = self.pair_worker
+                if target is None or target.job is not None:
+                    continue
+                if target.dead:
+                    self.queue.remove(job)
+                    for step in job.steps:
+                        self.captures[(step.name, job.side)] = ("error", f"WorkerDied: {target.dead}", "")
+                    continue
+                target.reserved = False
+            else:
+                target = next((w for w in workers if w.job is None and not w.dead and not w.reserved), None)
+                if target is None:
+                    continue
+            self.queue.remove(job)
+            try:
+                target.start(job)
+            except OSError:
+                dead = target.died()
+                for step in job.steps:
+                    self.captures[(step.name, job.side)] = ("error", f"WorkerDied: {dead}", "")
+
+    def _receive(self, worker: _Worker) -> None:
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            dead = worker.died()
+            for name, side in worker.pending:
+                self.captures[(name, side)] = (
+                    "error", f"WorkerDied: {dead} while running the {side.upper()} side of this step", "")
+            worker.pending = set()
+            return
+        if message[0] == "capture":
+            _, name, side, outcome, layer_names = message
+            self.engine.layer_names.update(layer_names)
+            self.captures[(name, side)] = outcome
+            worker.pending.discard((name, side))
+            if side == "tf1" and name in self.later:
+                # On success the pair's TF2 half loads what the TF1 side wrote; otherwise it is released.
+                ok = outcome[0] == "ok"
+                self.queue.append(_Job("tf2", [self.later[name]] if ok else [], on_pair_worker=True,
+                                       inputs={name: outcome[1]} if ok else {}))
+        elif message[0] == "done":
+            job, worker.job = worker.job, None
+            if job is not None and job.steps:
+                self.jobs.append({"side": job.side, "steps": [step.name for step in job.steps],
+                                  "worker": worker.process.pid, "seconds": round(message[1], 2)})
+            if job is not None and job.side == "tf2" and not job.release_after:
+                self.pair_worker, worker.reserved = worker, True
+
+    def _fail_unowned(self, workers) -> None:
+        reason = "; ".join(w.dead for w in workers if w.dead) or "no worker process was left"
+        for step in self.order:
+            for side in ("tf1", "tf2"):
+                self.captures.setdefault((step.name, side), ("error", f"WorkerDied: not run: {reason}", ""))
+
+    def _emit(self, emitted: int) -> int:
+        """Judge and record the steps, in run order, whose sides are both in (or
+        whose TF1 side did not succeed: an in-process run would stop there)."""
+        while emitted < len(self.order):
+            step = self.order[emitted]
+            tf1 = self.captures.get((step.name, "tf1"))
+            tf2 = self.captures.get((step.name, "tf2"))
+            if tf1 is None or (tf1[0] == "ok" and tf2 is None):
+                break
+            self.engine.record(self._judge(step, tf1, tf2))
+            emitted += 1
+        return emitted
+
+    def _judge(self, step, tf1, tf2):
+        from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
+        from equivtool.equivalence import error_result, skipped_result
+        from equivtool.steps import SkipStep
+        seconds = _seconds(tf1, tf2)
+        for outcome in (tf1, tf2):  # the TF1 side first, as in one process
+            if outcome[0] == "skip":
+                return skipped_result(step, outcome[1], seconds)
+            if outcome[0] == "error":
+                return error_result(self.engine, step, outcome[1], outcome[2], seconds)
+        started = time.perf_counter()
+        try:
+            with unfiltered_tracebacks():
+                result = step.runner().judge(self.engine, tf1[1], tf2[1], **dict(step.params))
+        except SkipStep as skip:
+            return skipped_result(step, str(skip), seconds)
+        except Exception as exc:
+            return error_result(self.engine, step, one_line(exc), full_traceback(exc), seconds)
+        return dataclasses.replace(result, seconds=seconds + time.perf_counter() - started)
+
+
+def run_parallel(engine: "_Engine", workers: int) -> list:
+    """Run every selected step with its sides in up to ``workers`` processes; results
+    are recorded on ``engine`` (in run order, as soon as both sides are in). Returns
+    the jobs run: ``[{"side", "steps", "worker" (pid), "seconds"}]``, in the order they ended."""
+    parallel = _Parallel(engine, workers)
+    parallel.run()
+    return parallel.jobs
+
+
+# --------------------------------------------------------------------------
+# The worker
+# --------------------------------------------------------------------------
+
+def _run_side(engine: "_Engine", step, side: str, tf1_capture) -> tuple:
+    from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
+    from equivtool.steps import SkipStep
+    split = step.runner()
+    params = dict(step.params)
+    started = time.perf_counter()
+    try:
+        with unfiltered_tracebacks():
+            if side == "tf1":
+                capture = split.tf1(engine, **params)
+            else:
+                capture = split.tf2(engine, tf1_capture, **params)
+    except SkipStep as skip:
+        return ("skip", str(skip), time.perf_counter() - started)
+    except Exception as exc:
+        return ("error", one_line(exc), full_traceback(exc), time.perf_counter() - started)
+    capture = {k: v for k, v in capture.items() if not k.startswith("_")}
+    return ("ok", capture, time.perf_counter() - started)
+
+
+def _serve(conn: Connection) -> None:
+    engine = None
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        kind = message[0]
+        if kind == "setup":
+            _, path, payload, workdir = message
+            sys.path[:0] = [entry for entry in path if entry not in sys.path]
+            importlib.import_module("equivtool")  # the environment fix, before TensorFlow
+            from equivtool._errors import full_traceback, one_line
+            from equivtool.equivalence import _Engine
+            try:
+                engine = _Engine(_send.loads(payload), workdir=workdir)
+            except Exception as exc:  # e.g. a function whose module this process cannot import
+                engine = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
+                          full_traceback(exc), 0.0)
+        elif kind == "run":
+            from equivtool import steps as _steps
+            _, side, names, inputs, release_after = message
+            started = time.perf_counter()
+            for name in names:
+                step = _steps.get_step(name)
+                outcome = engine if isinstance(engine, tuple) else _run_side(engine, step, side, inputs.get(name))
+                names_seen = () if isinstance(engine, tuple) else engine.layer_names
+                conn.send(("capture", name, side, outcome, sorted(n for n in names_seen if isinstance(n, str))))
+            if release_after and not isinstance(engine, tuple):
+                engine.release_pair()
+            conn.send(("done", time.perf_counter() - started))
+        elif kind == "exit":
+            return
+
+
+def _main() -> None:
+    conn = Connection(int(os.environ.pop(_FD_ENV)))
+    try:
+        _serve(conn)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    _main()

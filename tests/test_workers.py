@@ -1,0 +1,291 @@
+"""``workers=2``: each side of each step in a process of its own, with the same
+numbers, verdicts and error messages as ``workers=1``."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import equivtool
+import sparse_models
+from small_models import INPUT_SHAPE, SlimNetShim, slim_net
+
+X = np.random.RandomState(0).rand(*INPUT_SHAPE).astype(np.float32)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SGD = (lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1), lambda: tf.keras.optimizers.SGD(0.1))
+
+
+def _timing_free(note: str) -> str:
+    return note.split(" (")[0] if note.startswith("includes building") else note
+
+
+def summary(report) -> list:
+    """Everything a verdict rests on, without timings."""
+    rows = []
+    for step in report.steps:
+        leaves = [(leaf.name, leaf.ok, leaf.mismatched, leaf.max_abs, leaf.expected_shape)
+                  for leaf in step.leaves]
+        rows.append((step.name, step.status, step.message, tuple(_timing_free(n) for n in step.notes), leaves))
+    return rows
+
+
+def both(tf1_fn, tf2_layer, inputs, **kwargs):
+    one = equivtool.check_equivalence(tf1_fn, tf2_layer, inputs, workers=1, **kwargs)
+    two = equivtool.check_equivalence(tf1_fn, tf2_layer, inputs, workers=2, **kwargs)
+    return one, two
+
+
+def test_every_step_gives_the_same_numbers_and_verdicts_as_one_process():
+    one, two = both(slim_net, SlimNetShim, X, optimizers=SGD, checkpoint=True)
+    assert one.passed and two.passed, str(two)
+    assert {s.name for s in two.steps} == set(equivtool.STEPS) - {"random"} | {
+        f"random/{m}/{p}" for m in equivtool.MODES for p in ("inference", "training")}
+    assert summary(one) == summary(two)
+    assert two.meta["workers"] == 2 and "workers" not in one.meta
+    # Every side of every step ran in a worker, once; the pair's two halves in different processes.
+    jobs = two.meta["worker_jobs"]
+    ran = sorted((job["side"], name) for job in jobs for name in job["steps"])
+    assert ran == sorted((side, step.name) for step in two.steps for side in ("tf1", "tf2"))
+    pair = {job["side"]: job["worker"] for job in jobs if "variables_once" in job["steps"]}
+    assert len(pair) == 2 and pair["tf1"] != pair["tf2"] and os.getpid() not in pair.values()
+
+
+def test_a_planted_fault_fails_the_same_way():
+    broken = functools.partial(SlimNetShim, bn_epsilon=1.1e-3)
+    one, two = both(slim_net, broken, X)
+    assert not two.passed
+    assert two.step("fixed_weights").status == "failed"
+    assert two.step("fixed_weights").first_failure.name == "end_points/bn1"
+    assert summary(one) == summary(two)
+
+
+def test_sparse_gradients_and_optimizer_steps_match_one_process():
+    ids = sparse_models.token_ids()
+    one, two = both(sparse_models.lstm_lm, lambda: sparse_models.Shim(sparse_models.lstm_lm), ids,
+                    steps=["gradients", "optimizer"], optimizers=SGD, train_steps=1)
+    assert two.passed, str(two)
+    assert summary(one) == summary(two)
+    for step in ("gradients", "optimizer"):
+        assert any("sparse gradients" in note and "lstm_lm/embedding" in note for note in two.step(step).notes)
+
+
+def test_an_error_in_a_worker_reaches_the_report_as_in_one_process():
+    def tf1_fn(x, training):
+        return slim_net(x, training)
+
+    class Raising(SlimNetShim):
+        def call(self, inputs, training=None):
+            raise ValueError("planted: the TF2 side cannot run")
+
+    one, two = both(tf1_fn, Raising, X, steps=["variables_once", "parity", "fixed_weights"])
+    assert summary(one) == summary(two)
+    first = two.step("variables_once")
+    assert first.status == "error" and "planted: the TF2 side cannot run" in first.message
+    trace = first.data["traceback"]
+    assert "test_workers.py" in trace and "in call" in trace  # the user's frame, from the worker
+    assert two.step("parity").status == "error"  # each call of the layer raises
+
+
+def test_a_worker_that_dies_is_reported_and_nothing_hangs(tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path[:0] = [{os.path.join(ROOT, 'tests')!r}, {ROOT!r}]\n"
+        "import numpy as np\n"
+        "import equivtool\n"
+        "from small_models import INPUT_SHAPE, SlimNetShim, slim_net\n"
+        "PARENT = os.getpid()\n"
+        "class Dies(SlimNetShim):\n"
+        "    def call(self, inputs, training=None):\n"
+        "        if os.getpid() != PARENT:\n"
+        "            os._exit(7)\n"
+        "        return super().call(inputs, training)\n"
+        "x = np.ones(INPUT_SHAPE, np.float32)\n"
+        "report = equivtool.check_equivalence(slim_net, Dies, x, workers=2)\n"
+        "print(report)\n"
+        "for step in report.steps:\n"
+        "    print('STEP', step.name, step.status, step.message)\n"
+        "sys.exit(0 if report.passed else 1)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                          cwd=str(tmp_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("STEP ")]
+    assert lines, done.stdout + done.stderr
+    died = [line for line in lines if "WorkerDied" in line and "exit code 7" in line]
+    assert died, "\n".join(lines)
+    assert "EQUIVALENT (" not in done.stdout.replace("NOT EQUIVALENT", "")
+
+
+def test_one_worker_process_is_the_in_process_run():
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, steps=["fixed_weights"], workers=1)
+    assert report.passed and "workers" not in report.meta
+
+
+def test_checks_that_need_one_process_say_so():
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, steps=["fixed_weights"], workers=2,
+                                         localize=True)
+    assert report.meta["workers"].startswith("1 (asked for 2: localize=True")
+    layer = SlimNetShim()
+    report = equivtool.check_equivalence(slim_net, layer, X, steps=["fixed_weights"], workers=2)
+    assert report.passed and "layer instance" in report.meta["workers"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2", None])
+def test_bad_workers_is_refused_before_any_work(bad):
+    calls = []
+
+    def tf1_fn(x, training):
+        calls.append(1)
+        return slim_net(x, training)
+
+    with pytest.raises(ValueError, match=r"workers: expected an int >= 1"):
+        equivtool.check_equivalence(tf1_fn, SlimNetShim, X, workers=bad)
+    assert calls == []
+
+
+def test_an_argument_that_cannot_be_sent_is_named_before_any_work():
+    lock = threading.Lock()
+    calls = []
+
+    def tf1_fn(x, training, _lock=lock):
+        calls.append(1)
+        return slim_net(x, training)
+
+    with pytest.raises(TypeError, match=r"^tf1_fn: cannot be sent to a worker process with workers>1"):
+        equivtool.check_equivalence(tf1_fn, SlimNetShim, X, workers=2)
+    assert calls == []
+
+
+def test_progress_is_called_in_run_order_with_workers():
+    seen = []
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=2, progress=seen.append,
+                                         steps=["variables_once", "parity", "random"])
+    from equivtool import steps as _steps
+    expected = [step.name for step in _steps.run_order(report.meta["steps"], report.meta["modes"])]
+    assert [result.name for result in seen] == expected
+
+
+def test_the_checkpoint_folder_is_removed(tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=2, steps=["checkpoint"],
+                                         checkpoint=True)
+    assert report.step("checkpoint").status == "passed", str(report)
+    assert any("written by the TF1 side" in note for note in report.step("checkpoint").notes)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_check_runs_with_workers(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "equivtool.cli", "check", "small_models:slim_net", "small_models:SlimNetShim",
+         "--input-shape", ",".join(map(str, INPUT_SHAPE)), "--steps", "fixed_weights,random",
+         "--workers", "2"],
+        capture_output=True, text=True, timeout=600, cwd=os.path.join(ROOT, "tests"),
+        env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "workers: 2" in done.stdout and "Verdict: EQUIVALENT" in done.stdout
+
+
+def tiny_slim_net(inputs, num_classes=3, is_training=True, scope="tiny"):
+    import tf_slim as slim
+    end_points = {}
+    with tf.compat.v1.variable_scope(scope):
+        net = slim.conv2d(inputs, 4, [3, 3], scope="conv1")
+        end_points["conv1"] = net
+        net = slim.dropout(slim.flatten(net), 0.5, is_training=is_training, scope="dropout")
+        net = slim.fully_connected(net, num_classes, activation_fn=None, scope="logits")
+        end_points["logits"] = net
+    return net, end_points
+
+
+def tiny_arg_scope():
+    import tf_slim as slim
+    # tf.nn.relu is TensorFlow's dispatch wrapper, which names itself gen_nn_ops.relu
+    with slim.arg_scope([slim.conv2d, slim.fully_connected], activation_fn=tf.nn.relu,
+                        weights_regularizer=slim.l2_regularizer(0.01)):
+        with slim.arg_scope([slim.conv2d], normalizer_fn=slim.batch_norm) as scope:
+            return scope
+
+
+def test_slim_shim_leaves_the_users_arg_scope_as_it_was():
+    scope = tiny_arg_scope()
+    before = {key: dict(defaults) for key, defaults in scope.items()}
+    layer = equivtool.slim_shim(tiny_slim_net, scope, num_classes=3)
+    layer(np.zeros([1, 6, 6, 3], np.float32), training=False)
+    assert all(type(defaults) is dict for defaults in scope.values())  # not Keras-tracked wrappers
+    assert scope == before and layer.arg_scope is scope
+
+
+def test_library_functions_that_misname_themselves_travel_by_reference():
+    from equivtool import _send
+    assert tf.nn.relu.__module__ == "tensorflow.python.ops.gen_nn_ops"  # what made plain cloudpickle fail
+    assert _send.loads(_send.dumps(tf.nn.relu)) is tf.nn.relu
+    assert _send.loads(_send.dumps({"act": tf.nn.relu}))["act"] is tf.nn.relu
+
+
+def test_a_slim_shim_with_an_arg_scope_runs_in_workers():
+    make = functools.partial(equivtool.slim_shim, tiny_slim_net, tiny_arg_scope(), num_classes=3)
+    x = np.random.RandomState(1).rand(2, 6, 6, 3).astype(np.float32)
+    one, two = both(make().tf1_fn, make, x, steps=["parity", "fixed_weights", "random"])
+    assert two.passed, str(two)
+    assert summary(one) == summary(two)
+    # The arg scope reached both sides in the workers: conv1 has batch norm instead of
+    # biases (weights, beta, moving mean and variance; 2 without the scope), and the logits
+    # weights and biases.
+    assert dict(two.step("parity").data) == dict(one.step("parity").data)
+    assert two.step("parity").data["tf1_variables"] == 4 + 2
+    regularization = [leaf for leaf in two.step("fixed_weights").leaves if leaf.name == "regularization_loss"]
+    assert regularization and regularization[0].max_abs == 0
+
+
+_ARG_SCOPE_PROBE = """
+import sys, equivtool, tensorflow as tf, tf_slim as slim
+from equivtool import _send
+import cloudpickle
+scope = (_send.loads if sys.argv[1] == "send" else cloudpickle.loads)(open(sys.argv[2], "rb").read())
+with tf.Graph().as_default():
+    with slim.arg_scope(scope):
+        slim.conv2d(tf.zeros([1, 4, 4, 3]), 2, [3, 3], scope="conv")
+    print("VARIABLES", len(tf.compat.v1.global_variables()))
+"""
+
+
+@pytest.mark.parametrize("how", ["send", "plain cloudpickle"])
+def test_an_arg_scope_still_applies_in_another_process(how, tmp_path):
+    import cloudpickle
+    from equivtool import _send
+    scope = tiny_arg_scope()
+    path = tmp_path / "scope.pickle"
+    path.write_bytes(_send.dumps(scope) if how == "send" else cloudpickle.dumps(scope))
+    done = subprocess.run([sys.executable, "-c", _ARG_SCOPE_PROBE, how.split()[0], str(path)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr[-2000:]
+    count = int(done.stdout.split("VARIABLES")[1])
+    # With the scope: weights + batch norm (beta, moving mean, moving variance); without: weights + biases.
+    assert count == (4 if how == "send" else 2)
+
+
+def test_an_arg_scope_whose_op_cannot_be_found_is_refused():
+    import tf_slim as slim
+
+    @slim.add_arg_scope
+    def local_op(x, units=1):  # lives in no module: another process cannot find it
+        return x
+
+    with slim.arg_scope([local_op], units=2) as scope:
+        pass
+
+    def tf1_fn(x, training):
+        with slim.arg_scope(scope):
+            return slim_net(x, training)
+
+    with pytest.raises(TypeError, match=r"^tf1_fn: cannot be sent .*tf-slim arg scope for <function"):
+        equivtool.check_equivalence(tf1_fn, SlimNetShim, X, workers=2)
