@@ -240,7 +240,8 @@ def run_equivtool(image_size: int, batch_size: int, steps: tuple, workers: int |
         print(report, file=sys.stderr)
         raise AssertionError("equivtool's check did not pass")
     return {"passed": True, "comparisons": sum(len(c) for s in report.steps for c in s.comparisons),
-            "steps": {s.name: round(s.seconds, 2) for s in report.steps}}
+            "steps": {s.name: round(s.seconds, 2) for s in report.steps},
+            "jobs": report.meta.get("worker_jobs", [])}
 
 
 # --------------------------------------------------------------------------
@@ -264,7 +265,8 @@ def run_in_child(variant: str, args: argparse.Namespace) -> dict:
         return run_guide(args.image_size, args.batch_size, args.guide_constant_inference,
                          not args.guide_default_grappler)
     if variant == "equivtool":
-        return run_equivtool(args.image_size, args.batch_size, steps, args.workers)
+        return run_equivtool(args.image_size, args.batch_size, steps,
+                             None if args.workers is None else int(args.workers))
     return run_plain(args.image_size, args.batch_size, steps)
 
 
@@ -409,11 +411,20 @@ def versions() -> str:
     return f"Python {platform.python_version()}, " + ", ".join(found)
 
 
+def _variant_workers(variant: str) -> tuple:
+    """``equivtool@2`` -> ``("equivtool", "2")``; other variants -> ``(variant, None)``."""
+    name, _, workers = variant.partition("@")
+    return name, workers or None
+
+
 def child_argv(variant: str, args: argparse.Namespace) -> list:
-    argv = [sys.executable, os.path.abspath(__file__), "--child", variant, "--image-size", str(args.image_size),
+    name, workers = _variant_workers(variant)
+    if workers is None and name == "equivtool" and args.workers is not None:
+        workers = str(args.workers)  # a single --workers value names no variant
+    argv = [sys.executable, os.path.abspath(__file__), "--child", name, "--image-size", str(args.image_size),
             "--batch-size", str(args.batch_size), "--steps", args.steps]
-    if args.workers is not None:
-        argv += ["--workers", str(args.workers)]
+    if workers is not None:
+        argv += ["--workers", workers]
     if args.guide_constant_inference:
         argv.append("--guide-constant-inference")
     if args.guide_default_grappler:
@@ -459,8 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", default=",".join(GUIDE_STEPS),
                         help="the steps equivtool and plain run (default: the guide's steps 1-4, "
                              f"{','.join(GUIDE_STEPS)}); the guide variant always runs its steps 1-4")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="passed as workers= to examples.inception_resnet_v2.parity.run (default: not passed)")
+    parser.add_argument("--workers", default=None,
+                        help="passed as workers= to examples.inception_resnet_v2.parity.run (default: not passed); "
+                             "a comma-separated list (e.g. 1,2) runs the equivtool variant once per value, "
+                             "side by side, and prints the scaling table")
     parser.add_argument("--guide-constant-inference", action="store_true",
                         help="add a constant-mode inference cell to the guide (the notebook has none)")
     parser.add_argument("--guide-default-grappler", action="store_true",
@@ -482,8 +495,9 @@ def check_args(args: argparse.Namespace) -> tuple:
     variants = _names(args.variants, VARIANTS, "--variants")
     _names(args.steps, STEPS, "--steps")
     if args.workers is not None:
-        if args.workers < 1:
-            raise ValueError(f"--workers: expected an int >= 1, got {args.workers}")
+        counts = [w.strip() for w in str(args.workers).split(",")]
+        if not all(w.isdigit() and int(w) >= 1 for w in counts) or len(set(counts)) != len(counts):
+            raise ValueError(f"--workers: expected an int >= 1 or distinct comma-separated ints, got {args.workers}")
         if "equivtool" not in variants:
             raise ValueError("--workers: applies to the equivtool variant, which --variants leaves out")
         import inspect
@@ -493,11 +507,16 @@ def check_args(args: argparse.Namespace) -> tuple:
         if "workers" not in inspect.signature(parity.run).parameters:
             raise ValueError("--workers: this equivtool has no workers= "
                              "(examples.inception_resnet_v2.parity.run does not accept it)")
+        if len(counts) > 1:  # one equivtool variant per worker count, in the variants' order
+            expanded = []
+            for name in variants:
+                expanded += [f"equivtool@{w}" for w in counts] if name == "equivtool" else [name]
+            variants = tuple(expanded)
     return variants
 
 
 def ratio_lines(runs: dict, base: str, wall_target: float, largest_target: float | None,
-                sum_target: float | None) -> list:
+                sum_target: float | None, e: str = "equivtool") -> list:
     def median(name, key):
         return statistics.median(r[key] for r in runs[name])
 
@@ -508,7 +527,6 @@ def ratio_lines(runs: dict, base: str, wall_target: float, largest_target: float
     def verdict(value, target):
         return "" if target is None else f"  (target <= {target}: {'met' if value <= target else 'MISSED'})"
 
-    e = "equivtool"
     wall = median(e, "seconds") / median(base, "seconds")
     lines = [f"ratio {e}/{base}, check wall time (median):       {wall:.3f}{verdict(wall, wall_target)}",
              f"ratio {e}/{base}, process wall time (median):     "
@@ -522,6 +540,37 @@ def ratio_lines(runs: dict, base: str, wall_target: float, largest_target: float
         total = peak(e, "sum_peak_rss_mb") / peak(base, "sum_peak_rss_mb")
         lines.append(f"ratio {e}/{base}, sum of all processes' peaks: {total:.3f}{verdict(total, sum_target)}"
                      f"  ({peak(e, 'sum_peak_rss_mb'):.0f} / {peak(base, 'sum_peak_rss_mb'):.0f} MB)")
+    return lines
+
+
+def scaling_lines(runs: dict, names: list) -> list:
+    """Check time per worker count, and the time on N cores predicted from the worker jobs.
+
+    A job is one side of the constant-mode pair or of one num_random_ops
+    comparison; the longest is the critical path. On N cores (a worker per
+    job) the check takes about ``max(critical path, sum of jobs / N)`` plus what
+    does not shrink (starting workers, judging), read off the run with the most
+    workers as its check time minus that same bound at its worker count.
+    """
+    measured = [(int(_variant_workers(n)[1] or 1), statistics.median(r["seconds"] for r in runs[n]), n)
+                for n in names if runs.get(n)]
+    if not measured:
+        return []
+    lines = ["scaling: " + ", ".join(f"workers={w}: {seconds:.1f} s" for w, seconds, _ in sorted(measured))]
+    with_jobs = [(w, seconds, n) for w, seconds, n in measured if w > 1 and runs[n][-1].get("jobs")]
+    if not with_jobs:
+        return lines
+    workers, seconds, name = max(with_jobs)
+    jobs = runs[name][-1]["jobs"]
+    longest = max(jobs, key=lambda job: job["seconds"])
+    total = sum(job["seconds"] for job in jobs)
+    fixed = max(0.0, seconds - max(longest["seconds"], total / workers))
+    lines.append(f"critical path: {longest['seconds']:.1f} s ({longest['side']} side of "
+                 f"{', '.join(longest['steps'][:3])}{'...' if len(longest['steps']) > 3 else ''}); "
+                 f"sum of {len(jobs)} jobs: {total:.1f} s; fixed cost at workers={workers}: {fixed:.1f} s")
+    for cores in (2, 4, 6, 16):
+        lines.append(f"predicted on {cores:>2} cores (workers={min(cores, len(jobs))}): "
+                     f"{fixed + max(longest['seconds'], total / min(cores, len(jobs))):.1f} s")
     return lines
 
 
@@ -553,7 +602,7 @@ def main(argv=None) -> int:
                   "equivtool/guide is not like for like")
     print("peak RSS: 'largest' is the largest process's ru_maxrss (/proc VmHWM for processes still running); "
           "'sum' adds every process's peak, sampled from /proc every 0.25 s", flush=True)
-    header = (f"{'repeat':>6} {'variant':<10} {'check s':>8} {'process s':>9} {'cpu s':>8} {'largest MB':>10} "
+    header = (f"{'repeat':>6} {'variant':<12} {'check s':>8} {'process s':>9} {'cpu s':>8} {'largest MB':>10} "
               f"{'sum MB':>8} {'procs':>5} {'checks':>7} {'load 1m before/after':>21}")
     print(header, flush=True)
     runs = {name: [] for name in variants}
@@ -563,20 +612,23 @@ def main(argv=None) -> int:
             r = run_variant(name, args)
             runs[name].append(r)
             total = "n/a" if r["sum_peak_rss_mb"] is None else f"{r['sum_peak_rss_mb']:.0f}"
-            print(f"{repeat + 1:>6} {name:<10} {r['seconds']:>8.1f} {r['process_wall']:>9.1f} "
+            print(f"{repeat + 1:>6} {name:<12} {r['seconds']:>8.1f} {r['process_wall']:>9.1f} "
                   f"{r['process_cpu']:>8.1f} {r['largest_rss_mb']:>10.0f} {total:>8} {r['processes']:>5} "
                   f"{r['comparisons']:>7} {r['load_before']:>10.2f}/{r['load_after']:<10.2f}", flush=True)
-    print("checks: " + "; ".join(f"{name}: {CHECKS_LABEL[name]}" for name in variants))
-    for name in ("guide", "equivtool"):
+    print("checks: " + "; ".join(f"{name}: {CHECKS_LABEL[_variant_workers(name)[0]]}" for name in variants))
+    mine = [name for name in variants if _variant_workers(name)[0] == "equivtool"]
+    for name in ["guide"] + mine:
         for r in runs.get(name, ()):
             print(f"{name} step seconds: {r['steps']}")
-    if "equivtool" in runs:
+    for name in mine:
         if "guide" in runs:
-            for line in ratio_lines(runs, "guide", 0.5, 1.0, 1.5):
+            for line in ratio_lines(runs, "guide", 0.5, 1.0, 1.5, e=name):
                 print(line)
         if "plain" in runs:
-            for line in ratio_lines(runs, "plain", 0.8, None, None):
+            for line in ratio_lines(runs, "plain", 0.8, None, None, e=name):
                 print(line)
+    for line in scaling_lines(runs, mine):
+        print(line)
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -28,7 +28,7 @@ def _args(*argv):
     (["--image-size", "75"], "--image-size: expected an int >= 107, got 75"),
     (["--batch-size", "0"], "--batch-size: expected an int >= 1, got 0"),
     (["--repeats", "0"], "--repeats: expected an int >= 1, got 0"),
-    (["--workers", "0"], "--workers: expected an int >= 1, got 0"),
+    (["--workers", "0"], "--workers: expected an int >= 1 or distinct comma-separated ints, got 0"),
     (["--workers", "2", "--variants", "guide,plain"], "--workers: applies to the equivtool variant"),
 ])
 def test_bad_options_are_refused_naming_the_option(argv, message):
@@ -136,3 +136,28 @@ def test_guide_fails_when_the_tf2_side_differs():
     proc = _run([sys.executable, "-c", code])
     assert proc.returncode != 0 and "RESULT" not in proc.stdout, proc.stdout[-2000:]
     assert "AssertionError" in proc.stderr and "rtol=1e-06" in proc.stderr, proc.stderr[-4000:]
+
+
+def test_a_list_of_worker_counts_runs_equivtool_once_per_count():
+    args = _args("--workers", "1,2")
+    assert bench_parity.check_args(args) == ("guide", "equivtool@1", "equivtool@2", "plain")
+    argv = bench_parity.child_argv("equivtool@2", args)
+    assert argv[argv.index("--child") + 1] == "equivtool" and argv[argv.index("--workers") + 1] == "2"
+    single = _args("--workers", "2")
+    assert bench_parity.check_args(single) == ("guide", "equivtool", "plain")
+    assert "2" == bench_parity.child_argv("equivtool", single)[-1]
+
+
+def test_scaling_prediction_reads_the_critical_path_off_the_jobs():
+    jobs = [{"side": "tf1", "steps": ["variables_once"], "seconds": 30.0},
+            {"side": "tf2", "steps": ["variables_once"], "seconds": 20.0},
+            {"side": "tf1", "steps": ["random/num_random_ops/inference"], "seconds": 10.0},
+            {"side": "tf2", "steps": ["random/num_random_ops/inference"], "seconds": 10.0}]
+    runs = {"equivtool@1": [{"seconds": 75.0}], "equivtool@2": [{"seconds": 40.0, "jobs": jobs}]}
+    lines = bench_parity.scaling_lines(runs, ["equivtool@1", "equivtool@2"])
+    assert lines[0] == "scaling: workers=1: 75.0 s, workers=2: 40.0 s"
+    # 2 workers: max(30, 70 / 2) = 35 s of jobs, so 5 s do not shrink; 4 cores: 5 + max(30, 17.5)
+    assert "critical path: 30.0 s (tf1 side of variables_once); sum of 4 jobs: 70.0 s" in lines[1]
+    assert "predicted on  4 cores (workers=4): 35.0 s" in lines
+    assert bench_parity.scaling_lines({"equivtool": [{"seconds": 75.0}]}, ["equivtool"]) == \
+        ["scaling: workers=1: 75.0 s"]
