@@ -55,7 +55,9 @@ class ZooNet:
 
 ZOO = {net.name: net for net in (
     ZooNet("alexnet_v2", alexnet.alexnet_v2, alexnet.alexnet_v2_arg_scope, 195),
-    ZooNet("inception_v1", inception.inception_v1, inception.inception_v1_arg_scope, 224),
+    # measured: gradients off by up to 1.8e-5 with tf.function (9.5e-7 eagerly)
+    ZooNet("inception_v1", inception.inception_v1, inception.inception_v1_arg_scope, 224,
+           step_tolerances={"gradients": Tolerance(atol=5e-5)}),
     # measured: inference end points off by up to 1.5e-4 (random weights, activations in the hundreds)
     ZooNet("inception_v2", inception.inception_v2, inception.inception_v2_arg_scope, 32,
            step_tolerances={"random/constant/inference": Tolerance(atol=5e-4),
