@@ -238,8 +238,13 @@ def run_version(version: str, suite: str, demo: bool) -> dict:
             junit = os.path.join(home, "junit.xml")
             if os.path.exists(junit):
                 os.remove(junit)
-            log.say(f"pytest ({suite}{': ' + ' '.join(files) if files else ''})")
-            rc, out, seconds = log.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            # Files in parallel, as ./dev test runs them (when this environment has pytest-xdist).
+            workers = int(os.environ.get("EQUIVTOOL_TEST_WORKERS") or min(os.cpu_count() or 1, 4))
+            parallel = []
+            if workers > 1 and log.run([python, "-c", "import xdist"], src, env)[0] == 0:
+                parallel = ["-n", str(workers), "--dist", "loadfile"]
+            log.say(f"pytest ({suite}{': ' + ' '.join(files) if files else ''}{', ' + ' '.join(parallel) if parallel else ''})")
+            rc, out, seconds = log.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *parallel,
                                         f"--junitxml={junit}", *files], src, env)
             counts = _junit_counts(junit) or {}
             result["suite"] = dict(counts, rc=rc, seconds=round(seconds))
