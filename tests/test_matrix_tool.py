@@ -164,14 +164,22 @@ def dev_copy(tmp_path):
 
 
 def test_dev_test_runs_only_the_suite_outside_ci(dev_copy):
-    rc, calls, _ = dev_copy("test", "-x")
+    rc, calls, _ = dev_copy("test", "-x", EQUIVTOOL_TEST_WORKERS="1")
     assert (rc, calls) == (0, ["suite -m pytest -x"])
 
 
+def test_dev_test_runs_test_files_in_parallel_unless_told_otherwise(dev_copy):
+    assert dev_copy("test", "-x", EQUIVTOOL_TEST_WORKERS="2")[:2] == (
+        0, ["suite -m pytest -n 2 --dist loadfile -x"])
+    assert dev_copy("test", "-n", "0", EQUIVTOOL_TEST_WORKERS="2")[:2] == (0, ["suite -m pytest -n 0"])
+    assert dev_copy("test", EQUIVTOOL_TEST_WORKERS="0")[:2] == (0, ["suite -m pytest"])
+
+
 def test_dev_test_under_ci_also_proves_tensorflow_2_16_first(dev_copy):
-    rc, calls, _ = dev_copy("test", CI="true")
+    rc, calls, _ = dev_copy("test", CI="true", EQUIVTOOL_TEST_WORKERS="1")
     assert (rc, calls) == (0, ["compat --suite compat --no-demo --no-table 2.16", "suite -m pytest"])
-    assert dev_copy("test", CI="true", EQUIVTOOL_CI_COMPAT="0")[:2] == (0, ["suite -m pytest"])
+    assert dev_copy("test", CI="true", EQUIVTOOL_CI_COMPAT="0", EQUIVTOOL_TEST_WORKERS="1")[:2] == (
+        0, ["suite -m pytest"])
 
 
 @pytest.mark.parametrize("compat_rc, suite_rc, expected", [("1", "0", 1), ("0", "1", 1), ("1", "2", 2), ("0", "5", 5)])
