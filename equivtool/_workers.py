@@ -65,6 +65,10 @@ def _for_workers(options: "_Options") -> "_Options":
 def check_sendable(options: "_Options") -> bytes:
     """The options as the workers receive them; a TypeError naming the argument
     that cannot be sent to another process."""
+    try:
+        return _send.dumps(_for_workers(options))
+    except Exception as whole:
+        failure = whole  # find which argument it was
     checked = (("tf1_fn", options.tf1_fn), ("tf2_layer", options.tf2_layer), ("inputs", options.inputs),
                ("loss_fn", options.loss_fn), ("optimizers", options.optimizers),
                ("tolerance or step_tolerances", options.tolerances), ("rename", options.renamer),
@@ -76,7 +80,8 @@ def check_sendable(options: "_Options") -> bytes:
             raise TypeError(
                 f"{name}: cannot be sent to a worker process with workers>1 ({type(exc).__name__}: "
                 f"{str(exc)[:200]}); pass module-level functions or picklable objects, or workers=1") from None
-    return _send.dumps(_for_workers(options))
+    raise TypeError(f"the check's arguments cannot be sent to a worker process with workers>1 "
+                    f"({type(failure).__name__}: {str(failure)[:200]}); pass workers=1") from None
 
 
 # --------------------------------------------------------------------------
@@ -109,7 +114,7 @@ class _Worker:
         self.dead: str | None = None
         self.reserved = False       # holds the pair's TF2 half for a step still to come
 
-    def setup(self, payload: bytes, workdir: str) -> None:
+    def setup(self, payload: bytes, workdir: str | None) -> None:
         """The options; sent once every worker is starting, so that their imports overlap
         (a large payload waits until the worker reads it)."""
         self.conn.send(("setup", list(sys.path), payload, workdir))
@@ -146,8 +151,15 @@ class _Worker:
         self.conn.close()
 
 
+# A side's outcome: ("ok", capture, seconds) | ("skip", reason, seconds) | ("error", message, traceback, seconds).
+
+def _died(message: str) -> tuple:
+    """The outcome of a side a dead worker owed."""
+    return ("error", f"WorkerDied: {message}", "", 0.0)
+
+
 def _seconds(*outcomes) -> float:
-    return max([o[-1] for o in outcomes if o is not None and isinstance(o[-1], float)] or [0.0])
+    return max([o[-1] for o in outcomes if o is not None] or [0.0])
 
 
 class _Parallel:
@@ -168,7 +180,7 @@ class _Parallel:
         for step in self.order:
             if not step.shared:
                 self.queue += [_Job("tf1", [step]), _Job("tf2", [step])]
-        self.captures: dict = {}      # (step name, side) -> ("ok", capture, s) | ("skip", why, s) | ("error", ...)
+        self.captures: dict = {}      # (step name, side) -> its outcome
         self.count = min(workers, len(self.queue))
         self.pair_worker: _Worker | None = None
         self.jobs: list = []          # what each finished job ran, where, and for how long
@@ -177,11 +189,12 @@ class _Parallel:
         engine = self.engine
         payload = check_sendable(engine.options)
         workers = [_Worker() for _ in range(self.count)]
+        workdir = engine.workdir() if self.later else None  # where the TF1 side writes what the TF2 side loads
         emitted, failed = 0, True
         try:
             for worker in workers:
                 try:
-                    worker.setup(payload, engine.workdir())
+                    worker.setup(payload, workdir)
                 except OSError:  # it did not even start
                     worker.died()
             while True:
@@ -221,7 +234,7 @@ class _Parallel:
                 if target.dead:
                     self.queue.remove(job)
                     for step in job.steps:
-                        self.captures[(step.name, job.side)] = ("error", f"WorkerDied: {target.dead}", "")
+                        self.captures[(step.name, job.side)] = _died(target.dead)
                     continue
                 target.reserved = False
             else:
@@ -234,7 +247,7 @@ class _Parallel:
             except OSError:
                 dead = target.died()
                 for step in job.steps:
-                    self.captures[(step.name, job.side)] = ("error", f"WorkerDied: {dead}", "")
+                    self.captures[(step.name, job.side)] = _died(dead)
 
     def _receive(self, worker: _Worker) -> None:
         try:
@@ -242,8 +255,7 @@ class _Parallel:
         except (EOFError, OSError):
             dead = worker.died()
             for name, side in worker.pending:
-                self.captures[(name, side)] = (
-                    "error", f"WorkerDied: {dead} while running the {side.upper()} side of this step", "")
+                self.captures[(name, side)] = _died(f"{dead} while running the {side.upper()} side of this step")
             worker.pending = set()
             return
         if message[0] == "capture":
@@ -268,7 +280,7 @@ class _Parallel:
         reason = "; ".join(w.dead for w in workers if w.dead) or "no worker process was left"
         for step in self.order:
             for side in ("tf1", "tf2"):
-                self.captures.setdefault((step.name, side), ("error", f"WorkerDied: not run: {reason}", ""))
+                self.captures.setdefault((step.name, side), _died(f"not run: {reason}"))
 
     def _emit(self, emitted: int) -> int:
         """Judge and record the steps, in run order, whose sides are both in (or
@@ -338,7 +350,7 @@ def _run_side(engine: "_Engine", step, side: str, tf1_capture) -> tuple:
 
 
 def _serve(conn: Connection) -> None:
-    engine = None
+    engine, broken = None, None   # broken: the outcome of every side when the options could not be read
     while True:
         try:
             message = conn.recv()
@@ -354,7 +366,7 @@ def _serve(conn: Connection) -> None:
             try:
                 engine = _Engine(_send.loads(payload), workdir=workdir)
             except Exception as exc:  # e.g. a function whose module this process cannot import
-                engine = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
+                broken = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
                           full_traceback(exc), 0.0)
         elif kind == "run":
             from equivtool import steps as _steps
@@ -362,10 +374,10 @@ def _serve(conn: Connection) -> None:
             started = time.perf_counter()
             for name in names:
                 step = _steps.get_step(name)
-                outcome = engine if isinstance(engine, tuple) else _run_side(engine, step, side, inputs.get(name))
-                names_seen = () if isinstance(engine, tuple) else engine.layer_names
+                outcome = broken or _run_side(engine, step, side, inputs.get(name))
+                names_seen = engine.layer_names if engine is not None else ()
                 conn.send(("capture", name, side, outcome, sorted(n for n in names_seen if isinstance(n, str))))
-            if release_after and not isinstance(engine, tuple):
+            if release_after and engine is not None:
                 engine.release_pair()
             conn.send(("done", time.perf_counter() - started))
         elif kind == "exit":
