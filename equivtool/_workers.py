@@ -1,11 +1,14 @@
-"""``workers=N``: each side of each step in a worker process of its own.
+"""``workers=N``: the sides of the steps spread over N processes, this one included.
 
 The TF1 side and the TF2 side of a step are independent until their captures
 are judged (see :mod:`equivtool._step_runs`), and so are the step groups: the
 constant-mode pair (its TF1 half, its TF2 half) and every ``num_random_ops``
-comparison (its TF1 graph, its TF2 layer). Each of those *jobs* runs in a
-worker process; the parent only judges. With 2 cores the two sides overlap;
-with more, independent steps run at the same time.
+comparison (its TF1 graph, its TF2 layer). Each of those *jobs* runs either
+in this process, on its main thread as with ``workers=1`` (it starts the
+first and longest job, the pair's TF1 half, at once), or in one of N-1 worker
+processes; this process also judges. With 2 cores the two sides overlap; with
+more, independent steps run at the same time. Running jobs here too saves one
+interpreter holding TensorFlow (about 600 MB) and the wait for it to start.
 
 What crosses a process: the check's options, once per worker (pickled with
 cloudpickle, so lambdas and functions defined in ``__main__`` travel by value;
@@ -30,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING
@@ -97,8 +101,34 @@ class _Job:
     inputs: dict = dataclasses.field(default_factory=dict)  # step name -> the TF1 capture it needs
 
 
-class _Worker:
+class _Slot:
+    """Somewhere a job runs: this process (:class:`_Here`) or a worker process (:class:`_Worker`)."""
+
+    pid: int
+    job: "_Job | None" = None
+    dead: str | None = None
+    reserved = False          # holds the pair's TF2 half for a step still to come
+
     def __init__(self):
+        self.pending: set = set()   # (step name, side) this slot still owes
+
+    def take(self, job: _Job) -> None:
+        self.job = job
+        self.pending = {(step.name, job.side) for step in job.steps}
+
+
+class _Here(_Slot):
+    """The parent itself: it runs jobs on its main thread, as ``workers=1`` does, so
+    that ``workers=N`` means N processes in all (one interpreter fewer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pid = os.getpid()
+
+
+class _Worker(_Slot):
+    def __init__(self):
+        super().__init__()
         parent, child = socket.socketpair()
         env = dict(os.environ, **{_FD_ENV: str(child.fileno())})
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process has already said what TensorFlow says at start
@@ -108,11 +138,8 @@ class _Worker:
         self.process = subprocess.Popen([sys.executable, "-m", "equivtool._workers"], env=env,
                                         pass_fds=(child.fileno(),))
         child.close()
+        self.pid = self.process.pid
         self.conn = Connection(parent.detach())
-        self.job: _Job | None = None
-        self.pending: set = set()   # (step name, side) this worker still owes
-        self.dead: str | None = None
-        self.reserved = False       # holds the pair's TF2 half for a step still to come
 
     def setup(self, payload: bytes, workdir: str | None) -> None:
         """The options; sent once every worker is starting, so that their imports overlap
@@ -120,8 +147,7 @@ class _Worker:
         self.conn.send(("setup", list(sys.path), payload, workdir))
 
     def start(self, job: _Job) -> None:
-        self.job = job
-        self.pending = {(step.name, job.side) for step in job.steps}
+        self.take(job)
         self.conn.send(("run", job.side, [step.name for step in job.steps], job.inputs, job.release_after))
 
     def died(self) -> str:
@@ -163,7 +189,14 @@ def _seconds(*outcomes) -> float:
 
 
 class _Parallel:
-    """Schedules the jobs on the workers and judges each step once both sides are in."""
+    """Schedules the jobs on this process and the workers and judges each step once
+    both sides are in.
+
+    The main thread runs jobs here (the first one, the longest, at once, while
+    the workers start) and judges; a second thread, which runs no TensorFlow,
+    hands jobs to the workers and collects what they send. Both take jobs from
+    one queue under one lock, so whichever is free first takes the next.
+    """
 
     def __init__(self, engine: "_Engine", workers: int):
         from equivtool import steps as _steps
@@ -181,15 +214,25 @@ class _Parallel:
             if not step.shared:
                 self.queue += [_Job("tf1", [step]), _Job("tf2", [step])]
         self.captures: dict = {}      # (step name, side) -> its outcome
-        self.count = min(workers, len(self.queue))
-        self.pair_worker: _Worker | None = None
+        self.layer_names: set = set()  # the TF2 layers' names the workers saw
+        self.count = min(workers, len(self.queue))  # processes in all, this one included
+        self.pair_worker: _Slot | None = None
         self.jobs: list = []          # what each finished job ran, where, and for how long
+        self.lock = threading.Condition()  # guards the queue, the captures and the slots
+        self.stopping = False
+        self.failure: BaseException | None = None  # what stopped the thread serving the workers
+
+    # -- the main thread ---------------------------------------------------
 
     def run(self) -> None:
         engine = self.engine
         payload = check_sendable(engine.options)
-        workers = [_Worker() for _ in range(self.count)]
+        here = _Here()
+        workers = [_Worker() for _ in range(self.count - 1)]
         workdir = engine.workdir() if self.later else None  # where the TF1 side writes what the TF2 side loads
+        wake_out, self._wake_in = socket.socketpair()
+        server = threading.Thread(target=self._serve_workers, args=(workers, wake_out),
+                                  name="equivtool-workers", daemon=True)
         emitted, failed = 0, True
         try:
             for worker in workers:
@@ -197,84 +240,83 @@ class _Parallel:
                     worker.setup(payload, workdir)
                 except OSError:  # it did not even start
                     worker.died()
+            with self.lock:
+                first = self._claim(here)  # the longest job, started before the workers have
+            server.start()
+            if first is not None:
+                self._run_here(here, first)
             while True:
-                self._dispatch(workers)
                 emitted = self._emit(emitted)
                 if emitted >= len(self.order):
                     break
-                busy = [w for w in workers if w.job is not None]
-                if not busy:  # nothing more can come: what is left was owed by dead workers
-                    self._fail_unowned(workers)
+                with self.lock:
+                    if self.failure is not None:
+                        raise self.failure
+                    self._dispatch(workers)
+                    job = self._claim(here)
+                    if job is None and not any(w.job is not None for w in workers):
+                        # nothing more can come: what is left was owed by dead workers
+                        self._fail_unowned(workers)
+                    elif job is None:
+                        self._wake()
+                        self.lock.wait()
+                        continue
+                if job is None:
                     emitted = self._emit(emitted)
                     break
-                for conn in wait([w.conn for w in busy]):
-                    self._receive(next(w for w in busy if w.conn is conn))
+                self._wake()  # the server waits on the workers it gave jobs to
+                self._run_here(here, job)
             self._drain(workers)
             failed = False
         finally:
+            with self.lock:
+                self.stopping = True
+            self._wake()
+            if server.is_alive():
+                server.join(timeout=30)
             for worker in workers:
                 worker.stop(force=failed)
+            wake_out.close()
+            self._wake_in.close()
+
+    def _wake(self) -> None:
+        """Have the server look at the queue and its workers again."""
+        try:
+            self._wake_in.send(b"x")
+        except OSError:
+            pass
+
+    def _claim(self, here: _Here) -> "_Job | None":
+        """The next job this process may run (under the lock), taken off the queue."""
+        for job in self.queue:
+            if (self.pair_worker is here) if job.on_pair_worker else not here.reserved:
+                self.queue.remove(job)
+                if job.on_pair_worker:
+                    here.reserved = False
+                here.take(job)
+                return job
+        return None
+
+    def _run_here(self, here: _Here, job: _Job) -> None:
+        started = time.perf_counter()
+        for step in job.steps:
+            outcome = _run_side(self.engine, step, job.side, job.inputs.get(step.name))
+            with self.lock:
+                self._captured(here, step.name, job.side, outcome)
+        if job.release_after:
+            self.engine.release_pair()
+        with self.lock:
+            self._done(here, time.perf_counter() - started)
 
     def _drain(self, workers, timeout: float = 30.0) -> None:
-        """Every step is judged: collect the workers' last "done" (their job times)."""
+        """Every step is judged: wait for the workers' last "done" (their job times)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            busy = [w for w in workers if w.job is not None]
-            if not busy:
-                return
-            for conn in wait([w.conn for w in busy], timeout=max(0.0, deadline - time.monotonic())):
-                self._receive(next(w for w in busy if w.conn is conn))
-
-    def _dispatch(self, workers) -> None:
-        for job in list(self.queue):
-            if job.on_pair_worker:
-                target = self.pair_worker
-                if target is None or target.job is not None:
-                    continue
-                if target.dead:
-                    self.queue.remove(job)
-                    for step in job.steps:
-                        self.captures[(step.name, job.side)] = _died(target.dead)
-                    continue
-                target.reserved = False
-            else:
-                target = next((w for w in workers if w.job is None and not w.dead and not w.reserved), None)
-                if target is None:
-                    continue
-            self.queue.remove(job)
-            try:
-                target.start(job)
-            except OSError:
-                dead = target.died()
-                for step in job.steps:
-                    self.captures[(step.name, job.side)] = _died(dead)
-
-    def _receive(self, worker: _Worker) -> None:
-        try:
-            message = worker.conn.recv()
-        except (EOFError, OSError):
-            dead = worker.died()
-            for name, side in worker.pending:
-                self.captures[(name, side)] = _died(f"{dead} while running the {side.upper()} side of this step")
-            worker.pending = set()
-            return
-        if message[0] == "capture":
-            _, name, side, outcome, layer_names = message
-            self.engine.layer_names.update(layer_names)
-            self.captures[(name, side)] = outcome
-            worker.pending.discard((name, side))
-            if side == "tf1" and name in self.later:
-                # On success the pair's TF2 half loads what the TF1 side wrote; otherwise it is released.
-                ok = outcome[0] == "ok"
-                self.queue.append(_Job("tf2", [self.later[name]] if ok else [], on_pair_worker=True,
-                                       inputs={name: outcome[1]} if ok else {}))
-        elif message[0] == "done":
-            job, worker.job = worker.job, None
-            if job is not None and job.steps:
-                self.jobs.append({"side": job.side, "steps": [step.name for step in job.steps],
-                                  "worker": worker.process.pid, "seconds": round(message[1], 2)})
-            if job is not None and job.side == "tf2" and not job.release_after:
-                self.pair_worker, worker.reserved = worker, True
+        with self.lock:
+            while any(w.job is not None for w in workers) and self.failure is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.lock.wait(left)
 
     def _fail_unowned(self, workers) -> None:
         reason = "; ".join(w.dead for w in workers if w.dead) or "no worker process was left"
@@ -287,8 +329,10 @@ class _Parallel:
         whose TF1 side did not succeed: an in-process run would stop there)."""
         while emitted < len(self.order):
             step = self.order[emitted]
-            tf1 = self.captures.get((step.name, "tf1"))
-            tf2 = self.captures.get((step.name, "tf2"))
+            with self.lock:
+                self.engine.layer_names.update(self.layer_names)
+                tf1 = self.captures.get((step.name, "tf1"))
+                tf2 = self.captures.get((step.name, "tf2"))
             if tf1 is None or (tf1[0] == "ok" and tf2 is None):
                 break
             self.engine.record(self._judge(step, tf1, tf2))
@@ -315,11 +359,101 @@ class _Parallel:
             return error_result(self.engine, step, one_line(exc), full_traceback(exc), seconds)
         return dataclasses.replace(result, seconds=seconds + time.perf_counter() - started)
 
+    # -- both threads, under the lock ---------------------------------------
+
+    def _dispatch(self, workers) -> None:
+        """Give free workers the jobs they may run (a job for the pair's TF2 half
+        waits for the slot holding it)."""
+        for job in list(self.queue):
+            if job.on_pair_worker:
+                target = self.pair_worker
+                if not isinstance(target, _Worker) or target.job is not None:
+                    continue
+                if target.dead:
+                    self.queue.remove(job)
+                    for step in job.steps:
+                        self.captures[(step.name, job.side)] = _died(target.dead)
+                    self.lock.notify_all()
+                    continue
+                target.reserved = False
+            else:
+                target = next((w for w in workers if w.job is None and not w.dead and not w.reserved), None)
+                if target is None:
+                    continue
+            self.queue.remove(job)
+            try:
+                target.start(job)
+            except OSError:
+                dead = target.died()
+                for step in job.steps:
+                    self.captures[(step.name, job.side)] = _died(dead)
+                self.lock.notify_all()
+
+    def _captured(self, slot: _Slot, name: str, side: str, outcome: tuple) -> None:
+        self.captures[(name, side)] = outcome
+        slot.pending.discard((name, side))
+        if side == "tf1" and name in self.later:
+            # On success the pair's TF2 half loads what the TF1 side wrote; otherwise it is released.
+            ok = outcome[0] == "ok"
+            self.queue.append(_Job("tf2", [self.later[name]] if ok else [], on_pair_worker=True,
+                                   inputs={name: outcome[1]} if ok else {}))
+        self.lock.notify_all()
+
+    def _done(self, slot: _Slot, seconds: float) -> None:
+        job, slot.job = slot.job, None
+        if job is not None and job.steps:
+            self.jobs.append({"side": job.side, "steps": [step.name for step in job.steps],
+                              "worker": slot.pid, "seconds": round(seconds, 2)})
+        if job is not None and job.side == "tf2" and not job.release_after:
+            self.pair_worker, slot.reserved = slot, True
+        self.lock.notify_all()
+
+    # -- the thread serving the workers --------------------------------------
+
+    def _serve_workers(self, workers, wake) -> None:
+        try:
+            while True:
+                with self.lock:
+                    if self.stopping:
+                        return
+                    self._dispatch(workers)
+                    busy = [w for w in workers if w.job is not None]
+                for ready in wait([w.conn for w in busy] + [wake]):
+                    if ready is wake:
+                        wake.recv(4096)
+                        continue
+                    worker = next(w for w in busy if w.conn is ready)
+                    try:
+                        message = worker.conn.recv()
+                    except (EOFError, OSError):
+                        message = None
+                    with self.lock:
+                        self._receive(worker, message)
+        except BaseException as exc:  # a defect here must not hang the check
+            with self.lock:
+                self.failure = exc
+                self.lock.notify_all()
+
+    def _receive(self, worker: _Worker, message) -> None:
+        if message is None:  # the worker is gone
+            dead = worker.died()
+            for name, side in worker.pending:
+                self.captures[(name, side)] = _died(f"{dead} while running the {side.upper()} side of this step")
+            worker.pending = set()
+            self.lock.notify_all()
+        elif message[0] == "capture":
+            _, name, side, outcome, layer_names = message
+            self.layer_names.update(layer_names)  # the engine's, on the main thread (see _emit)
+            self._captured(worker, name, side, outcome)
+        elif message[0] == "done":
+            self._done(worker, message[1])
+
 
 def run_parallel(engine: "_Engine", workers: int) -> list:
-    """Run every selected step with its sides in up to ``workers`` processes; results
-    are recorded on ``engine`` (in run order, as soon as both sides are in). Returns
-    the jobs run: ``[{"side", "steps", "worker" (pid), "seconds"}]``, in the order they ended."""
+    """Run every selected step with its sides in up to ``workers`` processes, this
+    one included; results are recorded on ``engine`` (in run order, as soon as
+    both sides are in). Returns the jobs run: ``[{"side", "steps", "worker" (pid),
+    "seconds"}]``, in the order they ended."""
     parallel = _Parallel(engine, workers)
     parallel.run()
     return parallel.jobs

@@ -500,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--localize", action="store_true",
                        help="for failing forward-pass steps, find the first TF op whose output differs")
     check.add_argument("--workers", type=int, default=1,
-                       help="processes running the TF1 and TF2 sides of each step (default 1: this process)")
+                       help="processes running the TF1 and TF2 sides of each step, this one included (default 1: this process only)")
     check.add_argument("--seed", type=int, default=42, help=f"input and random-tool seed (0 to {MAX_SEED})")
     check.add_argument("--html", default=None, help="write an HTML report here")
     check.add_argument("--json", default=None, help="write a JSON report here")

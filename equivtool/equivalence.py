@@ -575,11 +575,12 @@ def check_equivalence(
         exceeds tolerance as ``step.data["localization"]`` (an
         :class:`equivtool.localize.Localization`); verdicts and numbers are those
         of the steps themselves. See :mod:`equivtool.localize`.
-      workers: processes to run the check in. ``1`` runs everything here. With
-        ``N > 1`` the TF1 side and the TF2 side of every step run in separate
-        worker processes (at most ``N``), and so do independent step groups
-        (the constant-mode pair, each ``num_random_ops`` comparison); only
-        their NumPy captures come back to be compared. Same numbers, verdicts
+      workers: processes to run the check in, this one included. ``1`` runs
+        everything here. With ``N > 1`` the TF1 side and the TF2 side of every
+        step run in separate processes (this one and up to ``N - 1`` worker
+        processes), and so do independent step groups (the constant-mode pair,
+        each ``num_random_ops`` comparison); only the workers' NumPy captures
+        come back to be compared. Same numbers, verdicts
         and error messages as ``1``. Arguments travel with cloudpickle
         (lambdas too); one that cannot is refused before any work. With
         ``localize=True``, a ``strategy`` or a layer instance the check runs

@@ -50,12 +50,58 @@ def test_every_step_gives_the_same_numbers_and_verdicts_as_one_process():
         f"random/{m}/{p}" for m in equivtool.MODES for p in ("inference", "training")}
     assert summary(one) == summary(two)
     assert two.meta["workers"] == 2 and "workers" not in one.meta
-    # Every side of every step ran in a worker, once; the pair's two halves in different processes.
+    # Every side of every step ran once, in two processes in all (this one and a worker);
+    # the pair's two halves in different ones, its TF1 half (the longest job) here.
     jobs = two.meta["worker_jobs"]
     ran = sorted((job["side"], name) for job in jobs for name in job["steps"])
     assert ran == sorted((side, step.name) for step in two.steps for side in ("tf1", "tf2"))
+    assert len({job["worker"] for job in jobs}) == 2
     pair = {job["side"]: job["worker"] for job in jobs if "variables_once" in job["steps"]}
-    assert len(pair) == 2 and pair["tf1"] != pair["tf2"] and os.getpid() not in pair.values()
+    assert len(pair) == 2 and pair["tf1"] == os.getpid() != pair["tf2"]
+    assert _worker_children() == [] and not _serving_threads()
+
+
+def _worker_children() -> list:
+    """This process's children that are equivtool worker processes."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"equivtool._workers" in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def _serving_threads() -> list:
+    return [t for t in threading.enumerate() if t.name == "equivtool-workers"]
+
+
+def test_more_workers_spread_the_jobs_over_more_processes():
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=3,
+                                         steps=["fixed_weights", "random"])
+    assert report.passed, str(report)
+    processes = {job["worker"] for job in report.meta["worker_jobs"]}
+    assert len(processes) == 3 and os.getpid() in processes
+    assert _worker_children() == [] and not _serving_threads()
+
+
+def test_a_defect_in_the_thread_serving_the_workers_ends_the_check(monkeypatch):
+    """A defect in the thread that hands out jobs and collects captures must
+    reach the caller; the check neither hangs nor leaves a process behind."""
+    from equivtool import _workers
+
+    def planted(self, worker, message):
+        raise RuntimeError("planted: the serving thread broke")
+
+    monkeypatch.setattr(_workers._Parallel, "_receive", planted)
+    with pytest.raises(RuntimeError, match="planted: the serving thread broke"):
+        equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=2, steps=["fixed_weights"])
+    assert _worker_children() == [] and not _serving_threads()
 
 
 def test_a_planted_fault_fails_the_same_way():
