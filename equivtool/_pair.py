@@ -83,13 +83,12 @@ class TF1Half(_Half):
             fetches = (forward.outputs, forward.regularization, forward.loss, forward.gradients)
             wanted = tuple(x for x in fetches if x is not None)
             if side is not self.side:  # the first graph's current values, in
-                side.initialize()  # (a variable only the training pass creates keeps its own)
-                side.assign_variables(self.side.read_variables())
+                side.copy_variables_from(self.side)  # (a variable only the training pass creates keeps its own)
             # Eager training calls update batch-norm statistics as they run; the
             # TF1 pass runs its UPDATE_OPS alongside so both sides stay equal.
             values = iter(side.run(wanted, update_ops=forward.update_ops))
             if side is not self.side:  # and the updated values back out
-                self.side.assign_variables(side.read_variables())
+                self.side.copy_variables_from(side)
             self._results[key] = tuple(None if x is None else next(values) for x in fetches)
         return self._results[key]
 

@@ -16,6 +16,7 @@ A side raises :class:`~equivtool.steps.SkipStep` with the reason it cannot run.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
 import os
@@ -154,9 +155,30 @@ def _specs(keys, variables) -> dict:
     return {key: (tuple(int(d) for d in v.shape), v.dtype.base_dtype.name) for key, v in zip(keys, variables)}
 
 
+class _FixedValues(collections.abc.Mapping):
+    """Each variable's fixed value, computed when the side asks for it (a side
+    assigning a chunk at a time holds one chunk, not a second copy of the model)."""
+
+    def __init__(self, keys, variables, prefix: str):
+        self._specs = {key: (v.shape, v.dtype.base_dtype) for key, v in zip(keys, variables)}
+        self._prefix = prefix
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        shape, dtype = self._specs[key]
+        return fixed_value(self._prefix + key, shape, dtype)
+
+    def __contains__(self, key) -> bool:  # without computing the value
+        return key in self._specs
+
+    def __iter__(self):
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
 def _assign_fixed(side, keys, variables, prefix: str = "") -> None:
-    side.assign_variables({key: fixed_value(prefix + key, v.shape, v.dtype.base_dtype)
-                           for key, v in zip(keys, variables)})
+    side.assign_variables(_FixedValues(keys, variables, prefix))
 
 
 def _tf2_keys_and_variables(half) -> tuple:

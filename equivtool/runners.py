@@ -51,6 +51,34 @@ def load_by_initializer(session, pairs) -> None:
                     feed_dict={v.initializer.inputs[1]: value for v, value in pairs})
 
 
+# A whole model's values held at once, as NumPy arrays and again as the tensors
+# fed from them, raise a process's peak memory by twice the model's size (and
+# freed heap memory is rarely given back); moved a chunk at a time, only one
+# chunk's worth is held.
+CHUNK_BYTES = 32 << 20
+
+
+def variable_bytes(variable) -> int:
+    """A TF1 variable's size in bytes (0 when its shape is not fully known)."""
+    count = variable.shape.num_elements()
+    return 0 if count is None else count * variable.dtype.base_dtype.size
+
+
+def chunked(items: list, size: Callable, limit: int | None = None):
+    """``items`` in order, in runs whose ``size`` adds up to at most ``limit``
+    (default :data:`CHUNK_BYTES`; an item larger than that is a run of its own)."""
+    limit = CHUNK_BYTES if limit is None else limit
+    run, total = [], 0
+    for item in items:
+        if run and total + size(item) > limit:
+            yield run
+            run, total = [], 0
+        run.append(item)
+        total += size(item)
+    if run:
+        yield run
+
+
 # --------------------------------------------------------------------------
 # Deterministic, non-random variable values (workflow step 3)
 # --------------------------------------------------------------------------
@@ -246,9 +274,30 @@ class TF1Side:
         return dict(zip(self.keys, values))
 
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
-        load_by_initializer(self.session, [(variable, values_by_key[key])
-                                           for variable, key in zip(self.variables, self.keys)
-                                           if key in values_by_key])
+        """Set every variable whose key is in ``values_by_key``, a chunk at a time
+        (a mapping that computes its values on access holds one chunk only)."""
+        wanted = [(variable, key) for variable, key in zip(self.variables, self.keys) if key in values_by_key]
+        for run in chunked(wanted, lambda pair: variable_bytes(pair[0])):
+            load_by_initializer(self.session, [(variable, values_by_key[key]) for variable, key in run])
+        self._initialized = True
+
+    def copy_variables_from(self, other: "TF1Side") -> None:
+        """Give every variable that ``other`` has under the same key ``other``'s current
+        value, a chunk at a time; in a session not yet initialised, the other
+        variables are initialised first (a copied variable's initializer is not
+        run: its values would be overwritten)."""
+        if not other._initialized:
+            other.initialize()
+        source = dict(zip(other.keys, other.variables))
+        pairs = [(variable, source[key]) for variable, key in zip(self.variables, self.keys) if key in source]
+        if not self._initialized:
+            rest = [variable for variable, key in zip(self.variables, self.keys) if key not in source]
+            if rest:
+                with self.graph.as_default():
+                    self.session.run(tf.compat.v1.variables_initializer(rest))
+        for run in chunked(pairs, lambda pair: variable_bytes(pair[0])):
+            values = other.session.run([theirs for _, theirs in run])
+            load_by_initializer(self.session, [(mine, value) for (mine, _), value in zip(run, values)])
         self._initialized = True
 
     def renew_session(self) -> None:

@@ -84,10 +84,11 @@ def _random(mode: str, training: bool, run_rank: int, shared: bool) -> Step:
 REGISTRY: tuple[Step, ...] = (
     Step("variables_once", "Variables are created once", _RUNS + "variables_once", run_rank=0),
     Step("parity", "Variable parity (names, shapes, dtypes, trainability)", _RUNS + "parity", run_rank=1),
-    # Changes the variables (and puts them back): after the random-mode
-    # comparisons and the gradients, which read the pair's first calls.
+    # Changes the variables and puts them back (after the pair's first call,
+    # which the random-mode comparisons read): before the TF1 training graph's
+    # session exists, so that the values it saves are not held beside it.
     Step("fixed_weights", "Fixed weights: inference outputs and regularization losses",
-         _RUNS + "fixed_weights", run_rank=4),
+         _RUNS + "fixed_weights", run_rank=2),
     _random("constant", False, run_rank=2, shared=True),
     _random("constant", True, run_rank=2, shared=True),
     # Fresh graphs and layers per comparison: after the shared pair is freed.

@@ -121,3 +121,124 @@ def test_a_variable_only_the_training_pass_creates_is_initialised():
     report = equivtool.check_equivalence(training_extra_tf1, TrainingExtraShim, X, steps=["random"],
                                          modes=["constant"])
     assert report.step("random/constant/training").status == "passed", str(report)
+
+
+# --------------------------------------------------------------------------
+# fixed_weights runs before the training pass (the TF1 training graph's
+# session does not exist yet, so the values it saves are not held beside it);
+# the variables are moved between the TF1 graphs a chunk at a time.
+# --------------------------------------------------------------------------
+
+from equivtool import _step_runs as _runs_module  # noqa: E402
+
+_ORIGINAL_SPLITS = {name: getattr(_runs_module, name) for name in ("random_constant", "gradients")}
+
+
+def _recorded_captures(monkeypatch, steps):
+    """Run ``steps`` (constant mode, one process) and return what each side of
+    the random-mode and gradient steps captured, as flat NumPy arrays."""
+    import dataclasses
+
+    from equivtool import _step_runs
+    from equivtool._tree import flatten_tensors
+
+    seen = {}
+
+    def recording(name, split):
+        def side(which, fn):
+            def run(e, *args, **params):
+                capture = fn(e, *args, **params)
+                key = (name, which, params.get("training"))
+                seen[key] = [np.array(v) for v in flatten_tensors(
+                    {k: v for k, v in capture.items() if k in ("outputs", "regularization", "gradients", "loss")})]
+                return capture
+            return run
+        return dataclasses.replace(split, tf1=side("tf1", split.tf1), tf2=side("tf2", split.tf2))
+
+    for name in ("random_constant", "gradients"):  # wrapping the originals, not an earlier call's wrapper
+        monkeypatch.setattr(_step_runs, name, recording(name, _ORIGINAL_SPLITS[name]))
+    x = np.random.RandomState(0).rand(*INPUT_SHAPE).astype(np.float32)
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, x, steps=steps, modes=["constant"])
+    assert report.step("random/constant/training").status == "passed", str(report)
+    return seen
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        len(a[k]) == len(b[k]) and all(np.array_equal(x, y) for x, y in zip(a[k], b[k])) for k in a)
+
+
+def test_fixed_weights_first_changes_no_number_of_the_passes_after_it(monkeypatch):
+    # slim_net's training pass updates batch-norm statistics and draws dropout
+    # masks: a value fixed_weights left behind would change it.
+    alone = _recorded_captures(monkeypatch, ["random", "gradients"])
+    after = _recorded_captures(monkeypatch, ["fixed_weights", "random", "gradients"])
+    assert len(alone) == 6  # inference and training, both sides, and the gradients
+    assert _same(alone, after)
+
+
+def test_a_fixed_weights_that_left_its_values_behind_would_be_caught(monkeypatch):
+    """The test above can fail: a planted fault that keeps the fixed values."""
+    import contextlib
+
+    from equivtool import _pair
+
+    alone = _recorded_captures(monkeypatch, ["random", "gradients"])
+
+    @contextlib.contextmanager
+    def keeps_its_values(self):
+        self.inference_pass()
+        yield self.side.read_variables()
+
+    monkeypatch.setattr(_pair._Half, "preserved", keeps_its_values)
+    after = _recorded_captures(monkeypatch, ["fixed_weights", "random", "gradients"])
+    assert not _same(alone, after)
+
+
+def test_the_tf1_graphs_exchange_values_a_chunk_at_a_time(monkeypatch):
+    from equivtool import runners
+
+    def build(training):
+        side = runners.TF1Side(slim_net, np.ones(INPUT_SHAPE, np.float32), renamer=lambda n: n, loss_fn=None)
+        side.forward(training=training)
+        return side
+
+    source, target = build(False), build(True)
+    source.initialize()
+    runs = []
+    original = runners.load_by_initializer
+    monkeypatch.setattr(runners, "load_by_initializer", lambda s, pairs: (runs.append(len(pairs)), original(s, pairs)))
+    largest = max(runners.variable_bytes(v) for v in source.variables)
+    monkeypatch.setattr(runners, "CHUNK_BYTES", largest)
+    target.copy_variables_from(source)
+    assert len(runs) > 1 and sum(runs) == len(source.variables)  # every variable, in several runs
+    mine, theirs = target.read_variables(), source.read_variables()
+    assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
+    source.close(), target.close()
+
+
+def test_a_copied_variables_initializer_is_not_run():
+    """Its values would be overwritten; an initializer that cannot run shows it is skipped."""
+    from equivtool import runners
+
+    def fed_init(x, training):
+        w = tf.compat.v1.get_variable("w", initializer=tf.compat.v1.placeholder_with_default(
+            tf.ones([4, 3]), [4, 3]) * tf.compat.v1.placeholder(tf.float32, [], name="needs_a_feed"))
+        b = tf.compat.v1.get_variable("b", initializer=tf.zeros([3]))
+        if training:
+            tf.compat.v1.get_variable("extra", initializer=tf.constant(2.0))
+        return tf.matmul(x, w) + b
+
+    def side(training):
+        s = runners.TF1Side(fed_init, X, renamer=lambda n: n, loss_fn=None)
+        s.forward(training=training)
+        return s
+
+    source, target = side(False), side(True)
+    source.assign_variables({"w": np.full([4, 3], 3.0, np.float32), "b": np.arange(3, dtype=np.float32)})
+    target.copy_variables_from(source)  # would fail running w's initializer (no feed)
+    values = target.read_variables()
+    assert np.array_equal(values["w"], np.full([4, 3], 3.0, np.float32))
+    assert np.array_equal(values["b"], np.arange(3, dtype=np.float32))
+    assert values["extra"] == 2.0  # its own: only the training pass creates it
+    source.close(), target.close()

@@ -209,6 +209,21 @@ def test_fixed_values_depend_only_on_name_and_shape():
     assert len(np.unique(a)) > a.size // 2  # varies along elements: catches a transposed kernel
 
 
+def test_fixed_values_are_made_as_each_variable_is_assigned(monkeypatch):
+    """Not a second copy of the model at once: a side assigning a chunk at a time
+    holds one chunk of fixed values."""
+    from equivtool import _step_runs
+
+    made = []
+    monkeypatch.setattr(_step_runs, "fixed_value",
+                        lambda name, shape, dtype: made.append(name) or runners.fixed_value(name, shape, dtype))
+    variables = [tf.Variable(tf.zeros([2, 3])), tf.Variable(tf.zeros([3]))]
+    values = _step_runs._FixedValues(["w", "b"], variables, "ckpt/")
+    assert "w" in values and "x" not in values and list(values) == ["w", "b"] and made == []
+    np.testing.assert_array_equal(values["b"], runners.fixed_value("ckpt/b", (3,), tf.float32))
+    assert made == ["ckpt/b"]
+
+
 @pytest.mark.parametrize("kwargs, argument", [
     ({"steps": ["nope"]}, "steps"),
     ({"modes": ["sometimes"]}, "modes"),

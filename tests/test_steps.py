@@ -30,8 +30,8 @@ def test_public_lists_derive_from_the_registry():
 
 def test_run_order_keeps_the_shared_pair_steps_first():
     order = [s.name for s in steps.run_order(steps.STEPS, steps.MODES)]
-    assert order == ["variables_once", "parity", "random/constant/inference", "random/constant/training",
-                     "gradients", "fixed_weights", "optimizer", "checkpoint",
+    assert order == ["variables_once", "parity", "fixed_weights", "random/constant/inference",
+                     "random/constant/training", "gradients", "optimizer", "checkpoint",
                      "random/num_random_ops/inference", "random/num_random_ops/training"]
     shared = [s.shared for s in steps.run_order(steps.STEPS, steps.MODES)]
     assert shared == sorted(shared, reverse=True)  # no shared-pair step after the pair is freed
