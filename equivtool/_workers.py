@@ -231,6 +231,7 @@ class _Parallel:
         workers = [_Worker() for _ in range(self.count - 1)]
         workdir = engine.workdir() if self.later else None  # where the TF1 side writes what the TF2 side loads
         wake_out, self._wake_in = socket.socketpair()
+        self._wake_in.setblocking(False)  # a full buffer already means "look again"
         server = threading.Thread(target=self._serve_workers, args=(workers, wake_out),
                                   name="equivtool-workers", daemon=True)
         emitted, failed = 0, True
@@ -267,6 +268,8 @@ class _Parallel:
                 self._wake()  # the server waits on the workers it gave jobs to
                 self._run_here(here, job)
             self._drain(workers)
+            if self.failure is not None:
+                raise self.failure
             failed = False
         finally:
             with self.lock:
