@@ -48,7 +48,9 @@ REWRITES = {
     "tf_slim.data.tfexample_decoder_test": (
         ("image.tostring()", "image.tobytes()", 1, "NumPy 2 removed ndarray.tostring (tobytes since 1.9)"),),
     "tf_slim.layers.sparse_ops_test": (
-        ("np.object)", "object)", 2, "NumPy 1.24 removed the alias np.object (the builtin object)"),),
+        ("np.object)", "object)", 2, "NumPy 1.24 removed the alias np.object (the builtin object)"),
+        ("np.bool)", "bool)", 1, "NumPy 1.24 removed the alias np.bool (NumPy 2 has it again, as np.bool_); "
+                                 "the builtin bool equals the bool dtype on every NumPy")),
     "tf_slim.losses.metric_learning_test": (
         (".astype(np.float)", ".astype(float)", 1, "NumPy 1.24 removed the alias np.float (the builtin float)"),),
     "tf_slim.evaluation_test": (
