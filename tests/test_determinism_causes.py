@@ -105,9 +105,12 @@ def test_random_op_in_a_reused_session_is_reported_as_session_state(no_global_se
 
 
 def _jittery(x):
-    """Costs 0-4 ms of wall time, decided by the OS (not by any seed the audit resets)."""
+    """Costs 0-30 ms of wall time, decided by the OS (not by any seed the audit resets): far
+    longer than the consumer's step even on a loaded machine, so an unordered map hands
+    elements out as they finish (with 0-4 ms, a slow consumer found every element ready
+    and got them in order three times under a load average of 6)."""
     def slow(value):
-        time.sleep(os.urandom(1)[0] / 255.0 * 0.004)
+        time.sleep(os.urandom(1)[0] / 255.0 * 0.030)
         return value
     return tf.py_function(slow, [x], tf.float32)
 
