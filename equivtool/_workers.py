@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection, wait
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from equivtool import _send
 
@@ -301,15 +301,13 @@ class _Parallel:
         return None
 
     def _run_here(self, here: _Here, job: _Job) -> None:
-        started = time.perf_counter()
-        for step in job.steps:
-            outcome = _run_side(self.engine, step, job.side, job.inputs.get(step.name))
+        def captured(step, outcome):
             with self.lock:
                 self._captured(here, step.name, job.side, outcome)
-        if job.release_after:
-            self.engine.release_pair()
+
+        seconds = _run_job(self.engine, job.side, job.steps, job.inputs, job.release_after, captured)
         with self.lock:
-            self._done(here, time.perf_counter() - started)
+            self._done(here, seconds)
 
     def _drain(self, workers, timeout: float = 30.0) -> None:
         """Every step is judged: wait for the workers' last "done" (their job times)."""
@@ -486,6 +484,18 @@ def _run_side(engine: "_Engine", step, side: str, tf1_capture) -> tuple:
     return ("ok", capture, time.perf_counter() - started)
 
 
+def _run_job(engine: "_Engine", side: str, steps: list, inputs: dict, release_after: bool,
+             captured: Callable) -> float:
+    """One job's steps, one side each, in this process (a worker's, or the parent's
+    own); ``captured(step, outcome)`` after each. Returns the job's seconds."""
+    started = time.perf_counter()
+    for step in steps:
+        captured(step, _run_side(engine, step, side, inputs.get(step.name)))
+    if release_after:
+        engine.release_pair()
+    return time.perf_counter() - started
+
+
 def _serve(conn: Connection) -> None:
     engine, broken = None, None   # broken: the outcome of every side when the options could not be read
     while True:
@@ -508,15 +518,20 @@ def _serve(conn: Connection) -> None:
         elif kind == "run":
             from equivtool import steps as _steps
             _, side, names, inputs, release_after = message
-            started = time.perf_counter()
-            for name in names:
-                step = _steps.get_step(name)
-                outcome = broken or _run_side(engine, step, side, inputs.get(name))
+            steps = [_steps.get_step(name) for name in names]
+
+            def send(step, outcome):
                 names_seen = engine.layer_names if engine is not None else ()
-                conn.send(("capture", name, side, outcome, sorted(n for n in names_seen if isinstance(n, str))))
-            if release_after and engine is not None:
-                engine.release_pair()
-            conn.send(("done", time.perf_counter() - started))
+                conn.send(("capture", step.name, side, outcome,
+                           sorted(n for n in names_seen if isinstance(n, str))))
+
+            if broken:
+                for step in steps:
+                    send(step, broken)
+                seconds = 0.0
+            else:
+                seconds = _run_job(engine, side, steps, inputs, release_after, send)
+            conn.send(("done", seconds))
         elif kind == "exit":
             return
 

@@ -139,7 +139,6 @@ def _recorded_captures(monkeypatch, steps):
     the random-mode and gradient steps captured, as flat NumPy arrays."""
     import dataclasses
 
-    from equivtool import _step_runs
     from equivtool._tree import flatten_tensors
 
     seen = {}
@@ -156,7 +155,7 @@ def _recorded_captures(monkeypatch, steps):
         return dataclasses.replace(split, tf1=side("tf1", split.tf1), tf2=side("tf2", split.tf2))
 
     for name in ("random_constant", "gradients"):  # wrapping the originals, not an earlier call's wrapper
-        monkeypatch.setattr(_step_runs, name, recording(name, _ORIGINAL_SPLITS[name]))
+        monkeypatch.setattr(_runs_module, name, recording(name, _ORIGINAL_SPLITS[name]))
     x = np.random.RandomState(0).rand(*INPUT_SHAPE).astype(np.float32)
     report = equivtool.check_equivalence(slim_net, SlimNetShim, x, steps=steps, modes=["constant"])
     assert report.step("random/constant/training").status == "passed", str(report)
@@ -214,7 +213,8 @@ def test_the_tf1_graphs_exchange_values_a_chunk_at_a_time(monkeypatch):
     assert len(runs) > 1 and sum(runs) == len(source.variables)  # every variable, in several runs
     mine, theirs = target.read_variables(), source.read_variables()
     assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
-    source.close(), target.close()
+    source.close()
+    target.close()
 
 
 def test_a_copied_variables_initializer_is_not_run():
@@ -241,4 +241,5 @@ def test_a_copied_variables_initializer_is_not_run():
     assert np.array_equal(values["w"], np.full([4, 3], 3.0, np.float32))
     assert np.array_equal(values["b"], np.arange(3, dtype=np.float32))
     assert values["extra"] == 2.0  # its own: only the training pass creates it
-    source.close(), target.close()
+    source.close()
+    target.close()
