@@ -11,10 +11,11 @@ tf-slim 1.1.0 (through ``tensorflow.python.layers``) imports
 ``apply()`` is idempotent and is the one documented global change equivtool
 makes: it sets the environment variable, installs an import alias that is
 consulted only when the old module names do not resolve by themselves, and
-arms the tf-slim repairs of ``equivtool._compat`` (moved TensorFlow symbols,
-collection membership by identity, eager name scopes), which run when tf-slim
-is imported and each do nothing where tf-slim already works. ``equivtool
-doctor`` lists what each repair did.
+arms the repairs of ``equivtool._compat``: TensorFlow's (graphs written as text
+on protobuf 7) and tf-slim's (moved TensorFlow symbols, collection membership by
+identity, eager name scopes, checkpoint slices), which run when that library is
+imported and each do nothing where it already works. ``equivtool doctor`` lists
+what each repair did.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ SYMBOLS: dict[str, str] = {
     # determinism: sessions found in the audited state, datasets' graphs, op recording; localize: op taps
     "BaseSession": "tensorflow.python.client.session:BaseSession",
     "GraphDef": "tensorflow.core.framework.graph_pb2:GraphDef",
+    # _compat: write_graph as text, repaired on TensorFlow 2.16-2.20 with protobuf 7
+    "graph_io": "tensorflow.python.framework.graph_io",
     "op_callbacks": "tensorflow.python.framework.op_callbacks",
     "is_op_determinism_enabled": "tensorflow.python.framework.config:is_op_determinism_enabled",
     "ExternalStatePolicy": "tensorflow.python.data.ops.options:ExternalStatePolicy",

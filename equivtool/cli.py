@@ -217,14 +217,17 @@ def doctor_slim_fix() -> tuple[bool, str]:
     return True, state
 
 
-def doctor_slim_repairs() -> tuple[bool, str]:
-    """The tf-slim repairs of the import-time fix (equivtool._compat): what each did."""
-    from equivtool import _compat
-    repairs = _compat.repairs(import_libraries=True)
-    if not repairs:
-        return True, "none (tf-slim is not installed)"
-    text = "; ".join(f"{r.name}: {r.state}" + (f" ({r.detail})" if r.state == "failed" else "") for r in repairs)
-    return all(r.state != "failed" for r in repairs), text
+def _repairs_of(library: str, missing: str) -> Callable[[], tuple[bool, str]]:
+    """The repairs of one library by the import-time fix (equivtool._compat): what each did."""
+    def check() -> tuple[bool, str]:
+        from equivtool import _compat
+        repairs = [r for r in _compat.repairs(import_libraries=True) if r.library == library]
+        if not repairs:
+            return True, missing
+        text = "; ".join(f"{r.name}: {r.state}" + (f" ({r.detail})" if r.state == "failed" else "")
+                         for r in repairs)
+        return all(r.state != "failed" for r in repairs), text
+    return check
 
 
 def doctor_shim() -> tuple[bool, str]:
@@ -278,7 +281,8 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("numpy", _version_check("numpy")),
     ("legacy Keras", doctor_legacy_keras),
     ("tf-slim fix", doctor_slim_fix),
-    ("tf-slim repairs", doctor_slim_repairs),
+    ("TF repairs", _repairs_of("TensorFlow", "none")),
+    ("tf-slim repairs", _repairs_of("tf-slim", "none (tf-slim is not installed)")),
     ("shim", doctor_shim),
     ("devices", doctor_devices),
     ("xent op", doctor_xent_op),

@@ -28,20 +28,19 @@ repair, all in memory (installed files are never edited):
    checkpoint reader ``tf_slim.ops.variables`` opens hands out values that
    read such a list as the tuple it meant.
 
-Each module-level patch goes through a small proxy module for repairs 2 to 4,
-so TensorFlow's own modules keep their behaviour; repair 1 adds names only.
+Each module-level patch of repairs 2 to 4 goes through a ``ModuleProxy`` inside one
+tf-slim module, so TensorFlow's own modules keep their behaviour; repair 1 adds names only.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-import types
 import warnings
 
 import numpy as np
 
-from equivtool._compat import APPLIED, FAILED, NOT_NEEDED, Repair
+from equivtool._compat import APPLIED, FAILED, NOT_NEEDED, ModuleProxy, Repair, proxied, real_module
 
 LIBRARY = "tf-slim"
 
@@ -117,31 +116,6 @@ def _moved_symbols() -> Repair:
     return Repair(LIBRARY, name, APPLIED, "added " + ", ".join(added))
 
 
-# -- proxies for repairs 2 and 3 ---------------------------------------------
-
-class _OpsProxy(types.ModuleType):
-    """Stands for a TensorFlow module (``tensorflow.python.framework.ops``,
-    ``tf.compat.v1``, ``tf.compat.v1.train``) inside one tf-slim module: every
-    attribute is the real module's except the few repaired ones."""
-
-    def __init__(self, real: types.ModuleType):
-        super().__init__(real.__name__, real.__doc__)
-        object.__setattr__(self, "_equivtool_real", real)
-
-    def __getattr__(self, name):
-        return getattr(object.__getattribute__(self, "_equivtool_real"), name)
-
-
-def _proxied_ops(module_name: str, attribute: str = "ops") -> _OpsProxy:
-    """The module's ``ops`` (or other module ``attribute``), replaced by a proxy the first time it is needed."""
-    module = sys.modules.get(module_name) or importlib.import_module(module_name)
-    current = getattr(module, attribute)
-    if not isinstance(current, _OpsProxy):
-        current = _OpsProxy(current)
-        setattr(module, attribute, current)
-    return current
-
-
 class _IdentityList(list):
     """A collection's items, where ``in`` compares identity (TF1's ``==`` for variables)."""
 
@@ -164,7 +138,7 @@ def _membership_is_broken() -> bool:
 def _repaired(module_name: str, attribute: str) -> bool:
     """Whether the module's ``ops`` is already our proxy with ``attribute`` repaired."""
     module = sys.modules.get(module_name) or importlib.import_module(module_name)
-    return isinstance(module.ops, _OpsProxy) and attribute in vars(module.ops)
+    return isinstance(module.ops, ModuleProxy) and attribute in vars(module.ops)
 
 
 def _membership() -> Repair:
@@ -173,8 +147,8 @@ def _membership() -> Repair:
     if not todo or not _membership_is_broken():
         return Repair(LIBRARY, name, NOT_NEEDED, "")
     for module_name in todo:
-        proxy = _proxied_ops(module_name)
-        real_get_collection = object.__getattribute__(proxy, "_equivtool_real").get_collection
+        proxy = proxied(module_name, "ops")
+        real_get_collection = real_module(proxy).get_collection
 
         def get_collection(key, scope=None, _real=real_get_collection):
             return _IdentityList(_real(key, scope))
@@ -199,8 +173,8 @@ def _eager_name_scope() -> Repair:
     if not broken:
         return Repair(LIBRARY, name, NOT_NEEDED, "")
     for module_name in broken:
-        proxy = _proxied_ops(module_name)
-        real_name_scope = object.__getattribute__(proxy, "_equivtool_real").name_scope
+        proxy = proxied(module_name, "ops")
+        real_name_scope = real_module(proxy).name_scope
 
         def name_scope(name, default_name=None, values=None, skip_on_eager=True, _real=real_name_scope):
             # In a graph this is the real call; eagerly the scope is entered
@@ -254,14 +228,14 @@ def _checkpoint_slices() -> Repair:
     todo = []
     for module_name in CHECKPOINT_MODULES:
         module = sys.modules.get(module_name) or importlib.import_module(module_name)
-        if not (isinstance(module.tf, _OpsProxy) and "train" in vars(module.tf)):
+        if not (isinstance(module.tf, ModuleProxy) and "train" in vars(module.tf)):
             todo.append(module_name)
     if not todo or not _slice_list_is_rejected():
         return Repair(LIBRARY, name, NOT_NEEDED, "")
     for module_name in todo:
-        tf_proxy = _proxied_ops(module_name, "tf")
-        train = _OpsProxy(object.__getattribute__(tf_proxy, "_equivtool_real").train)
-        real_reader = object.__getattribute__(train, "_equivtool_real").NewCheckpointReader
+        tf_proxy = proxied(module_name, "tf")
+        train = ModuleProxy(real_module(tf_proxy).train)
+        real_reader = real_module(train).NewCheckpointReader
 
         def new_checkpoint_reader(filepattern, _real=real_reader):
             return _CheckpointReader(_real(filepattern))
