@@ -142,10 +142,29 @@ def default_loss(outputs, regularization_loss):
     return loss
 
 
+def remapper_aborts_on_layer_norm(version: str | None = None) -> bool:
+    """Whether Grappler's remapper kills the process on a TF1 layer norm.
+
+    TensorFlow 2.16's remapper (with oneDNN, the default on x86-64 Linux) takes
+    a layer norm written out of ``tf.nn.moments``, ``rsqrt`` and graph variables
+    (BERT's, in TF1 code) for its ``_MklLayerNorm`` fusion and aborts in
+    protobuf (``CHECK failed: ... key not found: value``): a segmentation fault
+    at the first ``session.run``, in any TF1 session. 2.17 and later run the
+    same graph. Found by ``./dev matrix`` (2.16.2); a crash cannot be probed in
+    the process it kills, so this one is known by version.
+    """
+    major_minor = tuple(int(part) for part in (version or tf.__version__).split(".")[:2])
+    return major_minor == (2, 16)
+
+
 def session_config(disable_arithmetic_optimization: bool) -> tf.compat.v1.ConfigProto:
+    """The TF1 side's session options: arithmetic rewrites off (the guide's advice, so
+    TF1 computes what was written), and the remapper off where it crashes."""
     config = tf.compat.v1.ConfigProto()
     if disable_arithmetic_optimization:
         config.graph_options.rewrite_options.arithmetic_optimization = _tf_internals.RewriterConfig.OFF
+    if remapper_aborts_on_layer_norm():
+        config.graph_options.rewrite_options.remapping = _tf_internals.RewriterConfig.OFF
     return config
 
 

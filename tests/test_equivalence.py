@@ -391,3 +391,49 @@ def test_a_variable_whose_shape_differs_fails_fixed_weights_by_name():
         step = equivtool.check_equivalence(tf1_fn, Wider, x, steps=["fixed_weights"], workers=workers).steps[0]
         assert step.status == "failed", workers
         assert "d/kernel: TF1 [4, 3] float32, TF2 [8, 3] float32" in step.message, step.message
+
+
+_LAYER_NORM_CHECK = """
+import equivtool, numpy as np, tensorflow as tf
+v1 = tf.compat.v1
+
+def layer_norm_net(x, training=False):
+    gamma = v1.get_variable("gamma", [8], initializer=v1.ones_initializer())
+    beta = v1.get_variable("beta", [8], initializer=v1.zeros_initializer())
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(variance + 1e-12) * gamma + beta
+
+class Shim(tf.keras.layers.Layer):
+    @v1.keras.utils.track_tf1_style_variables
+    def call(self, x, training=None):
+        return layer_norm_net(x)
+
+x = np.random.RandomState(0).rand(2, 6, 8).astype(np.float32)
+report = equivtool.check_equivalence(layer_norm_net, Shim, x, steps=["fixed_weights"])
+step = report.step("fixed_weights")
+print(step.message)
+print(step.status)
+"""
+
+
+def test_a_tf1_layer_norm_runs_on_every_tensorflow():
+    # TensorFlow 2.16's remapper aborted the process at the TF1 side's first
+    # session.run (a segmentation fault: in a child process, so it fails this
+    # test instead of killing the run); equivtool's TF1 sessions switch it off there.
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _LAYER_NORM_CHECK], cwd=root, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3"), timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-1500:])
+    assert proc.stdout.split()[-1:] == ["passed"], proc.stdout
+
+
+def test_the_remapper_is_switched_off_only_where_it_aborts():
+    assert runners.remapper_aborts_on_layer_norm("2.16.2") and runners.remapper_aborts_on_layer_norm("2.16.0")
+    assert not any(runners.remapper_aborts_on_layer_norm(v) for v in ("2.15.1", "2.17.1", "2.20.0", "2.21.0"))
+    remapping = runners.session_config(True).graph_options.rewrite_options.remapping
+    off = remapping == runners._tf_internals.RewriterConfig.OFF
+    assert off == runners.remapper_aborts_on_layer_norm()  # on this TensorFlow
+    assert runners.session_config(False).graph_options.rewrite_options.arithmetic_optimization == 0  # default
