@@ -106,6 +106,7 @@ def test_compat_suite_selects_existing_test_files_only():
     files = matrix._suite_files(REPO, "compat")
     assert "tests/test_ops_xent.py" in files and "tests/test_seeding.py" in files
     assert "tests/test_equivalence.py" in files and "tests/test_selfcheck.py" in files
+    assert "tests/test_compat_tensorflow.py" in files  # the repairs of TensorFlow itself
     assert all(os.path.isfile(os.path.join(REPO, f)) for f in files)
     assert "tests/test_ops_packaging.py" not in files  # TF-independent, and two more op builds
     assert matrix._suite_files(REPO, "full") == []  # pytest's own testpaths: everything

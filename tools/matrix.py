@@ -52,10 +52,11 @@ MATRIX_DIR = os.path.abspath(os.environ.get("EQUIVTOOL_MATRIX_DIR") or os.path.j
 TABLE_FILE = os.path.join(REPO, "COMPATIBILITY.md")
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 # What a TensorFlow version can break: the op (build, kernels, swap), the
-# random tool (seeding, tf-keras' seed source) and the equivalence engine (in one
-# process and in worker processes).
+# random tool (seeding, tf-keras' seed source), the equivalence engine (in one
+# process and in worker processes) and the repairs of the import-time fix.
 COMPAT_TESTS = ("tests/test_ops*.py", "tests/ops/test_*.py", "tests/test_seeding*.py",
-                "tests/test_equivalence*.py", "tests/test_selfcheck.py", "tests/test_workers.py")
+                "tests/test_equivalence*.py", "tests/test_selfcheck.py", "tests/test_workers.py",
+                "tests/test_compat*.py")
 # Packaging does not depend on the TensorFlow version and compiles the op twice more.
 COMPAT_EXCLUDE = ("tests/test_ops_packaging.py",)
 DEMO_ARGS = ("--image-size", "107")
