@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import tensorflow as tf
 from equivtool import _tf_internals
+from equivtool._env import _minor
 from equivtool._tf1_graph import align_pass_keys, loop_random_ops
 from equivtool._tree import dense_gradient, flatten_tensors, pack_like, to_numpy
 
@@ -147,14 +148,13 @@ def remapper_aborts_on_layer_norm(version: str | None = None) -> bool:
 
     TensorFlow 2.16's remapper (with oneDNN, the default on x86-64 Linux) takes
     a layer norm written out of ``tf.nn.moments``, ``rsqrt`` and graph variables
-    (BERT's, in TF1 code) for its ``_MklLayerNorm`` fusion and aborts in
+    (BERT's, in TF1 code) for its oneDNN layer-norm fusion and aborts in
     protobuf (``CHECK failed: ... key not found: value``): a segmentation fault
     at the first ``session.run``, in any TF1 session. 2.17 and later run the
     same graph. Found by ``./dev matrix`` (2.16.2); a crash cannot be probed in
     the process it kills, so this one is known by version.
     """
-    major_minor = tuple(int(part) for part in (version or tf.__version__).split(".")[:2])
-    return major_minor == (2, 16)
+    return _minor(version or tf.__version__) == (2, 16)
 
 
 def session_config(disable_arithmetic_optimization: bool) -> tf.compat.v1.ConfigProto:
