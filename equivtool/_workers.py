@@ -38,12 +38,14 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Callable
 
-from equivtool import _send
+from equivtool import _send, _signals
 
 if TYPE_CHECKING:  # pragma: no cover
     from equivtool.equivalence import _Engine, _Options
 
 _FD_ENV = "EQUIVTOOL_WORKER_FD"
+_PARENT_ENV = "EQUIVTOOL_WORKER_PARENT"  # the parent's pid: the worker ends when it is gone
+_WORKDIR_ENV = "EQUIVTOOL_WORKER_WORKDIR"  # the parent's temporary folder: an orphan removes it
 
 
 # --------------------------------------------------------------------------
@@ -127,10 +129,11 @@ class _Here(_Slot):
 
 
 class _Worker(_Slot):
-    def __init__(self):
+    def __init__(self, workdir: str | None = None):
         super().__init__()
         parent, child = socket.socketpair()
-        env = dict(os.environ, **{_FD_ENV: str(child.fileno())})
+        env = dict(os.environ, **{_FD_ENV: str(child.fileno()), _PARENT_ENV: str(os.getpid()),
+                                  _WORKDIR_ENV: workdir or ""})
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process has already said what TensorFlow says at start
         # The worker imports this very equivtool (a checkout can shadow an installed one).
         home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,8 +231,8 @@ class _Parallel:
         engine = self.engine
         payload = check_sendable(engine.options)
         here = _Here()
-        workers = [_Worker() for _ in range(self.count - 1)]
         workdir = engine.workdir() if self.later else None  # where the TF1 side writes what the TF2 side loads
+        workers = [_Worker(workdir) for _ in range(self.count - 1)]
         wake_out, self._wake_in = socket.socketpair()
         self._wake_in.setblocking(False)  # a full buffer already means "look again"
         server = threading.Thread(target=self._serve_workers, args=(workers, wake_out),
@@ -272,15 +275,16 @@ class _Parallel:
                 raise self.failure
             failed = False
         finally:
-            with self.lock:
-                self.stopping = True
-            self._wake()
-            if server.is_alive():
-                server.join(timeout=30)
-            for worker in workers:
-                worker.stop(force=failed)
-            wake_out.close()
-            self._wake_in.close()
+            with _signals.shielded():  # a SIGTERM now waits until the workers are stopped
+                with self.lock:
+                    self.stopping = True
+                self._wake()
+                if server.is_alive():
+                    server.join(timeout=30)
+                for worker in workers:
+                    worker.stop(force=failed)
+                wake_out.close()
+                self._wake_in.close()
 
     def _wake(self) -> None:
         """Have the server look at the queue and its workers again."""
@@ -508,6 +512,8 @@ def _serve(conn: Connection) -> None:
             _, path, payload, workdir = message
             sys.path[:0] = [entry for entry in path if entry not in sys.path]
             importlib.import_module("equivtool")  # the environment fix, before TensorFlow
+            from equivtool._quiet import import_tensorflow_quietly
+            import_tensorflow_quietly()  # the parent has already shown TensorFlow's start-up notices
             from equivtool._errors import full_traceback, one_line
             from equivtool.equivalence import _Engine
             try:
@@ -537,7 +543,9 @@ def _serve(conn: Connection) -> None:
 
 
 def _main() -> None:
-    conn = Connection(int(os.environ.pop(_FD_ENV)))
+    fd = int(os.environ.pop(_FD_ENV))
+    _signals.watch_parent(fd, int(os.environ.pop(_PARENT_ENV)), os.environ.pop(_WORKDIR_ENV, "") or None)
+    conn = Connection(fd)
     try:
         _serve(conn)
     finally:

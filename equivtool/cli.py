@@ -9,7 +9,8 @@ Exit codes (all commands):
 * 2: bad usage: bad arguments, a target that cannot be loaded (its module
   raises, has a syntax error or calls ``sys.exit`` at import), an audit target
   that raises or needs arguments, a report path that cannot be written, a
-  failed ``build-ops``. Always one line on stderr, never a traceback.
+  failed ``build-ops``. Always one line on stderr, never a traceback;
+* 130: interrupted (Ctrl-C): one line, ``interrupted``, on stderr.
 
 Importing this module has no side effects; ``main`` silences TensorFlow's
 start-up notices (``equivtool._quiet``) before it imports TensorFlow.
@@ -33,6 +34,7 @@ import traceback
 from typing import Callable, Iterator, Optional
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 # The largest --input-shape the command line allocates: 2**28 float32 values (1 GiB).
 MAX_INPUT_ELEMENTS = 2 ** 28
@@ -530,6 +532,15 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv=None) -> int:
+    """The ``equivtool`` command; returns its exit code. Ctrl-C prints one line and returns 130."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv=None) -> int:
     import warnings
     warnings.filterwarnings("ignore", message=r".*(is deprecated and will be removed|will be removed in a future version)",
                             category=UserWarning)

@@ -56,6 +56,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from equivtool import _signals
 from equivtool import steps as _steps
 from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool._pair import TF1Half, TF2Half
@@ -414,6 +415,10 @@ class _Engine:
     # -- the loop ----------------------------------------------------------
 
     def run(self) -> list[StepResult]:
+        with _signals.sigterm_unwinds():  # SIGTERM stops the check as Ctrl-C does: the finally runs
+            return self._run()
+
+    def _run(self) -> list[StepResult]:
         snapshot = None
         if self.user_layer is not None and getattr(self.user_layer, "built", False):
             snapshot = snapshot_layer(self.user_layer)
@@ -427,9 +432,10 @@ class _Engine:
                         self.release_pair()  # steps that build their own models: free its memory first
                     self.run_step(step)
         finally:
-            self.close()
-            if snapshot is not None:
-                restore_snapshot(snapshot)
+            with _signals.shielded():
+                self.close()
+                if snapshot is not None:
+                    restore_snapshot(snapshot)
         return [self.results[name] for name in _steps.report_order(self.results)]
 
 

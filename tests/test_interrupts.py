@@ -1,0 +1,209 @@
+"""A check stopped by a signal leaves nothing behind: no worker process alive
+(checked by pid), no temporary folder; Ctrl-C on the CLI is one line and 130.
+
+Each run is a child process running a tiny dense 3->4 model that sleeps in
+both processes (see ``interrupt_models``); the tests wait for its ready files,
+with a deadline, before they send the signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import equivtool
+from interrupt_models import Dense, tf1_dense
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+X = np.random.RandomState(0).rand(2, 3).astype(np.float32)
+
+START_DEADLINE = 300   # both processes import TensorFlow and reach the model (a loaded 2-core machine)
+STOP_DEADLINE = 30     # everything is gone after the signal (the model sleeps 120 s)
+
+PARENT = f"""
+import sys
+sys.path[:0] = [{TESTS!r}, {ROOT!r}]
+import numpy as np
+import equivtool
+from interrupt_models import Dense, tf1_dense
+equivtool.check_equivalence(tf1_dense, Dense, np.ones([2, 3], np.float32), workers=2,
+                            steps=["fixed_weights", "checkpoint"], checkpoint=True)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, which a container's pid 1 may never reap, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _children(pid: int) -> list:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _wait_for(condition, deadline: float, what: str, process=None):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            out, err = process.communicate()
+            pytest.fail(f"the run ended ({process.returncode}) before {what}:\n{out[-3000:]}\n{err[-3000:]}")
+        time.sleep(0.1)  # polling, with a deadline: not a synchronisation by sleep
+    pytest.fail(f"timed out after {deadline} s waiting for {what}")
+
+
+def _start(command, tmp_path):
+    ready, temp = tmp_path / "ready", tmp_path / "tmp"
+    ready.mkdir()
+    temp.mkdir()
+    env = dict(os.environ, EQUIVTOOL_TEST_READY=str(ready), TMPDIR=str(temp), TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+    process = subprocess.Popen(command, env=env, cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+
+    def started():
+        pids = {int(name) for name in os.listdir(ready)}
+        workers = pids - {process.pid}
+        return workers if process.pid in pids and workers else None
+
+    try:
+        workers = _wait_for(started, START_DEADLINE, "the model running in the parent and a worker", process)
+    except BaseException:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        raise
+    workers |= set(_children(process.pid))
+    return process, workers, temp
+
+
+def _folders(temp) -> list:
+    return sorted(p.name for p in temp.iterdir() if p.name.startswith("equivtool-"))
+
+
+@pytest.mark.parametrize("how", ["SIGINT to the parent", "SIGTERM to the parent", "SIGKILL to the parent",
+                                 "SIGTERM to the group"])
+def test_a_signal_leaves_no_worker_and_no_temporary_folder(how, tmp_path):
+    process, workers, temp = _start([sys.executable, "-c", PARENT], tmp_path)
+    try:
+        assert _folders(temp), "the checkpoint folder should exist while the run is under way"
+        signum = getattr(signal, how.split()[0])
+        if how.endswith("group"):
+            os.killpg(process.pid, signum)
+        else:
+            os.kill(process.pid, signum)
+        out, err = process.communicate(timeout=STOP_DEADLINE)
+        gone = _wait_for(lambda: not any(_alive(pid) for pid in workers), STOP_DEADLINE,
+                         f"the workers {sorted(workers)} to end")
+        assert gone
+        _wait_for(lambda: not _folders(temp), STOP_DEADLINE, f"the temporary folder to go: {_folders(temp)}")
+        if signum == signal.SIGTERM:  # an orderly stop, then the death SIGTERM means
+            assert process.returncode == -signal.SIGTERM, err[-3000:]
+            assert "Traceback" not in err, err[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_on_the_cli_prints_one_line_and_exits_130(tmp_path):
+    """Ctrl-C at a terminal reaches the whole process group: the CLI and its worker."""
+    command = [sys.executable, "-m", "equivtool.cli", "check", "interrupt_models:tf1_dense",
+               "interrupt_models:Dense", "--input-shape", "2,3", "--steps", "fixed_weights", "--workers", "2"]
+    process, workers, temp = _start(command, tmp_path)
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=STOP_DEADLINE)
+        assert process.returncode == 130, out[-2000:] + err[-3000:]
+        assert err.strip() == "interrupted", err[-3000:]  # nothing from the worker, no traceback
+        assert "Traceback" not in out
+        _wait_for(lambda: not any(_alive(pid) for pid in workers), STOP_DEADLINE, "the workers to end")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------
+# The SIGTERM handler: installed on the main thread only, always put back
+# --------------------------------------------------------------------------
+
+def _handler_during_a_check() -> list:
+    seen = []
+    report = equivtool.check_equivalence(tf1_dense, Dense, X, steps=["parity"],
+                                         progress=lambda result: seen.append(signal.getsignal(signal.SIGTERM)))
+    assert report.passed, str(report)
+    return seen
+
+
+@pytest.fixture
+def default_sigterm():
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_sigterm_handler_is_installed_during_a_check_and_put_back(default_sigterm):
+    seen = _handler_during_a_check()
+    assert seen and all(callable(handler) for handler in seen)  # ours, while the check ran
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_the_sigterm_handler_is_put_back_when_the_check_raises(default_sigterm):
+    def progress(result):
+        raise RuntimeError("planted: progress failed")
+
+    with pytest.raises(RuntimeError, match="planted"):
+        equivtool.check_equivalence(tf1_dense, Dense, X, steps=["parity"], progress=progress)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_check_on_another_thread_leaves_sigterm_alone(default_sigterm):
+    seen, failures = [], []
+
+    def run():
+        try:
+            seen.extend(_handler_during_a_check())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=300)
+    assert not thread.is_alive() and not failures, failures
+    assert seen and all(handler is signal.SIG_DFL for handler in seen)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_handler_of_the_users_is_left_in_place(default_sigterm):
+    def users(signum, frame):
+        pass
+
+    signal.signal(signal.SIGTERM, users)
+    seen = _handler_during_a_check()
+    assert seen and all(handler is users for handler in seen)
+    assert signal.getsignal(signal.SIGTERM) is users
