@@ -80,9 +80,37 @@ MODES = _steps.MODES
 # Options
 # --------------------------------------------------------------------------
 
+_PYTHON_NUMBERS = (bool, int, float, complex)
+
+
+def _check_input_types(node, path: str = "inputs") -> None:
+    """Refuse, naming the leaf's path and the fix, what is not a NumPy array or
+    scalar in a dict/list/tuple: a TensorFlow tensor or variable (each side
+    feeds it its own way), or Python numbers. A list of numbers is not taken
+    as one array: a list is also a structure of several inputs, and guessing
+    which was meant would be silent."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            _check_input_types(value, f"{path}[{key!r}]")
+    elif isinstance(node, (list, tuple)):
+        if node and all(isinstance(leaf, _PYTHON_NUMBERS) for leaf in flatten_tensors(node)):
+            raise TypeError(f"{path}: a {type(node).__name__} of Python numbers, which equivtool does not "
+                            "read as one array (a list is also a structure of several inputs); pass "
+                            f"np.asarray({path}, dtype=np.float32)")
+        for i, value in enumerate(node):
+            _check_input_types(value, f"{path}[{i}]")
+    elif isinstance(node, (tf.Tensor, tf.Variable)):
+        raise TypeError(f"{path}: a TensorFlow {type(node).__name__}; pass NumPy arrays, which both sides feed "
+                        f"the same way: {path}.numpy() (or np.asarray({path}))")
+    elif isinstance(node, _PYTHON_NUMBERS):
+        raise TypeError(f"{path}: a Python {type(node).__name__} ({node!r}); pass a NumPy scalar or array, "
+                        f"e.g. np.float32({node!r}) or np.asarray(...)")
+
+
 def _check_inputs(inputs) -> dict:
     """Refuse inputs that cannot be compared; return the header notes for the report
     (``non_finite_inputs`` when a leaf holds NaN or infinity)."""
+    _check_input_types(inputs)
     leaves = flatten_tensors(inputs)
     if not leaves:
         raise ValueError("inputs: expected an array (or a nested structure of arrays), got an empty structure")
@@ -540,7 +568,10 @@ def check_equivalence(
         the ``num_random_ops`` steps, which need fresh layers, are skipped; its
         variable values are restored at the end). Called as
         ``layer(inputs, training=...)``; must return the same structure.
-      inputs: a NumPy array (or nested structure of arrays) fed to both sides.
+      inputs: a NumPy array, or a nested structure (dict, list, tuple) of arrays
+        and NumPy scalars, fed to both sides. A ``tf.Tensor``/``tf.Variable``
+        or Python numbers are refused, naming the leaf: pass ``x.numpy()`` or
+        ``np.asarray(x)`` (a list of numbers is not guessed into one array).
         A leaf with no elements is refused (nothing could be compared); NaN or
         infinite values are allowed and counted in the report's header
         (``non_finite_inputs``).

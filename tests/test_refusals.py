@@ -1,0 +1,52 @@
+"""What a hostile or careless user gets: inputs refused by type before any work,
+tolerance keys that match nothing named (or refused), CLI usage errors as one
+line, report write errors that name the user's path."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import equivtool
+from equivtool import cli
+from equivtool.comparison import compare
+from equivtool.equivalence import _check_inputs
+from equivtool.report import EquivalenceReport, StepResult
+from interrupt_models import Dense, tf1_dense
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+X = np.random.RandomState(0).rand(2, 3).astype(np.float32)
+
+
+def _never_built(inputs, training):
+    raise AssertionError("a step ran before the inputs were checked")
+
+
+# --------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inputs, fragments", [
+    ([[1., 2., 3.], [4., 5., 6.]], ("inputs: a list of Python numbers", "np.asarray(inputs, dtype=np.float32)")),
+    ((1., 2., 3.), ("inputs: a tuple of Python numbers", "np.asarray(inputs")),
+    ({"x": X, "mask": [1, 0]}, ("inputs['mask']: a list of Python numbers", "np.asarray(inputs['mask']")),
+    ({"x": X, "scale": 0.5}, ("inputs['scale']: a Python float (0.5)", "np.float32(0.5)")),
+    (lambda: tf.ones([2, 3]), ("inputs: a TensorFlow EagerTensor", "inputs.numpy()")),
+    (lambda: [X, tf.Variable(X)], ("inputs[1]: a TensorFlow ResourceVariable", "inputs[1].numpy()")),
+    (lambda: {"a": {"b": tf.constant(X)}}, ("inputs['a']['b']: a TensorFlow EagerTensor",)),
+])
+def test_inputs_of_the_wrong_type_are_refused_before_any_work(inputs, fragments):
+    inputs = inputs() if callable(inputs) else inputs
+    with pytest.raises(TypeError) as raised:
+        equivtool.check_equivalence(_never_built, Dense, inputs)
+    for fragment in fragments:
+        assert fragment in str(raised.value)
+
+
+def test_arrays_and_numpy_scalars_in_a_structure_are_accepted():
+    assert _check_inputs({"x": X, "scale": np.float32(0.5), "ids": [np.arange(3), (np.int64(2),)]}) == {}
+    assert _check_inputs(X) == {}
