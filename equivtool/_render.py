@@ -121,19 +121,36 @@ def write_text_atomic(path: Union[str, os.PathLike], text: str) -> str:
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".equivtool-", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".equivtool-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise _write_error(exc, path, folder) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise _write_error(exc, path, folder) from None
         raise
     return path
+
+
+def _write_error(exc: OSError, path: str, folder: str) -> OSError:
+    """``exc`` (of the same class and errno) saying why ``path`` cannot be written,
+    rather than naming the temporary file it happened on."""
+    if os.path.isdir(path):
+        reason = "it is a directory; expected a file path"
+    elif not os.path.isdir(folder):
+        reason = f"folder {folder!r} does not exist"
+    else:
+        reason = exc.strerror or str(exc)
+    return type(exc)(exc.errno, f"cannot write {path!r}: {reason}")
 
 
 def _umask() -> int:

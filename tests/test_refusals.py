@@ -50,3 +50,38 @@ def test_inputs_of_the_wrong_type_are_refused_before_any_work(inputs, fragments)
 def test_arrays_and_numpy_scalars_in_a_structure_are_accepted():
     assert _check_inputs({"x": X, "scale": np.float32(0.5), "ids": [np.arange(3), (np.int64(2),)]}) == {}
     assert _check_inputs(X) == {}
+
+
+# --------------------------------------------------------------------------
+# report files
+# --------------------------------------------------------------------------
+
+def _report() -> EquivalenceReport:
+    step = StepResult.from_comparisons("fixed_weights", "Fixed weights", compare(np.arange(3.), np.arange(3.)))
+    return EquivalenceReport((step,), {})
+
+
+def _where(path) -> str:
+    return os.path.dirname(os.path.abspath(path))
+
+
+@pytest.mark.parametrize("write", ["to_json", "to_html"])
+@pytest.mark.parametrize("target, error, reason", [
+    ("missing/r.out", FileNotFoundError, "does not exist"),
+    (".", IsADirectoryError, "is a directory"),
+])
+def test_a_report_that_cannot_be_written_names_the_users_path(write, target, error, reason, tmp_path):
+    if write == "to_html":
+        pytest.importorskip("matplotlib")
+    path = str(tmp_path / target)
+    with pytest.raises(error) as raised:
+        getattr(_report(), write)(path)
+    assert f"cannot write {path!r}: " in str(raised.value) and reason in str(raised.value)
+    assert ".equivtool-" not in str(raised.value) and raised.value.errno is not None
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".equivtool-")] == []
+
+
+def test_a_report_under_proc_names_the_path():
+    with pytest.raises(OSError) as raised:
+        _report().to_json("/proc/x")
+    assert "cannot write '/proc/x': " in str(raised.value) and ".equivtool-" not in str(raised.value)
