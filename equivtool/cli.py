@@ -339,6 +339,8 @@ def cmd_check(args) -> int:
     with importable_cwd():
         tf1_fn = load_target(args.tf1_fn, "TF1_FN")
         tf2_factory = load_target(args.tf2_factory, "TF2_FACTORY")
+        _check_no_arguments(tf2_factory, args.tf2_factory, "TF2_FACTORY",
+                            "def make_layer(): return MyLayer(units=...)")
         start = time.perf_counter()
         print(f"equivtool check {args.tf1_fn} vs {args.tf2_factory}, input {shape}", flush=True)
         try:
@@ -407,7 +409,9 @@ def _check_runs(runs) -> int:
     return runs
 
 
-def _check_no_arguments(fn: Callable, target: str) -> None:
+def _check_no_arguments(fn: Callable, target: str, argument: str = "MODULE:FN",
+                        wrap: str = "def step(): return fn(batch)") -> None:
+    """A :class:`UsageError` naming the first parameter ``fn`` needs, unless it can be called with none."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # no signature to read: let the call decide
@@ -415,8 +419,10 @@ def _check_no_arguments(fn: Callable, target: str) -> None:
     try:
         signature.bind()
     except TypeError:
-        raise UsageError(f"MODULE:FN: {target} takes arguments {signature}; expected a zero-argument "
-                         "callable (wrap it: def step(): return fn(batch))") from None
+        required = [name for name, p in signature.parameters.items() if p.default is p.empty
+                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        raise UsageError(f"{argument}: {target} takes arguments {signature}; parameter {required[0]!r} has no "
+                         f"default; expected a zero-argument callable (wrap it: {wrap})") from None
 
 
 def audit_main(target: str, runs: int, json_path: Optional[str] = None, html_path: Optional[str] = None) -> int:
@@ -487,8 +493,17 @@ def cmd_build_ops(args) -> int:
 # parser
 # --------------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors are one line pointing to ``--help`` (exit 2), not its usage block.
+    Subcommands' parsers are of the same class (``add_subparsers`` uses the parent's)."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="equivtool", description="Prove a TF1 model migrated to TF2 computes the same numbers.",
         epilog="Exit codes: 0 passed, 1 not passed (different, error or inconclusive), 2 bad usage.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -85,3 +85,36 @@ def test_a_report_under_proc_names_the_path():
     with pytest.raises(OSError) as raised:
         _report().to_json("/proc/x")
     assert "cannot write '/proc/x': " in str(raised.value) and ".equivtool-" not in str(raised.value)
+
+
+# --------------------------------------------------------------------------
+# the command line
+# --------------------------------------------------------------------------
+
+CHECK = ["check", "interrupt_models:tf1_dense", "interrupt_models:Dense", "--input-shape", "2,3"]
+
+
+@pytest.mark.parametrize("args, prog, fragment", [
+    (CHECK + ["--workers", "abc"], "equivtool check", "argument --workers: invalid int value: 'abc'"),
+    (CHECK[:3], "equivtool check", "the following arguments are required: --input-shape"),
+    (CHECK + ["--no-such-option"], "equivtool", "unrecognized arguments: --no-such-option"),
+    (["frobnicate"], "equivtool", "invalid choice: 'frobnicate'"),
+])
+def test_argparse_errors_are_one_line_pointing_to_help(args, prog, fragment, capsys):
+    assert cli.main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == captured.err.strip().splitlines()[0]  # one line
+    assert captured.err.startswith(f"{prog}: error: ") and fragment in captured.err
+    assert captured.err.rstrip().endswith(f"(see {prog} --help)")
+    assert "usage:" not in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("factory, parameter", [("dense_of", "units"), ("NeedsUnits", "units")])
+def test_a_factory_that_needs_arguments_exits_two_before_any_work(factory, parameter, capsys, monkeypatch):
+    monkeypatch.chdir(TESTS)
+    assert cli.main(["check", "interrupt_models:tf1_dense", f"interrupt_models:{factory}",
+                     "--input-shape", "2,3"]) == 2
+    captured = capsys.readouterr()
+    assert f"parameter {parameter!r} has no default" in captured.err and "TF2_FACTORY" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert "equivtool check" not in captured.out  # the run never started
