@@ -46,6 +46,7 @@ _EXPORTS = {
     "EquivalenceReport": "report",
     # the engine
     "check_equivalence": "equivalence",
+    "UnmatchedToleranceKeys": "equivalence",
     "slim_shim": "slim",
     "STEPS": "steps",
     "DEFAULT_STEPS": "steps",

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 
-from equivtool.comparison import compare
 from equivtool.report import StepResult
 from equivtool._tree import dense_gradient, flatten_tensors
 from equivtool._tf1_graph import depends_on
@@ -447,9 +446,9 @@ def _optimizer_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
     for step, (tf1_loss, tf1_values, tf2_loss, tf2_values) in enumerate(
             zip(tf1["losses"], tf1["variables"], tf2["losses"], tf2["variables"])):
         tf1_vars = {k: v for k, v in tf1_values.items() if k in tf2_values}
-        comparison = compare({"loss": np.float32(tf1_loss), "variables": tf1_vars},
-                             {"loss": np.float32(tf2_loss), "variables": tf2_values},
-                             o.tolerances.get("optimizer", step), name=f"step_{step + 1}")
+        comparison = e.compare("optimizer", {"loss": np.float32(tf1_loss), "variables": tf1_vars},
+                               {"loss": np.float32(tf2_loss), "variables": tf2_values},
+                               name=f"step_{step + 1}", index=step)
         comparisons.append(comparison)
         if not comparison.ok and failed_at is None:
             failed_at = step + 1

@@ -347,7 +347,7 @@ def cmd_check(args) -> int:
             report = check_equivalence(
                 tf1_fn, tf2_factory, inputs, steps=steps, modes=modes, tf_function=args.tf_function,
                 seed=seed, progress=print_progress(start), localize=args.localize, workers=args.workers,
-                meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
+                strict_tolerances=args.strict_tolerances, meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
     print()
@@ -523,6 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workers", type=int, default=1,
                        help="processes running the TF1 and TF2 sides of each step, this one included (default 1: this process only)")
     check.add_argument("--seed", type=int, default=42, help=f"input and random-tool seed (0 to {MAX_SEED})")
+    check.add_argument("--strict-tolerances", action="store_true",
+                       help="a tolerance key that matches no output or leaf is an error (exit 2), not a warning")
     check.add_argument("--html", default=None, help="write an HTML report here")
     check.add_argument("--json", default=None, help="write a JSON report here")
     check.set_defaults(run=cmd_check)

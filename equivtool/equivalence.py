@@ -61,14 +61,14 @@ from equivtool import steps as _steps
 from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool._pair import TF1Half, TF2Half
 from equivtool._step_runs import notes_on_error
-from equivtool.comparison import Tolerance, compare
+from equivtool.comparison import Comparison, Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
 from equivtool._tree import flatten_tensors
 from equivtool.runners import checkpoint_exists, restore_snapshot, snapshot_layer
 from equivtool.steps import SkipStep, Step
 from equivtool.variables import _make_renamer
 
-__all__ = ["check_equivalence", "STEPS", "MODES", "DEFAULT_STEPS"]
+__all__ = ["check_equivalence", "UnmatchedToleranceKeys", "STEPS", "MODES", "DEFAULT_STEPS"]
 
 # Derived from the step registry (equivtool.steps), kept importable from here.
 STEPS = _steps.STEPS
@@ -170,16 +170,23 @@ class _StepTolerances:
             if not (callable(spec) and not isinstance(spec, (Tolerance, Mapping))):
                 _check_tolerance_spec(spec, f"step_tolerances[{key!r}]")
 
-    def get(self, step: str, index: int | None = None):
-        spec = None
+    def _key(self, step: str) -> str | None:
+        """The ``step_tolerances`` key that applies to ``step`` (the longest prefix), or None."""
         parts = step.split("/")
         for depth in range(len(parts), 0, -1):
             key = "/".join(parts[:depth])
             if key in self.per_step:
-                spec = self.per_step[key]
-                break
-        if spec is None:
-            spec = self.default
+                return key
+        return None
+
+    def source(self, step: str) -> str:
+        """The argument ``step``'s tolerance comes from, as the user wrote it."""
+        key = self._key(step)
+        return "tolerance" if key is None else f"step_tolerances[{key!r}]"
+
+    def get(self, step: str, index: int | None = None):
+        key = self._key(step)
+        spec = self.default if key is None else self.per_step[key]
         if callable(spec) and not isinstance(spec, (Tolerance, Mapping)):
             spec = spec(index if index is not None else 0)
         return spec
@@ -209,6 +216,7 @@ class _Options:
     localize: bool = False
     workers: int = 1
     in_process: str | None = None     # why workers > 1 still runs in one process
+    strict_tolerances: bool = False   # a tolerance key that matched no leaf is an error
 
     @property
     def want_gradients(self) -> bool:
@@ -218,7 +226,7 @@ class _Options:
     def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
               optimizers, train_steps, checkpoint, rename, tf_function,
               disable_arithmetic_optimization, seed, progress, meta, strategy, localize=False,
-              workers=1) -> "_Options":
+              workers=1, strict_tolerances=False) -> "_Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -236,8 +244,9 @@ class _Options:
         _check_training(train_steps, optimizers, loss_fn)
         _check_run_options(tf_function, disable_arithmetic_optimization, seed, progress, strategy)
         _check_checkpoint(checkpoint)
-        if not isinstance(localize, bool):
-            raise TypeError(f"localize: expected True or False, got {localize!r}")
+        for name, flag in (("localize", localize), ("strict_tolerances", strict_tolerances)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected True or False, got {flag!r}")
         if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
             raise ValueError(f"workers: expected an int >= 1 (processes running the two sides), got {workers!r}")
         options = cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
@@ -246,7 +255,7 @@ class _Options:
                    renamer=_make_renamer(rename), tf_function=bool(tf_function),
                    disable_arithmetic_optimization=bool(disable_arithmetic_optimization), seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
-                   localize=localize, workers=int(workers))
+                   localize=localize, workers=int(workers), strict_tolerances=strict_tolerances)
         if options.workers > 1:
             from equivtool import _workers
             reason = _workers.in_process_reason(options)
@@ -323,6 +332,7 @@ class _Engine:
         self._tempdir = None
         self.results: dict[str, StepResult] = {}
         self.jobs: list = []           # with workers > 1: the worker jobs (see _workers.run_parallel)
+        self._tolerance_keys: dict = {}  # argument -> (its keys seen by a comparison, those a leaf matched)
 
     # -- layers ------------------------------------------------------------
 
@@ -411,8 +421,25 @@ class _Engine:
             result = dataclasses.replace(result, seconds=time.perf_counter() - start)
         self.record(result)
 
+    def compare(self, step: str, expected, actual, name: str, index: int | None = None) -> Comparison:
+        """``compare`` with ``step``'s tolerance, noting which of its keys matched a leaf."""
+        spec = self.options.tolerances.get(step, index)
+        comparison = compare(expected, actual, spec, name=name)
+        if isinstance(spec, Mapping):
+            keys = {key for key in spec if key != "*"}
+            seen, matched = self._tolerance_keys.setdefault(self.options.tolerances.source(step), (set(), set()))
+            seen.update(keys)
+            matched.update(keys - set(comparison.unmatched_tolerance_keys))
+        return comparison
+
+    def unmatched_tolerance_keys(self) -> list[str]:
+        """Tolerance keys that matched no leaf in any comparison they were given to, as
+        ``argument[key]`` (e.g. ``step_tolerances['fixed_weights']['logits']``): a typo
+        there drops a tolerance silently."""
+        return [f"{source}[{key!r}]" for source, (seen, matched) in self._tolerance_keys.items()
+                for key in sorted(seen - matched)]
+
     def compare_step(self, name, pairs: Iterable[tuple], notes=(), data=None) -> StepResult:
-        spec = self.options.tolerances.get(name)
         comparisons = []
         notes = list(notes)
         for label, expected, actual in pairs:
@@ -423,9 +450,9 @@ class _Engine:
                     notes.append(f"end-point keys: the TF2 layer's own name scope {stripped!r} removed "
                                  "(the only difference from the TF1 keys)")
                 for sub_label, sub_expected, sub_actual in _split_outputs(expected, actual):
-                    comparisons.append(compare(sub_expected, sub_actual, spec, name=sub_label))
+                    comparisons.append(self.compare(name, sub_expected, sub_actual, sub_label))
             else:
-                comparisons.append(compare(expected, actual, spec, name=label))
+                comparisons.append(self.compare(name, expected, actual, label))
         return StepResult.from_comparisons(name, _steps.title(name), comparisons, notes=notes, data=data)
 
     def localized(self, result: StepResult, tf1, tf1_outputs, call_tf2: Callable[[], Any],
@@ -555,6 +582,7 @@ def check_equivalence(
     strategy: tf.distribute.Strategy | None = None,
     localize: bool = False,
     workers: int = 1,
+    strict_tolerances: bool = False,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -622,19 +650,50 @@ def check_equivalence(
         (lambdas too); one that cannot is refused before any work. With
         ``localize=True``, a ``strategy`` or a layer instance the check runs
         in one process, and the report's header says why.
+      strict_tolerances: a key of a ``{output name or pattern: Tolerance}``
+        mapping (in ``tolerance`` or ``step_tolerances``) that matched no leaf
+        of the comparisons it was given to is an error:
+        :class:`UnmatchedToleranceKeys` (a ``ValueError`` holding the report)
+        is raised after the run. By default such keys are named in a warning,
+        in the text report and in ``meta["unmatched_tolerance_keys"]``.
     """
     options = _Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
         step_tolerances=step_tolerances, loss_fn=loss_fn, optimizers=optimizers, train_steps=train_steps,
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         disable_arithmetic_optimization=disable_arithmetic_optimization, seed=seed, progress=progress,
-        meta=meta, strategy=strategy, localize=localize, workers=workers)
+        meta=meta, strategy=strategy, localize=localize, workers=workers, strict_tolerances=strict_tolerances)
     engine = _Engine(options)
     results = engine.run()
     header = _header(options)
     if engine.jobs:
         header["worker_jobs"] = engine.jobs
-    return EquivalenceReport(tuple(results), header)
+    unmatched = engine.unmatched_tolerance_keys()
+    if unmatched:
+        header["unmatched_tolerance_keys"] = unmatched
+    report = EquivalenceReport(tuple(results), header)
+    if unmatched:
+        _refuse_or_warn(report, unmatched, options.strict_tolerances)
+    return report
+
+
+class UnmatchedToleranceKeys(ValueError):
+    """With ``strict_tolerances=True``: tolerance keys matched no leaf. ``report`` is the run's report."""
+
+    def __init__(self, message: str, report: EquivalenceReport):
+        super().__init__(message)
+        self.report = report
+
+
+def _refuse_or_warn(report: EquivalenceReport, unmatched: list, strict: bool) -> None:
+    import warnings
+    keys = ", ".join(unmatched)
+    if strict:
+        raise UnmatchedToleranceKeys(
+            f"strict_tolerances: tolerance keys matched no leaf: {keys}; correct them to an output "
+            "or leaf name (or pattern) the report shows, or remove them", report)
+    warnings.warn(f"tolerance keys matched no leaf, so their tolerance applied to nothing: {keys} "
+                  "(strict_tolerances=True makes this an error)", UserWarning, stacklevel=3)
 
 
 def _header(options: _Options) -> dict:

@@ -34,6 +34,7 @@ __all__ = ["StepResult", "EquivalenceReport", "STATUSES"]
 
 STATUSES = ("passed", "failed", "inconclusive", "error", "skipped")
 _MESSAGE_WIDTH = 72
+_UNMATCHED = "unmatched_tolerance_keys"  # meta: tolerance keys that matched no leaf (see check_equivalence)
 
 
 def _frozen_mapping(data: Optional[Mapping]) -> Mapping:
@@ -385,7 +386,16 @@ class EquivalenceReport:
         return "\n".join(_render.text_table(header, rows, "<<>>", free_last=True))
 
     def _meta_items(self) -> list:
-        return [f"{k}: {_shorten(_fmt_meta_value(v), 80)}" for k, v in self.meta.items()]
+        return [f"{k}: {_shorten(_fmt_meta_value(v), 80)}" for k, v in self.meta.items()
+                if k != _UNMATCHED]  # a warning line of its own (see __str__)
+
+    def tolerance_warning(self) -> str:
+        """A line naming the tolerance keys that matched no leaf ("" when none did)."""
+        keys = self.meta.get(_UNMATCHED)
+        if not keys:
+            return ""
+        return ("Warning: tolerance keys matched no leaf, so their tolerance applied to nothing "
+                f"(a typo?): {', '.join(map(str, keys))}")
 
     def meta_lines(self, width: int = 100) -> list:
         """The metadata as ``key: value`` items, packed into indented lines of at most ``width``."""
@@ -403,6 +413,8 @@ class EquivalenceReport:
     def __str__(self) -> str:
         parts = ["Equivalence report"] + (self.meta_lines() if self.meta else [])
         parts += [self.table(), self.verdict()]
+        if self.tolerance_warning():
+            parts.append(self.tolerance_warning())
         for s in self.steps:
             if s.failed or s.inconclusive:
                 parts += ["", s.details()]

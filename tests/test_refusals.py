@@ -118,3 +118,65 @@ def test_a_factory_that_needs_arguments_exits_two_before_any_work(factory, param
     assert f"parameter {parameter!r} has no default" in captured.err and "TF2_FACTORY" in captured.err
     assert len(captured.err.strip().splitlines()) == 1
     assert "equivtool check" not in captured.out  # the run never started
+
+
+# --------------------------------------------------------------------------
+# tolerance keys that match no leaf
+# --------------------------------------------------------------------------
+
+def _ours(caught) -> list:
+    return [str(w.message) for w in caught if "tolerance keys matched no leaf" in str(w.message)]
+
+
+def test_a_tolerance_key_that_matches_no_leaf_is_named_in_a_warning_and_the_report():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = equivtool.check_equivalence(
+            tf1_dense, Dense, X, steps=["fixed_weights"],
+            tolerance={"nosuchleaf": equivtool.Tolerance(atol=1e-4)},
+            step_tolerances={"fixed_weights": {"outputs": equivtool.Tolerance(), "nosuch*": equivtool.Tolerance()}})
+    assert report.passed, str(report)
+    assert report.meta["unmatched_tolerance_keys"] == ["step_tolerances['fixed_weights']['nosuch*']"]
+    assert len(_ours(caught)) == 1 and "step_tolerances['fixed_weights']['nosuch*']" in _ours(caught)[0]
+    text = str(report)
+    assert "Warning: tolerance keys matched no leaf" in text and "['nosuch*']" in text
+    # 'nosuchleaf' was in `tolerance`, which fixed_weights did not use: no comparison got it.
+    assert "nosuchleaf" not in text
+
+
+def test_a_key_matched_in_any_comparison_of_its_step_is_not_reported():
+    """'outputs' matches the outputs comparison but not regularization_loss: it is used."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = equivtool.check_equivalence(tf1_dense, Dense, X, steps=["fixed_weights"],
+                                             tolerance={"outputs": equivtool.Tolerance(atol=1e-4)})
+    assert report.passed, str(report)
+    assert "unmatched_tolerance_keys" not in report.meta and not _ours(caught)
+    assert "Warning: tolerance keys" not in str(report)
+
+
+def test_strict_tolerances_makes_an_unmatched_key_an_error_holding_the_report():
+    with pytest.raises(equivtool.UnmatchedToleranceKeys) as raised:
+        equivtool.check_equivalence(tf1_dense, Dense, X, steps=["fixed_weights"], strict_tolerances=True,
+                                    tolerance={"output": equivtool.Tolerance(atol=1e-4)})
+    assert "tolerance['output']" in str(raised.value) and isinstance(raised.value, ValueError)
+    assert raised.value.report.step("fixed_weights").passed
+
+
+def test_strict_tolerances_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"strict_tolerances: expected True or False, got 'yes'"):
+        equivtool.check_equivalence(_never_built, Dense, X, strict_tolerances="yes")
+
+
+def test_strict_tolerances_on_the_cli_reaches_the_check(capsys, monkeypatch):
+    seen = {}
+
+    def check_equivalence(*args, **kwargs):
+        seen.update(kwargs)
+        raise equivtool.UnmatchedToleranceKeys("strict_tolerances: tolerance keys matched no leaf: x", None)
+
+    monkeypatch.chdir(TESTS)
+    monkeypatch.setattr(equivtool, "check_equivalence", check_equivalence)
+    assert cli.main(CHECK + ["--strict-tolerances"]) == 2
+    assert seen["strict_tolerances"] is True
+    assert "tolerance keys matched no leaf" in capsys.readouterr().err
