@@ -99,8 +99,8 @@ def _check_input_types(node, path: str = "inputs") -> None:
                             f"np.asarray({path}, dtype=np.float32)")
         for i, value in enumerate(node):
             _check_input_types(value, f"{path}[{i}]")
-    elif isinstance(node, (tf.Tensor, tf.Variable)):
-        raise TypeError(f"{path}: a TensorFlow {type(node).__name__}; pass NumPy arrays, which both sides feed "
+    elif hasattr(node, "numpy"):  # a tf.Tensor or tf.Variable (recognised as in equivtool._tree)
+        raise TypeError(f"{path}: a tensor ({type(node).__name__}); pass NumPy arrays, which both sides feed "
                         f"the same way: {path}.numpy() (or np.asarray({path}))")
     elif isinstance(node, _PYTHON_NUMBERS):
         raise TypeError(f"{path}: a Python {type(node).__name__} ({node!r}); pass a NumPy scalar or array, "

@@ -35,9 +35,9 @@ def _never_built(inputs, training):
     ((1., 2., 3.), ("inputs: a tuple of Python numbers", "np.asarray(inputs")),
     ({"x": X, "mask": [1, 0]}, ("inputs['mask']: a list of Python numbers", "np.asarray(inputs['mask']")),
     ({"x": X, "scale": 0.5}, ("inputs['scale']: a Python float (0.5)", "np.float32(0.5)")),
-    (lambda: tf.ones([2, 3]), ("inputs: a TensorFlow EagerTensor", "inputs.numpy()")),
-    (lambda: [X, tf.Variable(X)], ("inputs[1]: a TensorFlow ResourceVariable", "inputs[1].numpy()")),
-    (lambda: {"a": {"b": tf.constant(X)}}, ("inputs['a']['b']: a TensorFlow EagerTensor",)),
+    (lambda: tf.ones([2, 3]), ("inputs: a tensor (EagerTensor)", "inputs.numpy()")),
+    (lambda: [X, tf.Variable(X)], ("inputs[1]: a tensor (ResourceVariable)", "inputs[1].numpy()")),
+    (lambda: {"a": {"b": tf.constant(X)}}, ("inputs['a']['b']: a tensor (EagerTensor)",)),
 ])
 def test_inputs_of_the_wrong_type_are_refused_before_any_work(inputs, fragments):
     inputs = inputs() if callable(inputs) else inputs
