@@ -512,8 +512,6 @@ def _serve(conn: Connection) -> None:
             _, path, payload, workdir = message
             sys.path[:0] = [entry for entry in path if entry not in sys.path]
             importlib.import_module("equivtool")  # the environment fix, before TensorFlow
-            from equivtool._quiet import import_tensorflow_quietly
-            import_tensorflow_quietly()  # the parent has already shown TensorFlow's start-up notices
             from equivtool._errors import full_traceback, one_line
             from equivtool.equivalence import _Engine
             try:
@@ -546,6 +544,9 @@ def _main() -> None:
     fd = int(os.environ.pop(_FD_ENV))
     _signals.watch_parent(fd, int(os.environ.pop(_PARENT_ENV)), os.environ.pop(_WORKDIR_ENV, "") or None)
     conn = Connection(fd)
+    if os.environ.get("EQUIVTOOL_QUIET"):  # a worker of an equivtool command: as quiet as the command
+        from equivtool._quiet import quiet_command
+        quiet_command()
     try:
         _serve(conn)
     finally:
