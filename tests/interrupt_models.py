@@ -4,10 +4,13 @@
 With ``EQUIVTOOL_TEST_READY`` set to a folder, each build of the model (on
 either side, in whichever process) writes a file named by its pid there, then
 sleeps ``EQUIVTOOL_TEST_SLEEP`` seconds (default 120): a test waits for those
-files, with a deadline, to know that a run is under way in each process.
+files, with a deadline, to know that a run is under way in each process. With
+``EQUIVTOOL_TEST_PAUSE_WITH_FOLDER`` set, only builds made while the check's
+temporary folder exists pause.
 """
 
 import os
+import tempfile
 import time
 
 import tensorflow as tf
@@ -15,6 +18,9 @@ import tensorflow as tf
 
 def _pause() -> None:
     ready = os.environ.get("EQUIVTOOL_TEST_READY")
+    if os.environ.get("EQUIVTOOL_TEST_PAUSE_WITH_FOLDER") and not any(
+            name.startswith("equivtool-") for name in os.listdir(tempfile.gettempdir())):
+        return  # only once the check's temporary folder exists
     if ready:
         with open(os.path.join(ready, str(os.getpid())), "w"):
             pass

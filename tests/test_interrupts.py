@@ -34,8 +34,8 @@ sys.path[:0] = [{TESTS!r}, {ROOT!r}]
 import numpy as np
 import equivtool
 from interrupt_models import Dense, tf1_dense
-equivtool.check_equivalence(tf1_dense, Dense, np.ones([2, 3], np.float32), workers=2,
-                            steps=["fixed_weights", "checkpoint"], checkpoint=True)
+equivtool.check_equivalence(tf1_dense, Dense, np.ones([2, 3], np.float32), workers=int(sys.argv[1]),
+                            steps=sys.argv[2].split(","), checkpoint=True)
 """
 
 
@@ -73,28 +73,28 @@ def _wait_for(condition, deadline: float, what: str, process=None):
     pytest.fail(f"timed out after {deadline} s waiting for {what}")
 
 
-def _start(command, tmp_path):
+def _start(command, tmp_path, workers: int = 2, **env):
     ready, temp = tmp_path / "ready", tmp_path / "tmp"
     ready.mkdir()
     temp.mkdir()
     env = dict(os.environ, EQUIVTOOL_TEST_READY=str(ready), TMPDIR=str(temp), TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+               PYTHONPATH=os.pathsep.join([ROOT, TESTS]), **env)
     process = subprocess.Popen(command, env=env, cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
 
     def started():
         pids = {int(name) for name in os.listdir(ready)}
-        workers = pids - {process.pid}
-        return workers if process.pid in pids and workers else None
+        others = pids - {process.pid}
+        return (others or True) if process.pid in pids and len(others) >= workers - 1 else None
 
     try:
-        workers = _wait_for(started, START_DEADLINE, "the model running in the parent and a worker", process)
+        found = _wait_for(started, START_DEADLINE, "the model running in the parent and its workers", process)
     except BaseException:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
         raise
-    workers |= set(_children(process.pid))
+    workers = (found if found is not True else set()) | set(_children(process.pid))
     return process, workers, temp
 
 
@@ -103,9 +103,14 @@ def _folders(temp) -> list:
 
 
 @pytest.mark.parametrize("how", ["SIGINT to the parent", "SIGTERM to the parent", "SIGKILL to the parent",
-                                 "SIGTERM to the group"])
+                                 "SIGTERM to the group", "SIGTERM to a one-process check"])
 def test_a_signal_leaves_no_worker_and_no_temporary_folder(how, tmp_path):
-    process, workers, temp = _start([sys.executable, "-c", PARENT], tmp_path)
+    if how.endswith("one-process check"):  # it pauses in a num_random_ops build, after the checkpoint step
+        count, steps, env = 1, "fixed_weights,checkpoint,random", {"EQUIVTOOL_TEST_PAUSE_WITH_FOLDER": "1"}
+    else:  # the parent pauses in the pair's TF1 half, the worker in its TF2 half
+        count, steps, env = 2, "fixed_weights,checkpoint", {}
+    process, workers, temp = _start([sys.executable, "-c", PARENT, str(count), steps], tmp_path, count, **env)
+    assert len(workers) == count - 1
     try:
         assert _folders(temp), "the checkpoint folder should exist while the run is under way"
         signum = getattr(signal, how.split()[0])
@@ -134,6 +139,7 @@ def test_ctrl_c_on_the_cli_prints_one_line_and_exits_130(tmp_path):
     command = [sys.executable, "-m", "equivtool.cli", "check", "interrupt_models:tf1_dense",
                "interrupt_models:Dense", "--input-shape", "2,3", "--steps", "fixed_weights", "--workers", "2"]
     process, workers, temp = _start(command, tmp_path)
+    assert workers
     try:
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=STOP_DEADLINE)
