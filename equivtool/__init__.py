@@ -1,7 +1,7 @@
 """equivtool: prove that a TF1 model migrated to TF2 computes the same numbers.
 
 Importing equivtool applies one documented environment fix (see
-``equivtool._env``): it selects legacy Keras (``TF_USE_LEGACY_KERAS=1``) when
+``equivtool._platform.env``): it selects legacy Keras (``TF_USE_LEGACY_KERAS=1``) when
 TensorFlow is not imported yet, and lets tf-slim find tf-keras' moved legacy
 layer modules. Public names are loaded lazily, so ``import equivtool`` itself
 does not import TensorFlow.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-from equivtool import _env
+from equivtool._platform import env as _env
 
 _env.apply()
 
@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "EquivtoolEnvironmentError": "_env",
+    "EquivtoolEnvironmentError": "_platform.env",
     # step 1 and 2: variables
     "VariableCreationError": "variables",
     "assert_no_variable_creations": "variables",
@@ -47,9 +47,9 @@ _EXPORTS = {
     # the engine
     "check_equivalence": "equivalence",
     "slim_shim": "slim",
-    "STEPS": "steps",
-    "DEFAULT_STEPS": "steps",
-    "MODES": "steps",
+    "STEPS": "engine.registry",
+    "DEFAULT_STEPS": "engine.registry",
+    "MODES": "engine.registry",
     "Localization": "localize",
     # reproducibility
     "audit_determinism": "determinism",

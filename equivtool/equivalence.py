@@ -56,20 +56,20 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from equivtool import steps as _steps
-from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
-from equivtool._pair import TF1Half, TF2Half
-from equivtool._step_runs import notes_on_error
+from equivtool.engine import registry as _steps
+from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
+from equivtool.engine.pair import TF1Half, TF2Half
+from equivtool.engine.steps import notes_on_error
 from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
-from equivtool._tree import flatten_tensors
-from equivtool.runners import checkpoint_exists, restore_snapshot, snapshot_layer
-from equivtool.steps import SkipStep, Step
+from equivtool._base.tree import flatten_tensors
+from equivtool.engine.sides.runners import checkpoint_exists, restore_snapshot, snapshot_layer
+from equivtool.engine.registry import SkipStep, Step
 from equivtool.variables import _make_renamer
 
 __all__ = ["check_equivalence", "STEPS", "MODES", "DEFAULT_STEPS"]
 
-# Derived from the step registry (equivtool.steps), kept importable from here.
+# Derived from the step registry (equivtool.engine.registry), kept importable from here.
 STEPS = _steps.STEPS
 DEFAULT_STEPS = _steps.DEFAULT_STEPS
 MODES = _steps.MODES
@@ -219,7 +219,7 @@ class _Options:
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, workers=int(workers))
         if options.workers > 1:
-            from equivtool import _workers
+            from equivtool.engine import workers as _workers
             reason = _workers.in_process_reason(options)
             if reason is None:
                 _workers.check_sendable(options)
@@ -419,7 +419,7 @@ class _Engine:
             snapshot = snapshot_layer(self.user_layer)
         try:
             if self.options.workers > 1 and self.options.in_process is None:
-                from equivtool._workers import run_parallel
+                from equivtool.engine.workers import run_parallel
                 self.jobs = run_parallel(self, self.options.workers)
             else:
                 for step in _steps.run_order(self.options.steps, self.options.modes):

@@ -7,7 +7,7 @@ import pytest
 
 import equivtool
 import tensorflow as tf
-from equivtool import runners
+from equivtool.engine.sides import runners
 from equivtool.testing import assert_equivalent
 
 from small_models import INPUT_SHAPE, SlimNetShim, slim_net
@@ -212,7 +212,7 @@ def test_fixed_values_depend_only_on_name_and_shape():
 def test_fixed_values_are_made_as_each_variable_is_assigned(monkeypatch):
     """Not a second copy of the model at once: a side assigning a chunk at a time
     holds one chunk of fixed values."""
-    from equivtool import _step_runs
+    from equivtool.engine import steps as _step_runs
 
     made = []
     monkeypatch.setattr(_step_runs, "fixed_value",
@@ -275,7 +275,10 @@ def test_only_the_runners_execute_tensorflow():
     import ast
     import inspect
 
-    from equivtool import _pair, _step_runs, equivalence, steps
+    from equivtool import equivalence
+    from equivtool.engine import pair as _pair
+    from equivtool.engine import steps as _step_runs
+    from equivtool.engine import registry as steps
     forbidden = {"session", "graph", "Session", "Saver", "minimize", "as_default", "variables_initializer"}
     # type checks of arguments, and the version in the report header
     allowed_tf = {"tf.distribute.Strategy", "tf.Module", "tf.distribute", "tf.__version__"}

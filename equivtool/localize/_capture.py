@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
-from equivtool._tf_internals import op_callbacks  # private TF: the hook tfdbg v2 is built on
+from equivtool._platform.tf_internals import op_callbacks  # private TF: the hook tfdbg v2 is built on
 
 from equivtool.comparison import Tolerance, compare, resolve_tolerance
 from equivtool.localize.result import Localization, OpError
@@ -544,7 +544,7 @@ _STATEFUL_RANDOM = ("RandomUniform", "RandomStandardNormal", "TruncatedNormal", 
 
 
 def tf1_runner(tf1_side, outputs) -> Callable[[list], list]:
-    """``run(tensors) -> values`` for a :class:`~equivtool.runners.TF1Side` pass.
+    """``run(tensors) -> values`` for a :class:`~equivtool.engine.sides.runners.TF1Side` pass.
 
     A stateful random op moves along its stream on every ``Session.run``; when
     the pass has one (dropout in training mode), each run gets a new session

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from equivtool._render import finished_png
-from equivtool._render import fmt_err as _fmt_err
+from equivtool._base.render import finished_png
+from equivtool._base.render import fmt_err as _fmt_err
 from equivtool.comparison import LeafComparison
 
 __all__ = ["Localization", "OpError", "LOCALIZATION_STATUSES", "as_localization"]

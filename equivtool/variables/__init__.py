@@ -33,8 +33,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from equivtool._render import fixed_row, text_table
-from equivtool.runners import strip_output_index as _strip_output_index
+from equivtool._base.render import fixed_row, text_table
+from equivtool.engine.sides.runners import strip_output_index as _strip_output_index
 
 __all__ = [
     "VariableCreationError", "assert_no_variable_creations",
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 
-from equivtool._guards import (  # noqa: E402  (step 1 lives in its own module)
+from equivtool.variables._guards import (  # noqa: E402  (step 1 lives in its own module)
     CreatedVariable, VariableCreationError, assert_no_variable_creations,  # noqa: F401
     catch_and_raise_created_variables, creates_variables_once)
 

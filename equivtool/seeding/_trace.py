@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf  # safe: importing the equivtool package applied the environment fix
-from equivtool._tf_internals import context as _context
-from equivtool._tf_internals import tensor_util as _tensor_util
+from equivtool._platform.tf_internals import context as _context
+from equivtool._platform.tf_internals import tensor_util as _tensor_util
 
 if TYPE_CHECKING:
     from equivtool.seeding import DeterministicRandomTestTool

@@ -15,7 +15,7 @@ import re
 import traceback
 from typing import Iterator, Optional
 
-from equivtool._stack import innermost_user_frame, is_library_frame
+from equivtool._base.stack import innermost_user_frame, is_library_frame
 
 # A frame line of TensorFlow's "in user code:" error messages (autograph).
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')

@@ -24,10 +24,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from equivtool._stack import user_frame_location
-from equivtool import _tf_internals as _tfi
-from equivtool._tf_internals import tf_decorator
-from equivtool.runners import strip_output_index as _strip_output_index
+from equivtool._base.stack import user_frame_location
+from equivtool._platform import tf_internals as _tfi
+from equivtool._platform.tf_internals import tf_decorator
+from equivtool.engine.sides.runners import strip_output_index as _strip_output_index
 
 
 class VariableCreationError(ValueError):

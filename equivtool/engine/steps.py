@@ -1,4 +1,4 @@
-"""How each registered step runs (see :mod:`equivtool.steps`).
+"""How each registered step runs (see :mod:`equivtool.engine.registry`).
 
 A step is three functions (:class:`SplitStep`): what the TF1 side computes,
 what the TF2 side computes, and the judgement that compares them. The sides
@@ -11,7 +11,7 @@ functions run one after the other in this process.
 A side function takes the engine (its options and the lazily built pair
 halves) and the step's parameters and returns a dict; a key starting with
 ``_`` holds in-process objects (for localization) and never crosses a process.
-A side raises :class:`~equivtool.steps.SkipStep` with the reason it cannot run.
+A side raises :class:`~equivtool.engine.registry.SkipStep` with the reason it cannot run.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import numpy as np
 
 from equivtool.comparison import compare
 from equivtool.report import StepResult
-from equivtool._tree import dense_gradient, flatten_tensors
-from equivtool._tf1_graph import depends_on
-from equivtool.runners import TF1Side, TF2Side, fixed_value, variable_key
+from equivtool._base.tree import dense_gradient, flatten_tensors
+from equivtool.engine.sides.tf1_graph import depends_on
+from equivtool.engine.sides.runners import TF1Side, TF2Side, fixed_value, variable_key
 from equivtool.seeding import DeterministicRandomTestTool
-from equivtool.steps import SkipStep, title
+from equivtool.engine.registry import SkipStep, title
 from equivtool.variables import VariableCreationError, VariableInfo, VariableSet, compare_variables
 
 if TYPE_CHECKING:  # pragma: no cover

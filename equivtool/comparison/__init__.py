@@ -65,12 +65,12 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from equivtool._advice import tolerance_advice
-from equivtool._results import Comparison, LeafComparison
-from equivtool._tolerance import (_COMPLEX, _EXACT, _FLOAT, _OTHER, Index, Tolerance, ToleranceSpec,
+from equivtool.comparison._advice import tolerance_advice
+from equivtool.comparison._results import Comparison, LeafComparison
+from equivtool.comparison._tolerance import (_COMPLEX, _EXACT, _FLOAT, _OTHER, Index, Tolerance, ToleranceSpec,
                                   _close_mask, _common_kind, _compared, _kind, _max_errors,
                                   _nothing_compared, _resolve, _scalar, _validate_spec, resolve_tolerance)
-from equivtool._tree import is_namedtuple as _is_namedtuple
+from equivtool._base.tree import is_namedtuple as _is_namedtuple
 
 __all__ = [
     "Tolerance",

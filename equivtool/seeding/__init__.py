@@ -97,13 +97,13 @@ import sys
 import threading
 from typing import Iterable, Optional, Tuple
 
-from equivtool._stack import user_frame_location
+from equivtool._base.stack import user_frame_location
 
 import tensorflow as tf  # safe: importing the equivtool package applied the environment fix
-from equivtool import _tf_internals as _tfi
-from equivtool._tf_internals import context as _context
-from equivtool._tf_internals import ops as _ops
-from equivtool._tf_internals import random_seed as _random_seed
+from equivtool._platform import tf_internals as _tfi
+from equivtool._platform.tf_internals import context as _context
+from equivtool._platform.tf_internals import ops as _ops
+from equivtool._platform.tf_internals import random_seed as _random_seed
 
 __all__ = [
     "DeterministicRandomTestTool",
@@ -113,7 +113,7 @@ __all__ = [
     "MODES",
 ]
 
-from equivtool.steps import MODES  # noqa: E402  (defined once, in the step registry)
+from equivtool.engine.registry import MODES  # noqa: E402  (defined once, in the step registry)
 
 # TensorFlow's own get_seed; a scope installs _seeded_get_seed in its place and
 # always puts this object back. Taken from the public API symbol, which is bound
@@ -135,7 +135,7 @@ def _seeded_get_seed(op_seed=None):
     return tool._next_seeds()
 
 
-from equivtool._random_trace import (  # noqa: E402  (the trace: its own module)
+from equivtool.seeding._trace import (  # noqa: E402  (the trace: its own module)
     RandomOpRecord, TraceDivergence, _KERAS_PLUMBING, _as_shape, _describe_tf_op, _dtype_name,
     compare_random_traces)
 

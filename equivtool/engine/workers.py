@@ -1,7 +1,7 @@
 """``workers=N``: the sides of the steps spread over N processes, this one included.
 
 The TF1 side and the TF2 side of a step are independent until their captures
-are judged (see :mod:`equivtool._step_runs`), and so are the step groups: the
+are judged (see :mod:`equivtool.engine.steps`), and so are the step groups: the
 constant-mode pair (its TF1 half, its TF2 half) and every ``num_random_ops``
 comparison (its TF1 graph, its TF2 layer). Each of those *jobs* runs either
 in this process, on its main thread as with ``workers=1`` (it starts the
@@ -18,7 +18,7 @@ back as the same one-line message and full traceback an in-process run
 reports. A worker that dies is reported on every side it had not finished;
 nothing waits on it.
 
-Workers are plain ``python -m equivtool._workers`` processes (not
+Workers are plain ``python -m equivtool.engine.workers`` processes (not
 ``multiprocessing``'s spawn, which re-imports the user's ``__main__`` and so
 re-runs a script without an ``if __name__ == "__main__"`` guard), connected by
 a socket pair.
@@ -38,7 +38,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Callable
 
-from equivtool import _send
+from equivtool.engine import send as _send
 
 if TYPE_CHECKING:  # pragma: no cover
     from equivtool.equivalence import _Engine, _Options
@@ -133,9 +133,9 @@ class _Worker(_Slot):
         env = dict(os.environ, **{_FD_ENV: str(child.fileno())})
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process has already said what TensorFlow says at start
         # The worker imports this very equivtool (a checkout can shadow an installed one).
-        home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        self.process = subprocess.Popen([sys.executable, "-m", "equivtool._workers"], env=env,
+        self.process = subprocess.Popen([sys.executable, "-m", "equivtool.engine.workers"], env=env,
                                         pass_fds=(child.fileno(),))
         child.close()
         self.pid = self.process.pid
@@ -199,7 +199,7 @@ class _Parallel:
     """
 
     def __init__(self, engine: "_Engine", workers: int):
-        from equivtool import steps as _steps
+        from equivtool.engine import registry as _steps
         self.engine = engine
         self.order = _steps.run_order(engine.options.steps, engine.options.modes)
         shared = [step for step in self.order if step.shared]
@@ -341,9 +341,9 @@ class _Parallel:
         return emitted
 
     def _judge(self, step, tf1, tf2):
-        from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
+        from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
         from equivtool.equivalence import error_result, skipped_result
-        from equivtool.steps import SkipStep
+        from equivtool.engine.registry import SkipStep
         seconds = _seconds(tf1, tf2)
         for outcome in (tf1, tf2):  # the TF1 side first, as in one process
             if outcome[0] == "skip":
@@ -465,8 +465,8 @@ def run_parallel(engine: "_Engine", workers: int) -> list:
 # --------------------------------------------------------------------------
 
 def _run_side(engine: "_Engine", step, side: str, tf1_capture) -> tuple:
-    from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
-    from equivtool.steps import SkipStep
+    from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
+    from equivtool.engine.registry import SkipStep
     split = step.runner()
     params = dict(step.params)
     started = time.perf_counter()
@@ -508,7 +508,7 @@ def _serve(conn: Connection) -> None:
             _, path, payload, workdir = message
             sys.path[:0] = [entry for entry in path if entry not in sys.path]
             importlib.import_module("equivtool")  # the environment fix, before TensorFlow
-            from equivtool._errors import full_traceback, one_line
+            from equivtool._base.errors import full_traceback, one_line
             from equivtool.equivalence import _Engine
             try:
                 engine = _Engine(_send.loads(payload), workdir=workdir)
@@ -516,7 +516,7 @@ def _serve(conn: Connection) -> None:
                 broken = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
                           full_traceback(exc), 0.0)
         elif kind == "run":
-            from equivtool import steps as _steps
+            from equivtool.engine import registry as _steps
             _, side, names, inputs, release_after = message
             steps = [_steps.get_step(name) for name in names]
 

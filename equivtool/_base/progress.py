@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from equivtool._render import fixed_row
+from equivtool._base.render import fixed_row
 
 
 def print_progress(start: float, stream=None):

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from equivtool._results import LeafComparison, _fmt_err
+from equivtool.comparison._results import LeafComparison, _fmt_err
 
 __all__ = ["CSS", "STATUS_TEXT", "escape", "json_safe", "shorten", "fmt_err", "text_table", "fixed_row",
            "status_cell", "leaf_rows", "error_plot_png", "matplotlib_figure", "write_text_atomic", "json_text"]

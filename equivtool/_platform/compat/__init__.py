@@ -1,6 +1,6 @@
 """Repairs for TensorFlow and old TF1 libraries, part of the one import-time environment fix.
 
-``equivtool._env.apply()`` (run by ``import equivtool``) calls :func:`install`.
+``equivtool._platform.env.apply()`` (run by ``import equivtool``) calls :func:`install`.
 Nothing here imports TensorFlow by itself: the repairs of a library run right
 after it is first imported (through a post-import hook on ``sys.meta_path``),
 or at once if it was imported before equivtool. The libraries, and the module
@@ -45,7 +45,7 @@ class Repair:
         return f"{self.library} {self.name}: {self.state}" + (f" ({self.detail})" if self.detail else "")
 
 
-# top-level module -> the module of equivtool._compat whose apply() repairs it, in import order
+# top-level module -> the module of equivtool._platform.compat whose apply() repairs it, in import order
 LIBRARIES = {"tensorflow": "_tensorflow", "tf_slim": "_tf_slim"}
 
 _lock = threading.RLock()

@@ -24,10 +24,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import tensorflow as tf
-from equivtool import _tf_internals
-from equivtool._env import _minor
-from equivtool._tf1_graph import align_pass_keys, loop_random_ops
-from equivtool._tree import dense_gradient, flatten_tensors, pack_like, to_numpy
+from equivtool._platform import tf_internals as _tf_internals
+from equivtool._platform.env import _minor
+from equivtool.engine.sides.tf1_graph import align_pass_keys, loop_random_ops
+from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, to_numpy
 
 _OUTPUT_INDEX = re.compile(r":\d+$")
 

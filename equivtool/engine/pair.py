@@ -4,7 +4,7 @@ Most steps run on this pair (see ``equivtool.equivalence`` for why sharing
 changes no key, name or number). Its two halves are independent until their
 captures are compared: :class:`TF1Half` (the TF1 graphs and session) and
 :class:`TF2Half` (the TF2 layer) each hold one side only, so that with
-``workers=2`` each lives in a process of its own (see ``equivtool._workers``).
+``workers=2`` each lives in a process of its own (see ``equivtool.engine.workers``).
 Each half is built lazily by the first step that needs it.
 """
 
@@ -14,9 +14,9 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Callable
 
-from equivtool.runners import TF1Side, TF2Side
+from equivtool.engine.sides.runners import TF1Side, TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
-from equivtool.steps import SkipStep
+from equivtool.engine.registry import SkipStep
 from equivtool.variables import assert_no_variable_creations
 
 if TYPE_CHECKING:  # pragma: no cover

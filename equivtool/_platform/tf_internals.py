@@ -8,7 +8,7 @@ vanish in any TensorFlow release, so they are all named here, and
 says what broke and this is the one file to fix.
 
 Symbols (:data:`SYMBOLS`) are ``"module:attribute"`` references resolved with
-:func:`pkgutil.resolve_name` on first access (``from equivtool._tf_internals
+:func:`pkgutil.resolve_name` on first access (``from equivtool._platform.tf_internals
 import context``), so importing this module imports nothing. Private
 *attributes* of public objects are reached through the small functions below.
 """
@@ -67,7 +67,7 @@ ATTRIBUTES: dict[str, tuple] = {
 
 #: tf-keras' seed source, patched by the random tool (optional: absent without tf-keras).
 KERAS_BACKEND = "tf_keras.src.backend"
-#: Where tf-keras moved the legacy layers tf-slim imports (equivtool._env aliases the old name).
+#: Where tf-keras moved the legacy layers tf-slim imports (equivtool._platform.env aliases the old name).
 KERAS_LEGACY_TF_LAYERS = "tf_keras.src.legacy_tf_layers"
 
 

@@ -29,7 +29,7 @@ __all__ = ["Step", "REGISTRY", "STEPS", "DEFAULT_STEPS", "MODES", "SUB_STEPS", "
 #: ``random`` step runs them.
 MODES = ("constant", "num_random_ops")
 
-_RUNS = "equivtool._step_runs:"
+_RUNS = "equivtool.engine.steps:"
 
 
 @dataclass(frozen=True)

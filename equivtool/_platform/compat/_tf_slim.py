@@ -40,7 +40,7 @@ import warnings
 
 import numpy as np
 
-from equivtool._compat import APPLIED, FAILED, NOT_NEEDED, ModuleProxy, Repair, proxied, real_module
+from equivtool._platform.compat import APPLIED, FAILED, NOT_NEEDED, ModuleProxy, Repair, proxied, real_module
 
 LIBRARY = "tf-slim"
 
@@ -131,7 +131,7 @@ def _membership_is_broken() -> bool:
     TensorFlow's switch rather than by comparing two variables: creating
     eager variables here would initialise the runtime at ``import tf_slim``,
     before the user could configure devices (logical CPUs, GPU memory growth)."""
-    from equivtool import _tf_internals
+    from equivtool._platform import tf_internals as _tf_internals
     return _tf_internals.tensor_equality_enabled()
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 import tempfile
 
-from equivtool._compat import APPLIED, FAILED, NOT_NEEDED, ModuleProxy, Repair, proxied, real_module
+from equivtool._platform.compat import APPLIED, FAILED, NOT_NEEDED, ModuleProxy, Repair, proxied, real_module
 
 LIBRARY = "TensorFlow"
 _DROPPED = "float_format"
@@ -34,7 +34,7 @@ def apply() -> list:
 
 def _probe_error(graph_io) -> Exception | None:
     """What writing an empty graph as text raises here, or None."""
-    from equivtool._tf_internals import GraphDef
+    from equivtool._platform.tf_internals import GraphDef
     try:
         with tempfile.TemporaryDirectory(prefix="equivtool-probe-") as folder:
             graph_io.write_graph(GraphDef(), folder, "probe.pbtxt", as_text=True)
@@ -46,7 +46,7 @@ def _probe_error(graph_io) -> Exception | None:
 def graphs_written_as_text() -> Repair:
     name = "graphs written as text"
     try:
-        from equivtool._tf_internals import graph_io
+        from equivtool._platform.tf_internals import graph_io
         error = _probe_error(graph_io)
         if error is None:
             return Repair(LIBRARY, name, NOT_NEEDED, "")

@@ -1,4 +1,4 @@
-"""Sending a check's arguments to a worker process (see ``equivtool._workers``).
+"""Sending a check's arguments to a worker process (see ``equivtool.engine.workers``).
 
 cloudpickle sends lambdas, closures and functions of ``__main__`` by value and
 importable functions by reference. Two things in TF1 code need more:

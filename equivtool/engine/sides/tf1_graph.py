@@ -2,7 +2,7 @@
 keys of a second pass built in the same graph.
 
 Both answer questions the engine asks of the TF1 side after building it
-(:class:`equivtool.runners.TF1Side` records the first; the step runs judge
+(:class:`equivtool.engine.sides.runners.TF1Side` records the first; the step runs judge
 with it); nothing here runs a session.
 """
 
@@ -12,7 +12,7 @@ import re
 from typing import Mapping
 
 import tensorflow as tf  # safe: importing the equivtool package applied the environment fix
-from equivtool._tree import _rebuild_mapping
+from equivtool._base.tree import _rebuild_mapping
 
 __all__ = ["align_pass_keys", "depends_on", "loop_random_ops"]
 

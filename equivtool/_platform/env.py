@@ -11,7 +11,7 @@ tf-slim 1.1.0 (through ``tensorflow.python.layers``) imports
 ``apply()`` is idempotent and is the one documented global change equivtool
 makes: it sets the environment variable, installs an import alias that is
 consulted only when the old module names do not resolve by themselves, and
-arms the repairs of ``equivtool._compat``: TensorFlow's (graphs written as text
+arms the repairs of ``equivtool._platform.compat``: TensorFlow's (graphs written as text
 on protobuf 7) and tf-slim's (moved TensorFlow symbols, collection membership by
 identity, eager name scopes, checkpoint slices), which run when that library is
 imported and each do nothing where it already works. ``equivtool doctor`` lists
@@ -28,7 +28,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from equivtool._tf_internals import KERAS_LEGACY_TF_LAYERS
+from equivtool._platform.tf_internals import KERAS_LEGACY_TF_LAYERS
 
 LEGACY_KERAS_VAR = "TF_USE_LEGACY_KERAS"
 _TRUE_VALUES = ("1", "true", "True")
@@ -117,7 +117,7 @@ def apply() -> None:
                 "`import tensorflow`.")
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
-    from equivtool import _compat
+    from equivtool._platform import compat as _compat
     _compat.install()
 
 

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
-from equivtool._advice import ToleranceAdvice
-from equivtool._tolerance import Index, Tolerance
+from equivtool.comparison._advice import ToleranceAdvice
+from equivtool.comparison._tolerance import Index, Tolerance
 
 __all__ = ["LeafComparison", "Comparison"]
 
