@@ -367,7 +367,7 @@ def test_a_checkpoint_path_written_by_tf1_is_accepted_and_loaded(tmp_path):
 def test_the_engine_reads_one_frozen_options_object():
     import dataclasses
 
-    from equivtool.equivalence import _Options
+    from equivtool.engine.options import Options as _Options
     options = _Options.build(slim_net, SlimNetShim, X, steps=None, modes=equivtool.MODES, tolerance=None,
                              step_tolerances=None, loss_fn=None, optimizers=SGD, train_steps=2,
                              checkpoint=None, rename=None, tf_function=False,

@@ -20,7 +20,7 @@ from equivtool.engine.registry import SkipStep
 from equivtool.variables import assert_no_variable_creations
 
 if TYPE_CHECKING:  # pragma: no cover
-    from equivtool.equivalence import _Options
+    from equivtool.engine.options import Options
 
 DISTRIBUTED_TRAINING = (
     "not comparable under a distribution strategy: each replica normalises with its own batch "
@@ -33,8 +33,24 @@ class _Half:
 
     side: TF1Side | TF2Side
 
+    distributed: bool
+
     def inference_pass(self) -> tuple:  # pragma: no cover - each half defines it
         raise NotImplementedError
+
+    def _training_pass(self) -> tuple:  # pragma: no cover - each half defines it
+        raise NotImplementedError
+
+    def training_pass(self) -> tuple:
+        """The training pass, after the inference pass (skipped under a strategy)."""
+        if self.distributed:
+            raise SkipStep(DISTRIBUTED_TRAINING)
+        self.inference_pass()
+        return self._training_pass()
+
+    def gradient_pass(self) -> tuple:
+        """The pass the gradients come from: the training pass (distributed: the inference pass)."""
+        return self.inference_pass() if self.distributed else self.training_pass()
 
     @contextlib.contextmanager
     def preserved(self):
@@ -57,7 +73,7 @@ class TF1Half(_Half):
     every run (:meth:`_fetch`), as shared variables would.
     """
 
-    def __init__(self, o: "_Options"):
+    def __init__(self, o: "Options"):
         started = time.perf_counter()
         self.inputs = o.inputs
         self.distributed = o.strategy is not None
@@ -96,15 +112,8 @@ class TF1Half(_Half):
         """``(outputs, regularization, loss, gradients)`` of the first inference run."""
         return self._fetch("inference", self.inference)
 
-    def training_pass(self) -> tuple:
-        if self.distributed:
-            raise SkipStep(DISTRIBUTED_TRAINING)
-        self.inference_pass()
+    def _training_pass(self) -> tuple:
         return self._fetch("training", self.training, self.train_side)
-
-    def gradient_pass(self) -> tuple:
-        """The pass the gradients come from (distributed: inference)."""
-        return self.inference_pass() if self.distributed else self.training_pass()
 
     def gradient_forward(self):
         return self.inference if self.distributed else self.training
@@ -129,7 +138,7 @@ class TF2Half(_Half):
     inference pass is the guarded second call and yields the gradients.
     """
 
-    def __init__(self, o: "_Options", new_layer: Callable, initial_values: Callable[[], dict] | None = None):
+    def __init__(self, o: "Options", new_layer: Callable, initial_values: Callable[[], dict] | None = None):
         """``initial_values`` (a layer instance built before the check): a function
         returning the TF1 graph's initial values, which the layer receives."""
         started = time.perf_counter()
@@ -161,16 +170,9 @@ class TF2Half(_Half):
             return self._call("inference", False, self.want_gradients, guarded=True)
         return self._call("inference", False, False, guarded=False)
 
-    def training_pass(self) -> tuple:
+    def _training_pass(self) -> tuple:
         """Without a strategy: the layer's second call; it must create no variable (step 1)."""
-        if self.distributed:
-            raise SkipStep(DISTRIBUTED_TRAINING)
-        self.inference_pass()
         return self._call("training", True, self.want_gradients, guarded=True)
-
-    def gradient_pass(self) -> tuple:
-        """The guarded second call (distributed: the inference pass)."""
-        return self.inference_pass() if self.distributed else self.training_pass()
 
     def inference_now(self) -> tuple:
         with self.tool.scope():

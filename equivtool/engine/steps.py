@@ -30,11 +30,12 @@ from equivtool._base.tree import dense_gradient, flatten_tensors
 from equivtool.engine.sides.tf1_graph import depends_on
 from equivtool.engine.sides.runners import TF1Side, TF2Side, fixed_value, variable_key
 from equivtool.seeding import DeterministicRandomTestTool
+from equivtool.engine.outputs import split_outputs
 from equivtool.engine.registry import SkipStep, title
 from equivtool.variables import VariableCreationError, VariableInfo, VariableSet, compare_variables
 
 if TYPE_CHECKING:  # pragma: no cover
-    from equivtool.equivalence import _Engine
+    from equivtool.engine.run import Engine
 
 _PREBUILT_NOTE = ("tf2_layer was built before the check, so its variables were given the TF1 graph's "
                   "initial values: initializers are not compared (pass a factory to compare them)")
@@ -55,8 +56,14 @@ class SplitStep:
     tf2: Callable[..., dict]
     judge: Callable[..., StepResult]
     tf2_needs_tf1: bool = False
+    notes_on_error: Callable[..., tuple] | None = None
 
-    def __call__(self, e: "_Engine", **params) -> StepResult:
+    def error_notes(self, e: "Engine") -> tuple:
+        """The notes the step's result keeps when a side or the judgement raises
+        (they hold either way)."""
+        return self.notes_on_error(e) if self.notes_on_error is not None else ()
+
+    def __call__(self, e: "Engine", **params) -> StepResult:
         """Both sides in this process, TF1 first (a side that raises ends the step)."""
         tf1 = self.tf1(e, **params)
         tf2 = self.tf2(e, tf1 if self.tf2_needs_tf1 else None, **params)
@@ -84,8 +91,7 @@ def _loop_flags(loops: Mapping, tensors: Mapping) -> dict:
 def _forward_capture(forward, outputs, regularization) -> dict:
     """A TF1 forward pass's capture: values, its random while loops, and per
     output leaf (in the order the comparison walks them) whether it depends on one."""
-    from equivtool.equivalence import _split_outputs
-    parts = [flatten_tensors(part) for _, part, _ in _split_outputs(forward.outputs, forward.outputs)]
+    parts = [flatten_tensors(part) for _, part, _ in split_outputs(forward.outputs, forward.outputs)]
     parts.append([forward.regularization])
     loops = dict(forward.loop_random_ops)
     flags = [[depends_on(t, loops) for t in part] for part in parts] if loops else []
@@ -133,7 +139,7 @@ def judge_loop_random(result: StepResult, loops: Mapping, depends: Mapping) -> S
                                      "failed_leaves": failing[:20]})
 
 
-def _judge_forward(e: "_Engine", name: str, tf1: dict, tf2: dict, notes=()) -> StepResult:
+def _judge_forward(e: "Engine", name: str, tf1: dict, tf2: dict, notes=()) -> StepResult:
     result = e.compare_step(name, forward_pairs(tf1["outputs"], tf1["regularization"],
                                                 tf2["outputs"], tf2["regularization"]), notes=notes)
     return judge_loop_random(result, tf1["loops"], _leaf_flags(result, tf1["leaf_flags"]))
@@ -191,11 +197,11 @@ def _tf2_keys_and_variables(half) -> tuple:
 # variables_once and parity
 # --------------------------------------------------------------------------
 
-def _variables_once_tf1(e: "_Engine") -> dict:
+def _variables_once_tf1(e: "Engine") -> dict:
     return {"build_seconds": e.tf1_half.build_seconds}
 
 
-def _variables_once_tf2(e: "_Engine", _) -> dict:
+def _variables_once_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     try:
         half.gradient_pass()  # the layer's second call
@@ -205,7 +211,7 @@ def _variables_once_tf2(e: "_Engine", _) -> dict:
             "distributed": half.distributed}
 
 
-def _variables_once_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+def _variables_once_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     built = tf1["build_seconds"] + tf2["build_seconds"]
     notes = [f"includes building the shared TF1 graphs and TF2 layer ({built:.1f}s)"]
     if tf2["created"] is not None:
@@ -220,7 +226,7 @@ def _variables_once_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
 variables_once = SplitStep(_variables_once_tf1, _variables_once_tf2, _variables_once_judge)
 
 
-def _parity_tf1(e: "_Engine") -> dict:
+def _parity_tf1(e: "Engine") -> dict:
     half = e.tf1_half
     side = half.side
     found = VariableSet.from_variables(side.variables, "tf1")
@@ -229,13 +235,13 @@ def _parity_tf1(e: "_Engine") -> dict:
         for v in found), "tf1")}
 
 
-def _parity_tf2(e: "_Engine", _) -> dict:
+def _parity_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     half.inference_pass()
     return {"variables": VariableSet.from_variables(half.layer.variables, "tf2")}
 
 
-def _parity_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+def _parity_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     expected, actual = tf1["variables"], tf2["variables"]
     result = compare_variables(expected, actual, rename=e.options.renamer)
     status = "passed" if result.ok else "failed"
@@ -253,20 +259,20 @@ parity = SplitStep(_parity_tf1, _parity_tf2, _parity_judge)
 # Forward passes in constant mode, and fixed weights
 # --------------------------------------------------------------------------
 
-def _random_constant_tf1(e: "_Engine", mode: str, training: bool) -> dict:
+def _random_constant_tf1(e: "Engine", mode: str, training: bool) -> dict:
     half = e.tf1_half
     outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
     forward = half.training if training else half.inference
     return _forward_capture(forward, outputs, regularization)
 
 
-def _random_constant_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
+def _random_constant_tf2(e: "Engine", _, mode: str, training: bool) -> dict:
     half = e.tf2_half
     outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
     return {"outputs": outputs, "regularization": regularization, "prebuilt": half.prebuilt}
 
 
-def _random_constant_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:
+def _random_constant_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:
     name = f"random/{mode}/{'training' if training else 'inference'}"
     result = _judge_forward(e, name, tf1, tf2, notes=[_PREBUILT_NOTE] if tf2["prebuilt"] else [])
     if not e.options.localize:
@@ -283,7 +289,7 @@ def _random_constant_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, traini
 random_constant = SplitStep(_random_constant_tf1, _random_constant_tf2, _random_constant_judge)
 
 
-def _fixed_weights_tf1(e: "_Engine") -> dict:
+def _fixed_weights_tf1(e: "Engine") -> dict:
     half = e.tf1_half
     side = half.side
     with half.preserved():
@@ -293,7 +299,7 @@ def _fixed_weights_tf1(e: "_Engine") -> dict:
             "specs": _specs(side.keys, side.variables)}
 
 
-def _fixed_weights_tf2(e: "_Engine", _) -> dict:
+def _fixed_weights_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     keys, variables = _tf2_keys_and_variables(half)
     with half.preserved():
@@ -302,7 +308,7 @@ def _fixed_weights_tf2(e: "_Engine", _) -> dict:
     return {"outputs": outputs, "regularization": regularization, "specs": _specs(keys, variables)}
 
 
-def _fixed_weights_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+def _fixed_weights_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     tf1_specs, tf2_specs = tf1["specs"], tf2["specs"]
     clashes = [f"{key}: TF1 {list(tf1_specs[key][0])} {tf1_specs[key][1]}, "
                f"TF2 {list(tf2_specs[key][0])} {tf2_specs[key][1]}"
@@ -329,13 +335,13 @@ fixed_weights = SplitStep(_fixed_weights_tf1, _fixed_weights_tf2, _fixed_weights
 
 
 @contextlib.contextmanager
-def _both_preserved(e: "_Engine"):
+def _both_preserved(e: "Engine"):
     with e.tf1_half.preserved(), e.tf2_half.preserved():
         yield
 
 
 @contextlib.contextmanager
-def _fixed_state(e: "_Engine"):
+def _fixed_state(e: "Engine"):
     """Both sides with the fixed values (for localization), put back afterwards."""
     with _both_preserved(e):
         side = e.tf1_half.side
@@ -344,7 +350,7 @@ def _fixed_state(e: "_Engine"):
         yield
 
 
-def _localization_call(e: "_Engine", training: bool):
+def _localization_call(e: "Engine", training: bool):
     """One more TF2 forward pass of the pair's layer for localization (with
     ``tf_function=True`` a new trace, which the op taps see being built)."""
     from equivtool.localize._capture import call_layer
@@ -357,7 +363,7 @@ def _localization_call(e: "_Engine", training: bool):
 # Gradients and optimizer steps
 # --------------------------------------------------------------------------
 
-def _gradients_tf1(e: "_Engine") -> dict:
+def _gradients_tf1(e: "Engine") -> dict:
     half = e.tf1_half
     _, _, loss, gradients = half.gradient_pass()
     dense = {key: dense_gradient(value) for key, value in gradients.items()}
@@ -369,13 +375,13 @@ def _gradients_tf1(e: "_Engine") -> dict:
             "loops": dict(forward.loop_random_ops), "flags": _loop_flags(forward.loop_random_ops, tensors)}
 
 
-def _gradients_tf2(e: "_Engine", _) -> dict:
+def _gradients_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     _, _, loss, gradients = half.gradient_pass()
     return {"loss": loss, "gradients": gradients, "sparse": list(half.side.sparse_gradients)}
 
 
-def _gradients_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+def _gradients_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     tf1_grads, tf2_grads = tf1["gradients"], tf2["gradients"]
     missing = sorted(set(tf1_grads) ^ set(tf2_grads))
     notes = [f"loss: TF1 {float(tf1['loss']):.9g}, TF2 {float(tf2['loss']):.9g}"]
@@ -394,13 +400,13 @@ def _gradients_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
 gradients = SplitStep(_gradients_tf1, _gradients_tf2, _gradients_judge)
 
 
-def _optimizers(e: "_Engine") -> tuple:
+def _optimizers(e: "Engine") -> tuple:
     if e.options.optimizers is None:
         raise SkipStep("no optimizers given: pass optimizers=(make_tf1_optimizer, make_tf2_optimizer)")
     return e.options.optimizers
 
 
-def _optimizer_tf1(e: "_Engine") -> dict:
+def _optimizer_tf1(e: "Engine") -> dict:
     make_tf1, _ = _optimizers(e)
     o, half = e.options, e.tf1_half
     half.gradient_pass()  # both sides have had the same calls (batch-norm statistics included)
@@ -426,7 +432,7 @@ def _optimizer_tf1(e: "_Engine") -> dict:
             "loops": loops, "flags": _loop_flags(loops, tensors)}
 
 
-def _optimizer_tf2(e: "_Engine", _) -> dict:
+def _optimizer_tf2(e: "Engine", _) -> dict:
     _, make_tf2 = _optimizers(e)
     o, half = e.options, e.tf2_half
     half.gradient_pass()
@@ -441,7 +447,7 @@ def _optimizer_tf2(e: "_Engine", _) -> dict:
             "sparse": list(half.side.sparse_gradients)}
 
 
-def _optimizer_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     o = e.options
     comparisons, failed_at = [], None
     for step, (tf1_loss, tf1_values, tf2_loss, tf2_values) in enumerate(
@@ -473,7 +479,7 @@ optimizer = SplitStep(_optimizer_tf1, _optimizer_tf2, _optimizer_judge)
 # Checkpoint
 # --------------------------------------------------------------------------
 
-def _checkpoint_tf1(e: "_Engine") -> dict:
+def _checkpoint_tf1(e: "Engine") -> dict:
     half = e.tf1_half
     side = half.side
     given = e.options.checkpoint
@@ -491,7 +497,7 @@ def _checkpoint_tf1(e: "_Engine") -> dict:
             "written": given is True}
 
 
-def _checkpoint_tf2(e: "_Engine", tf1: dict) -> dict:
+def _checkpoint_tf2(e: "Engine", tf1: dict) -> dict:
     half = e.tf2_half
     with half.preserved():
         loaded, absent = half.side.load_checkpoint(tf1["path"], tf1["names"])
@@ -499,7 +505,7 @@ def _checkpoint_tf2(e: "_Engine", tf1: dict) -> dict:
     return {"outputs": outputs, "loaded": loaded, "absent": absent}
 
 
-def _checkpoint_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
+def _checkpoint_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     notes = ["checkpoint written by the TF1 side with tf.compat.v1.train.Saver"] if tf1["written"] else []
     if tf2["absent"]:
         notes.append(f"{len(tf2['absent'])} TF2 variables not in the checkpoint: {tf2['absent'][:5]}")
@@ -512,7 +518,7 @@ def _checkpoint_judge(e: "_Engine", tf1: dict, tf2: dict) -> StepResult:
 
 
 @contextlib.contextmanager
-def _checkpoint_state(e: "_Engine", tf1: dict):
+def _checkpoint_state(e: "Engine", tf1: dict):
     with _both_preserved(e):
         e.tf1_half.side.restore_checkpoint(tf1["path"])
         e.tf2_half.side.load_checkpoint(tf1["path"], tf1["names"])
@@ -526,14 +532,14 @@ checkpoint = SplitStep(_checkpoint_tf1, _checkpoint_tf2, _checkpoint_judge, tf2_
 # num_random_ops: a fresh graph and a fresh layer per comparison
 # --------------------------------------------------------------------------
 
-def _refuse_strategy(e: "_Engine") -> None:
+def _refuse_strategy(e: "Engine") -> None:
     if e.options.strategy is not None:
         raise SkipStep("not run under a distribution strategy: replica functions run on other "
                        "threads, outside the random tool's scope, so num_random_ops counts differ; "
                        "the constant-mode steps cover the distributed layer")
 
 
-def _random_fresh_tf1(e: "_Engine", mode: str, training: bool) -> dict:
+def _random_fresh_tf1(e: "Engine", mode: str, training: bool) -> dict:
     _refuse_strategy(e)
     o = e.options
     tf1 = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
@@ -554,7 +560,7 @@ def _random_fresh_tf1(e: "_Engine", mode: str, training: bool) -> dict:
             tf1.close()
 
 
-def _random_fresh_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
+def _random_fresh_tf2(e: "Engine", _, mode: str, training: bool) -> dict:
     _refuse_strategy(e)
     o = e.options
     with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
@@ -564,7 +570,7 @@ def _random_fresh_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
     return {"outputs": outputs, "regularization": regularization}
 
 
-def _random_fresh_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:
+def _random_fresh_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:
     name = f"random/{mode}/{'training' if training else 'inference'}"
     o = e.options
     local = tf1.get("_local")
@@ -584,18 +590,11 @@ def _random_fresh_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training:
             local[0].close()
 
 
-random_fresh = SplitStep(_random_fresh_tf1, _random_fresh_tf2, _random_fresh_judge)
-
-
-def eager_notes(e: "_Engine") -> tuple:
+def eager_notes(e: "Engine") -> tuple:
     if not e.options.tf_function:
         return ()
     return ("called eagerly: tf.function traces a variable-creating call twice, and "
             "num_random_ops counts the random ops of both traces",)
 
 
-def notes_on_error(e: "_Engine", step) -> tuple:
-    """The notes a step's result keeps when the step raises (they hold either way)."""
-    if step.runner() is random_fresh:
-        return eager_notes(e)
-    return ()
+random_fresh = SplitStep(_random_fresh_tf1, _random_fresh_tf2, _random_fresh_judge, notes_on_error=eager_notes)

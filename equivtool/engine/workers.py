@@ -41,51 +41,9 @@ from typing import TYPE_CHECKING, Callable
 from equivtool.engine import send as _send
 
 if TYPE_CHECKING:  # pragma: no cover
-    from equivtool.equivalence import _Engine, _Options
+    from equivtool.engine.run import Engine
 
 _FD_ENV = "EQUIVTOOL_WORKER_FD"
-
-
-# --------------------------------------------------------------------------
-# What may not run in workers, and what cannot be sent
-# --------------------------------------------------------------------------
-
-def in_process_reason(options: "_Options") -> str | None:
-    """Why the check must run in one process whatever ``workers`` says, or None."""
-    import tensorflow as tf
-    if options.localize:
-        return "localize=True captures both sides' ops in one process"
-    if options.strategy is not None:
-        return "a distribution strategy's devices belong to this process"
-    if isinstance(options.tf2_layer, tf.Module):
-        return "tf2_layer is a layer instance, which cannot be sent to another process (pass a factory)"
-    return None
-
-
-def _for_workers(options: "_Options") -> "_Options":
-    return dataclasses.replace(options, progress=None)
-
-
-def check_sendable(options: "_Options") -> bytes:
-    """The options as the workers receive them; a TypeError naming the argument
-    that cannot be sent to another process."""
-    try:
-        return _send.dumps(_for_workers(options))
-    except Exception as whole:
-        failure = whole  # find which argument it was
-    checked = (("tf1_fn", options.tf1_fn), ("tf2_layer", options.tf2_layer), ("inputs", options.inputs),
-               ("loss_fn", options.loss_fn), ("optimizers", options.optimizers),
-               ("tolerance or step_tolerances", options.tolerances), ("rename", options.renamer),
-               ("meta", options.meta), ("checkpoint", options.checkpoint))
-    for name, value in checked:
-        try:
-            _send.dumps(value)
-        except Exception as exc:
-            raise TypeError(
-                f"{name}: cannot be sent to a worker process with workers>1 ({type(exc).__name__}: "
-                f"{str(exc)[:200]}); pass module-level functions or picklable objects, or workers=1") from None
-    raise TypeError(f"the check's arguments cannot be sent to a worker process with workers>1 "
-                    f"({type(failure).__name__}: {str(failure)[:200]}); pass workers=1") from None
 
 
 # --------------------------------------------------------------------------
@@ -198,7 +156,7 @@ class _Parallel:
     one queue under one lock, so whichever is free first takes the next.
     """
 
-    def __init__(self, engine: "_Engine", workers: int):
+    def __init__(self, engine: "Engine", workers: int):
         from equivtool.engine import registry as _steps
         self.engine = engine
         self.order = _steps.run_order(engine.options.steps, engine.options.modes)
@@ -226,7 +184,7 @@ class _Parallel:
 
     def run(self) -> None:
         engine = self.engine
-        payload = check_sendable(engine.options)
+        payload = _send.check_sendable(engine.options)
         here = _Here()
         workers = [_Worker() for _ in range(self.count - 1)]
         workdir = engine.workdir() if self.later else None  # where the TF1 side writes what the TF2 side loads
@@ -341,24 +299,8 @@ class _Parallel:
         return emitted
 
     def _judge(self, step, tf1, tf2):
-        from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
-        from equivtool.equivalence import error_result, skipped_result
-        from equivtool.engine.registry import SkipStep
-        seconds = _seconds(tf1, tf2)
-        for outcome in (tf1, tf2):  # the TF1 side first, as in one process
-            if outcome[0] == "skip":
-                return skipped_result(step, outcome[1], seconds)
-            if outcome[0] == "error":
-                return error_result(self.engine, step, outcome[1], outcome[2], seconds)
-        started = time.perf_counter()
-        try:
-            with unfiltered_tracebacks():
-                result = step.runner().judge(self.engine, tf1[1], tf2[1], **dict(step.params))
-        except SkipStep as skip:
-            return skipped_result(step, str(skip), seconds)
-        except Exception as exc:
-            return error_result(self.engine, step, one_line(exc), full_traceback(exc), seconds)
-        return dataclasses.replace(result, seconds=seconds + time.perf_counter() - started)
+        from equivtool.engine.run import judge
+        return judge(self.engine, step, tf1, tf2, _seconds(tf1, tf2))
 
     # -- both threads, under the lock ---------------------------------------
 
@@ -450,7 +392,7 @@ class _Parallel:
             self._done(worker, message[1])
 
 
-def run_parallel(engine: "_Engine", workers: int) -> list:
+def run_parallel(engine: "Engine", workers: int) -> list:
     """Run every selected step with its sides in up to ``workers`` processes, this
     one included; results are recorded on ``engine`` (in run order, as soon as
     both sides are in). Returns the jobs run: ``[{"side", "steps", "worker" (pid),
@@ -464,27 +406,16 @@ def run_parallel(engine: "_Engine", workers: int) -> list:
 # The worker
 # --------------------------------------------------------------------------
 
-def _run_side(engine: "_Engine", step, side: str, tf1_capture) -> tuple:
-    from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
-    from equivtool.engine.registry import SkipStep
-    split = step.runner()
-    params = dict(step.params)
-    started = time.perf_counter()
-    try:
-        with unfiltered_tracebacks():
-            if side == "tf1":
-                capture = split.tf1(engine, **params)
-            else:
-                capture = split.tf2(engine, tf1_capture, **params)
-    except SkipStep as skip:
-        return ("skip", str(skip), time.perf_counter() - started)
-    except Exception as exc:
-        return ("error", one_line(exc), full_traceback(exc), time.perf_counter() - started)
-    capture = {k: v for k, v in capture.items() if not k.startswith("_")}
-    return ("ok", capture, time.perf_counter() - started)
+def _run_side(engine: "Engine", step, side: str, tf1_capture) -> tuple:
+    """One side's outcome, as it crosses a process: without the capture's in-process keys."""
+    from equivtool.engine.run import run_side
+    outcome = run_side(engine, step, side, tf1_capture)
+    if outcome[0] == "ok":
+        outcome = ("ok", {k: v for k, v in outcome[1].items() if not k.startswith("_")}, outcome[2])
+    return outcome
 
 
-def _run_job(engine: "_Engine", side: str, steps: list, inputs: dict, release_after: bool,
+def _run_job(engine: "Engine", side: str, steps: list, inputs: dict, release_after: bool,
              captured: Callable) -> float:
     """One job's steps, one side each, in this process (a worker's, or the parent's
     own); ``captured(step, outcome)`` after each. Returns the job's seconds."""
@@ -509,9 +440,9 @@ def _serve(conn: Connection) -> None:
             sys.path[:0] = [entry for entry in path if entry not in sys.path]
             importlib.import_module("equivtool")  # the environment fix, before TensorFlow
             from equivtool._base.errors import full_traceback, one_line
-            from equivtool.equivalence import _Engine
+            from equivtool.engine.run import Engine
             try:
-                engine = _Engine(_send.loads(payload), workdir=workdir)
+                engine = Engine(_send.loads(payload), workdir=workdir)
             except Exception as exc:  # e.g. a function whose module this process cannot import
                 broken = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
                           full_traceback(exc), 0.0)

@@ -136,8 +136,8 @@ def _seeded_get_seed(op_seed=None):
 
 
 from equivtool.seeding._trace import (  # noqa: E402  (the trace: its own module)
-    RandomOpRecord, TraceDivergence, _KERAS_PLUMBING, _as_shape, _describe_tf_op, _dtype_name,
-    compare_random_traces)
+    RandomOpRecord, TraceDivergence, TraceRecorder, _KERAS_PLUMBING, _as_shape, _describe_tf_op,
+    _dtype_name, compare_random_traces)
 
 
 # --------------------------------------------------------------------------
@@ -189,7 +189,7 @@ class _Scope:
         return False
 
 
-class DeterministicRandomTestTool:
+class DeterministicRandomTestTool(TraceRecorder):
     """Make stateful random ops draw the same numbers in TF1 graphs and in eager code.
 
     A clone of tf-keras' ``tf.compat.v1.keras.utils.DeterministicRandomTestTool``

@@ -12,6 +12,7 @@ import re
 from typing import Mapping
 
 import tensorflow as tf  # safe: importing the equivtool package applied the environment fix
+from equivtool._base.graph import ancestors
 from equivtool._base.tree import _rebuild_mapping
 
 __all__ = ["align_pass_keys", "depends_on", "loop_random_ops"]
@@ -75,18 +76,7 @@ def depends_on(value, loops: Mapping) -> bool:
         return False
     targets = set(loops) | {entry.split(" (", 1)[0] for found in loops.values() for entry in found}
     start = getattr(value, "values", value) if isinstance(value, tf.IndexedSlices) else value
-    stack = [getattr(start, "op", start)]
-    seen = set()
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.name in targets:
-            return True
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    return False
+    return any(op.name in targets for op in ancestors([getattr(start, "op", start)], control_inputs=True))
 
 
 _UNIQUIFIED = re.compile(r"^(.*)_\d+$")
