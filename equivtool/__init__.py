@@ -9,8 +9,7 @@ does not import TensorFlow.
 
 from __future__ import annotations
 
-import importlib
-
+from equivtool._base.lazy import lazy_exports
 from equivtool._platform import env as _env
 
 _env.apply()
@@ -59,15 +58,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'equivtool' has no attribute {name!r}")
-    module = importlib.import_module(f"equivtool.{module_name}")
-    value = getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

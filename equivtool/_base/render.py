@@ -237,24 +237,12 @@ def error_plot_png(leaves: Sequence[LeafComparison], title: str,
 
     ``first_failure`` (one of ``leaves``) is marked with a vertical line.
     """
-    Figure, FigureCanvasAgg = matplotlib_figure()
     leaves = tuple(leaves)
-    x = np.arange(len(leaves))
     errors = np.array([leaf.max_abs for leaf in leaves], dtype=float)
     atol = np.array([leaf.tolerance.atol for leaf in leaves], dtype=float)
-    positive = errors[np.isfinite(errors) & (errors > 0)]
-    positive_atol = atol[atol > 0]
-    floor = min([*positive, *positive_atol, 1e-8]) / 10.0
-    shown = np.where(np.isfinite(errors) & (errors > 0), errors, floor)
+    fig, ax, x, shown, floor = log_error_axes(errors, atol, 0.25)
     ok = np.array([leaf.ok for leaf in leaves])
     exact_zero = np.isfinite(errors) & (errors == 0)
-
-    width = min(max(6.0, 0.25 * len(leaves) + 2.0), 24.0)
-    fig = Figure(figsize=(width, 4.0), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.set_yscale("log")
-    ax.plot(x, shown, color="#999", linewidth=0.8, zorder=1)
     groups = (
         (ok & ~exact_zero, dict(color="#176f2c", s=18, label="close")),
         (ok & exact_zero, dict(color="#176f2c", marker="v", s=18, label="no difference (drawn at the floor)")),
@@ -277,14 +265,33 @@ def error_plot_png(leaves: Sequence[LeafComparison], title: str,
     ax.set_ylabel("max |actual - expected|")
     ax.set_xlabel("leaf, in forward order")
     ax.set_title(f"{title}: max abs error per leaf")
-    if len(leaves) <= 60:
-        ax.set_xticks(x)
-        ax.set_xticklabels([shorten(leaf.name, 40) for leaf in leaves], rotation=90, fontsize=6)
-    return finished_png(fig, ax)
+    return finished_png(fig, ax, [shorten(leaf.name, 40) for leaf in leaves])
 
 
-def finished_png(fig, ax) -> str:
-    """Legend, grid and layout for one of the reports' error plots, as base64 PNG."""
+def log_error_axes(errors: np.ndarray, atol: np.ndarray, width_per_point: float) -> tuple:
+    """``(fig, ax, x, shown, floor)`` for an error plot on a log scale: the figure
+    (wider with more points), its axes with the errors joined by a grey line,
+    and the errors as drawn (zero, NaN and inf drawn at ``floor``, a decade
+    below the smallest positive error or atol)."""
+    Figure, FigureCanvasAgg = matplotlib_figure()
+    x = np.arange(len(errors))
+    positive = np.isfinite(errors) & (errors > 0)
+    floor = min([*errors[positive], *atol[atol > 0], 1e-8]) / 10.0
+    shown = np.where(positive, errors, floor)
+    fig = Figure(figsize=(min(max(6.0, width_per_point * len(errors) + 2.0), 24.0), 4.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_yscale("log")
+    ax.plot(x, shown, color="#999", linewidth=0.8, zorder=1)
+    return fig, ax, x, shown, floor
+
+
+def finished_png(fig, ax, tick_labels: Sequence[str] = ()) -> str:
+    """Legend, grid, layout (and the points' labels, up to 60 of them) for one
+    of the reports' error plots, as base64 PNG."""
+    if tick_labels and len(tick_labels) <= 60:
+        ax.set_xticks(np.arange(len(tick_labels)))
+        ax.set_xticklabels(tick_labels, rotation=90, fontsize=6)
     ax.legend(fontsize=7, loc="best")
     ax.grid(True, which="major", axis="y", alpha=0.3)
     fig.tight_layout()

@@ -22,7 +22,7 @@ LIBRARY_PACKAGES = (
 )
 
 
-def _library_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+def find_library_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Folders of the library packages imported so far, and of the standard library."""
     packages = []
     for name in LIBRARY_PACKAGES:
@@ -44,14 +44,14 @@ def is_library_frame(filename: str, module_name: Optional[str] = None,
     Generated code (autograph, frozen importlib) is a library frame. With a
     module name, its top-level package decides; without one, the file's
     folder does: a folder of :data:`LIBRARY_PACKAGES`, or the standard
-    library outside site-packages (``library_dirs`` as :func:`_library_dirs`
+    library outside site-packages (``library_dirs`` as :func:`find_library_dirs`
     returns them, computed when not given).
     """
     if "__autograph_generated_file" in filename or filename.startswith("<frozen"):
         return True
     if module_name:
         return module_name.split(".", 1)[0] in LIBRARY_PACKAGES
-    packages, stdlib = library_dirs or _library_dirs()
+    packages, stdlib = library_dirs or find_library_dirs()
     path = os.path.realpath(filename)
     if path.startswith(packages):
         return True
@@ -80,7 +80,7 @@ def innermost_user_frame(frames: Iterable) -> str:
     ``frames`` are outermost first, each with ``filename``, ``lineno`` and
     ``name`` (``traceback.FrameSummary`` or a graph op's ``op.traceback``).
     """
-    library = _library_dirs()
+    library = find_library_dirs()
     for frame in reversed(list(frames)):
         if not is_library_frame(frame.filename, library_dirs=library):
             return f"{frame.filename}:{frame.lineno} in {frame.name}"
