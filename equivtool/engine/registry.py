@@ -51,6 +51,8 @@ class Step:
       run_rank: position in the run order (ties keep the registry's order).
       shared: runs on the shared constant-mode pair of models; steps with
         ``shared=False`` build their own models and run after the pair is freed.
+      needs: the capabilities it asks of both sides (see :mod:`equivtool.engine.sides`);
+        a side that refuses one skips the step with its reason.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Step:
     enabled_by: str | None = None
     run_rank: int = 0
     shared: bool = True
+    needs: tuple = ()
 
     def __post_init__(self) -> None:
         if not self.option:
@@ -77,29 +80,32 @@ def _random(mode: str, training: bool, run_rank: int, shared: bool) -> Step:
     what = "training" if training else "inference"
     return Step(f"random/{mode}/{what}", f"Random tool, {mode} mode: {what}",
                 _RUNS + ("random_constant" if shared else "random_fresh"), option="random", mode=mode,
-                params=(("mode", mode), ("training", training)), run_rank=run_rank, shared=shared)
+                params=(("mode", mode), ("training", training)), run_rank=run_rank, shared=shared,
+                needs=("forward",))
 
 
 #: Every step, in report order. Run order: :func:`run_order`.
 REGISTRY: tuple[Step, ...] = (
-    Step("variables_once", "Variables are created once", _RUNS + "variables_once", run_rank=0),
-    Step("parity", "Variable parity (names, shapes, dtypes, trainability)", _RUNS + "parity", run_rank=1),
+    Step("variables_once", "Variables are created once", _RUNS + "variables_once", run_rank=0,
+         needs=("variables",)),
+    Step("parity", "Variable parity (names, shapes, dtypes, trainability)", _RUNS + "parity", run_rank=1,
+         needs=("variables",)),
     # Changes the variables and puts them back (after the pair's first call,
     # which the random-mode comparisons read): before the TF1 training graph's
     # session exists, so that the values it saves are not held beside it.
     Step("fixed_weights", "Fixed weights: inference outputs and regularization losses",
-         _RUNS + "fixed_weights", run_rank=2),
+         _RUNS + "fixed_weights", run_rank=2, needs=("forward", "variables")),
     _random("constant", False, run_rank=2, shared=True),
     _random("constant", True, run_rank=2, shared=True),
     # Fresh graphs and layers per comparison: after the shared pair is freed.
     _random("num_random_ops", False, run_rank=9, shared=False),
     _random("num_random_ops", True, run_rank=9, shared=False),
     Step("gradients", "Gradients of the loss w.r.t. every trainable variable", _RUNS + "gradients",
-         run_rank=3),
+         run_rank=3, needs=("gradients",)),
     Step("optimizer", "Optimizer steps: losses and updated variables", _RUNS + "optimizer",
-         default=False, enabled_by="optimizers", run_rank=5),
+         default=False, enabled_by="optimizers", run_rank=5, needs=("training", "variables")),
     Step("checkpoint", "TF1 name-based checkpoint loaded into both sides", _RUNS + "checkpoint",
-         default=False, enabled_by="checkpoint", run_rank=6),
+         default=False, enabled_by="checkpoint", run_rank=6, needs=("checkpoints", "forward")),
 )
 
 _BY_NAME = {step.name: step for step in REGISTRY}

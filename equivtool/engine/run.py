@@ -25,7 +25,8 @@ from equivtool.engine.options import Options
 from equivtool.engine.outputs import align_output_keys, split_outputs
 from equivtool.engine.pair import TF1Half, TF2Half
 from equivtool.engine.registry import SkipStep, Step
-from equivtool.engine.sides.runners import restore_snapshot, snapshot_layer
+from equivtool.engine.sides import refusal
+from equivtool.engine.sides.runners import TF1Side, TF2Side, restore_snapshot, snapshot_layer
 from equivtool.report import StepResult
 
 
@@ -46,7 +47,12 @@ def attempt(call: Callable[[], Any]) -> tuple:
 
 def run_side(engine: "Engine", step: Step, side: str, tf1_capture=None) -> tuple:
     """One side of ``step`` in this process: its outcome, the capture whole (keys
-    starting with ``_`` hold in-process objects; the workers drop them)."""
+    starting with ``_`` hold in-process objects; the workers drop them). When
+    either side refuses a capability the step needs, the step is skipped with
+    that side's reason, before anything is built."""
+    reason = engine.refusal(step)
+    if reason is not None:
+        return ("skip", reason, 0.0)
     split = step.runner()
     params = dict(step.params)
     if side == "tf1":
@@ -89,6 +95,21 @@ class Engine:
         self._tempdir = None
         self.results: dict[str, StepResult] = {}
         self.jobs: list = []           # with workers > 1: the worker jobs (see workers.run_parallel)
+        self.side_classes = {"tf1": TF1Side, "tf2": TF2Side}  # see engine/sides: what each can do
+
+    # -- sides -------------------------------------------------------------
+
+    def side_class(self, side: str) -> type:
+        """The kind of side (a :class:`~equivtool.engine.sides.Side` class) that runs ``side``."""
+        return self.side_classes[side]
+
+    def refusal(self, step: Step) -> str | None:
+        """Why ``step`` cannot run on these sides (the TF1 side's reason first), or None."""
+        for side in ("tf1", "tf2"):
+            reason = refusal(self.side_class(side), step.needs)
+            if reason is not None:
+                return reason
+        return None
 
     # -- layers ------------------------------------------------------------
 

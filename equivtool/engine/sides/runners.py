@@ -28,6 +28,7 @@ from equivtool._platform import tf_internals as _tf_internals
 from equivtool._platform.env import _minor
 from equivtool.engine.sides.tf1_graph import align_pass_keys, loop_random_ops
 from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, to_numpy
+from equivtool.engine.sides import CAPABILITIES, Side
 
 _OUTPUT_INDEX = re.compile(r":\d+$")
 
@@ -192,13 +193,16 @@ class TF1Training:
     loop_random_ops: dict = dataclasses.field(default_factory=dict)  # its forward pass's, see loop_random_ops()
 
 
-class TF1Side:
+class TF1Side(Side):
     """The user's TF1 function in one graph and session.
 
     ``forward(training, with_gradients)`` adds a forward pass; the second and
     later ones reuse the first one's variables, so they add no variable and no
     initializer.
     """
+
+    KIND = "TF1 graph"
+    CAPABILITIES = frozenset(CAPABILITIES)
 
     def __init__(self, tf1_fn: Callable, inputs, *, renamer: Callable[[str], str],
                  loss_fn: Callable | None, disable_arithmetic_optimization: bool = True,
@@ -388,7 +392,7 @@ class TF1Side:
 # TF2 side
 # --------------------------------------------------------------------------
 
-class TF2Side:
+class TF2Side(Side):
     """The user's TF2 layer, called eagerly, inside ``tf.function``, or under a
     ``tf.distribute`` strategy.
 
@@ -398,6 +402,9 @@ class TF2Side:
     loss that is a mean over the batch (the default loss is), that is the
     gradient of the single-device loss.
     """
+
+    KIND = "TF2 layer"
+    CAPABILITIES = frozenset(CAPABILITIES)
 
     def __init__(self, layer, *, renamer: Callable[[str], str], loss_fn: Callable | None,
                  use_tf_function: bool = False, strategy=None):
