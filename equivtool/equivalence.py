@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool._base.tree import flatten_tensors
+from equivtool._platform import execution as _execution
 from equivtool.comparison import Tolerance
 from equivtool.engine import registry as _steps
 from equivtool.engine.options import Options
@@ -82,13 +83,14 @@ def check_equivalence(
     checkpoint: str | os.PathLike | bool | None = None,
     rename=None,
     tf_function: bool = False,
-    disable_arithmetic_optimization: bool = True,
+    graph_rewrites: str = "as_written",
     seed: int = 42,
     progress: Callable[[StepResult], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
     localize: bool = False,
     workers: int = 1,
+    disable_arithmetic_optimization: bool | None = None,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -125,8 +127,15 @@ def check_equivalence(
       rename: rules mapping TF2 and TF1 variable names to one key (see
         :func:`equivtool.compare_variables`).
       tf_function: call the TF2 layer inside ``tf.function`` instead of eagerly.
-      disable_arithmetic_optimization: turn Grappler's arithmetic optimizer off
-        in the TF1 session, as the guide suggests for tighter matches.
+      graph_rewrites: ``"as_written"`` (default): every graph a side runs (the
+        TF1 session, and the TF2 layer's ``tf.function`` graphs) runs with the
+        Grappler passes that can change a float result switched off (the
+        remapper's fused kernels, the arithmetic optimizer, constant folding,
+        layout and mixed-precision rewrites), so each side computes the ops the
+        user wrote and the verdict does not depend on the CPU.
+        ``"tensorflow_default"``: TensorFlow's defaults on both sides, to prove the
+        deployed, fused graphs against each other; the report then says the
+        verdict may depend on the CPU. See :mod:`equivtool._platform.execution`.
       seed: the random tool's seed.
       progress: called with each :class:`StepResult` as soon as it is known.
       meta: extra information stored in the report (model name, ...).
@@ -153,13 +162,15 @@ def check_equivalence(
         (lambdas too); one that cannot is refused before any work. With
         ``localize=True``, a ``strategy`` or a layer instance the check runs
         in one process, and the report's header says why.
+      disable_arithmetic_optimization: deprecated; ``True`` is
+        ``graph_rewrites="as_written"``, ``False`` is ``"tensorflow_default"``.
     """
     options = Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
         step_tolerances=step_tolerances, loss_fn=loss_fn, optimizers=optimizers, train_steps=train_steps,
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
-        disable_arithmetic_optimization=disable_arithmetic_optimization, seed=seed, progress=progress,
-        meta=meta, strategy=strategy, localize=localize, workers=workers)
+        graph_rewrites=graph_rewrites, seed=seed, progress=progress, meta=meta, strategy=strategy,
+        localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization)
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None:
@@ -179,7 +190,9 @@ def _header(options: Options) -> dict:
         "steps": list(options.steps),
         "modes": list(options.modes),
         "tf_function": options.tf_function,
-        "disable_arithmetic_optimization": options.disable_arithmetic_optimization,
+        "graph_rewrites": options.graph_rewrites,
+        # what the verdict depends on: CPU, oneDNN, rewrites off on each side, threads
+        "platform": _execution.platform(options.graph_rewrites, options.tf_function),
         "seed": options.seed,
         "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(options.inputs)],
         "strategy": None if strategy is None else

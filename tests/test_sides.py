@@ -27,7 +27,7 @@ class Dense(tf.keras.layers.Layer):
 def _engine(**kwargs) -> Engine:
     arguments = dict(steps=None, modes=("constant",), tolerance=None, step_tolerances=None, loss_fn=None,
                      optimizers=None, train_steps=1, checkpoint=None, rename=None, tf_function=False,
-                     disable_arithmetic_optimization=True, seed=42, progress=None, meta=None, strategy=None)
+                     graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None)
     arguments.update(kwargs)
     return Engine(Options.build(dense_tf1, Dense, X, **arguments))
 

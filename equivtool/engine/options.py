@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from equivtool._base.tree import flatten_tensors
+from equivtool._platform import execution as _execution
 from equivtool.comparison import Tolerance
 from equivtool.engine import registry as _steps
 from equivtool.engine import send as _send
@@ -117,7 +119,7 @@ class Options:
     checkpoint: Any
     renamer: Callable[[str], str]
     tf_function: bool
-    disable_arithmetic_optimization: bool
+    graph_rewrites: str               # "as_written" | "tensorflow_default" (equivtool._platform.execution)
     seed: int
     progress: Callable[[StepResult], None] | None
     meta: Mapping
@@ -133,8 +135,8 @@ class Options:
     @classmethod
     def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
               optimizers, train_steps, checkpoint, rename, tf_function,
-              disable_arithmetic_optimization, seed, progress, meta, strategy, localize=False,
-              workers=1) -> "Options":
+              graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
+              workers=1, disable_arithmetic_optimization=None) -> "Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -150,7 +152,8 @@ class Options:
         if "random" in selected and not selected_modes:
             raise ValueError(f"modes: the random step needs at least one mode from {list(MODES)}")
         _check_training(train_steps, optimizers, loss_fn)
-        _check_run_options(tf_function, disable_arithmetic_optimization, seed, progress, strategy)
+        _check_run_options(tf_function, seed, progress, strategy)
+        graph_rewrites = _graph_rewrites(graph_rewrites, disable_arithmetic_optimization)
         _check_checkpoint(checkpoint)
         if not isinstance(localize, bool):
             raise TypeError(f"localize: expected True or False, got {localize!r}")
@@ -160,7 +163,7 @@ class Options:
                    tolerances=_StepTolerances(tolerance, step_tolerances), loss_fn=loss_fn,
                    optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
                    renamer=_make_renamer(rename), tf_function=bool(tf_function),
-                   disable_arithmetic_optimization=bool(disable_arithmetic_optimization), seed=int(seed),
+                   graph_rewrites=graph_rewrites, seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, workers=int(workers))
         if options.workers > 1:
@@ -182,11 +185,28 @@ def _check_training(train_steps, optimizers, loss_fn) -> None:
         raise TypeError(f"loss_fn: expected a callable loss_fn(outputs, regularization_loss), got {loss_fn!r}")
 
 
-def _check_run_options(tf_function, disable_arithmetic_optimization, seed, progress, strategy) -> None:
-    for name, value in (("tf_function", tf_function),
-                        ("disable_arithmetic_optimization", disable_arithmetic_optimization)):
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected True or False, got {value!r}")
+def _graph_rewrites(graph_rewrites, disable_arithmetic_optimization) -> str:
+    """``graph_rewrites``, checked; the deprecated ``disable_arithmetic_optimization``
+    (``True``: as written, ``False``: TensorFlow's defaults) still works, with a warning."""
+    _execution.check_graph_rewrites(graph_rewrites)
+    if disable_arithmetic_optimization is None:
+        return graph_rewrites
+    if not isinstance(disable_arithmetic_optimization, (bool, np.bool_)):
+        raise TypeError(f"disable_arithmetic_optimization: expected True or False, "
+                        f"got {disable_arithmetic_optimization!r}")
+    implied = "as_written" if disable_arithmetic_optimization else "tensorflow_default"
+    if graph_rewrites != "as_written" and graph_rewrites != implied:
+        raise ValueError(f"disable_arithmetic_optimization={bool(disable_arithmetic_optimization)} "
+                         f"contradicts graph_rewrites={graph_rewrites!r}: pass graph_rewrites alone")
+    warnings.warn(f"disable_arithmetic_optimization is deprecated: pass graph_rewrites={implied!r} "
+                  "(every numerics-changing Grappler pass, not only the arithmetic optimizer, is "
+                  "off by default)", DeprecationWarning, stacklevel=4)
+    return implied
+
+
+def _check_run_options(tf_function, seed, progress, strategy) -> None:
+    if not isinstance(tf_function, (bool, np.bool_)):
+        raise TypeError(f"tf_function: expected True or False, got {tf_function!r}")
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed: expected an int (the random tool's global seed), got {seed!r}")
     if not -2 ** 63 <= int(seed) < 2 ** 63:
