@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import equivtool  # noqa: E402  (the environment fix, before TensorFlow)
 import numpy as np  # noqa: E402
 
-from equivtool.engine.sides.runners import TF1Side, TF2Side  # noqa: E402
+from equivtool.engine.sides.runners import TF1Side  # noqa: E402
+from equivtool.engine.sides.tf2_layer import TF2Side  # noqa: E402
 from equivtool.seeding import DeterministicRandomTestTool  # noqa: E402
 from equivtool.variables import _make_renamer  # noqa: E402
 

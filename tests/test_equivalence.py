@@ -8,6 +8,7 @@ import pytest
 import equivtool
 import tensorflow as tf
 from equivtool.engine.sides import runners
+from equivtool._platform import tf_internals as _tfi
 from equivtool.testing import assert_equivalent
 
 from small_models import INPUT_SHAPE, SlimNetShim, slim_net
@@ -437,7 +438,7 @@ def test_a_tf1_layer_norm_runs_on_every_tensorflow():
 def test_the_remapper_is_switched_off_where_it_aborts_even_with_tensorflow_defaults():
     assert runners.remapper_aborts_on_layer_norm("2.16.2") and runners.remapper_aborts_on_layer_norm("2.16.0")
     assert not any(runners.remapper_aborts_on_layer_norm(v) for v in ("2.15.1", "2.17.1", "2.20.0", "2.21.0"))
-    off = runners._tf_internals.RewriterConfig.OFF
+    off = _tfi.RewriterConfig.OFF
     assert runners.session_config("as_written").graph_options.rewrite_options.remapping == off
     default = runners.session_config("tensorflow_default").graph_options.rewrite_options
     assert (default.remapping == off) == runners.remapper_aborts_on_layer_norm()  # on this TensorFlow

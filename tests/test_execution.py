@@ -17,7 +17,7 @@ import tensorflow as tf
 import tf_slim as slim
 
 from equivtool._platform import execution as _execution
-from equivtool.engine.sides import runners
+from equivtool.engine.sides import runners, tf2_layer
 from equivtool._platform.tf_internals import RewriterConfig, context
 from equivtool.variables import _make_renamer
 
@@ -62,7 +62,7 @@ def _tf1_kernels(config=None, graph_rewrites="as_written", fn=conv_bn_relu):
 
 
 def _tf2_kernels(graph_rewrites="as_written"):
-    side = runners.TF2Side(ConvBnRelu(), renamer=_make_renamer(None), loss_fn=None,
+    side = tf2_layer.TF2Side(ConvBnRelu(), renamer=_make_renamer(None), loss_fn=None,
                            use_tf_function=True, graph_rewrites=graph_rewrites)
     # A function graph is optimized, and recorded, when first instantiated: the first call.
     return _execution.function_kernels(lambda: side.forward(INPUTS, training=False))

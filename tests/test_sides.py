@@ -9,7 +9,8 @@ import equivtool
 from equivtool.engine import pair, registry, sides
 from equivtool.engine.options import Options
 from equivtool.engine.run import Engine
-from equivtool.engine.sides.runners import TF1Side, TF2Side
+from equivtool.engine.sides.runners import TF1Side
+from equivtool.engine.sides.tf2_layer import TF2Side
 
 X = np.ones([2, 4], np.float32)
 

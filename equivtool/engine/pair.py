@@ -14,7 +14,8 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Callable
 
-from equivtool.engine.sides.runners import TF1Side, TF2Side
+from equivtool.engine.sides.runners import TF1Side
+from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.registry import SkipStep
 from equivtool.variables import assert_no_variable_creations

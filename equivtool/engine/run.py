@@ -26,7 +26,8 @@ from equivtool.engine.outputs import align_output_keys, split_outputs
 from equivtool.engine.pair import TF1Half, TF2Half
 from equivtool.engine.registry import SkipStep, Step
 from equivtool.engine.sides import refusal
-from equivtool.engine.sides.runners import TF1Side, TF2Side, restore_snapshot, snapshot_layer
+from equivtool.engine.sides.runners import TF1Side
+from equivtool.engine.sides.tf2_layer import TF2Side, restore_snapshot, snapshot_layer
 from equivtool.report import StepResult
 
 

@@ -28,7 +28,8 @@ from equivtool.comparison import compare
 from equivtool.report import StepResult
 from equivtool._base.tree import dense_gradient, flatten_tensors
 from equivtool.engine.sides.tf1_graph import depends_on
-from equivtool.engine.sides.runners import TF1Side, TF2Side, fixed_value, variable_key
+from equivtool.engine.sides.runners import TF1Side, fixed_value, variable_key
+from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.outputs import split_outputs
 from equivtool.engine.registry import SkipStep, title
