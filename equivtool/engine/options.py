@@ -167,9 +167,9 @@ class Options:
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, workers=int(workers))
         if options.workers > 1:
-            reason = _send.in_process_reason(options)
+            reason = in_process_reason(options)
             if reason is None:
-                _send.check_sendable(options)
+                check_sendable(options)
             options = dataclasses.replace(options, in_process=reason)
         return options
 
@@ -239,3 +239,44 @@ def _check_meta(meta) -> dict:
     if bad:
         raise TypeError(f"meta: expected str keys (they are the report header's labels), got {bad[0]!r}")
     return dict(meta)
+
+
+# --------------------------------------------------------------------------
+# What may not run in workers, and what cannot be sent
+# --------------------------------------------------------------------------
+
+def in_process_reason(options: Options) -> str | None:
+    """Why the check must run in one process whatever ``workers`` says, or None."""
+    if options.localize:
+        return "localize=True captures both sides' ops in one process"
+    if options.strategy is not None:
+        return "a distribution strategy's devices belong to this process"
+    if isinstance(options.tf2_layer, tf.Module):
+        return "tf2_layer is a layer instance, which cannot be sent to another process (pass a factory)"
+    return None
+
+
+def _for_workers(options: Options) -> Options:
+    return dataclasses.replace(options, progress=None)
+
+
+def check_sendable(options: Options) -> bytes:
+    """The options as the workers receive them; a TypeError naming the argument
+    that cannot be sent to another process."""
+    try:
+        return _send.dumps(_for_workers(options))
+    except Exception as whole:
+        failure = whole  # find which argument it was
+    checked = (("tf1_fn", options.tf1_fn), ("tf2_layer", options.tf2_layer), ("inputs", options.inputs),
+               ("loss_fn", options.loss_fn), ("optimizers", options.optimizers),
+               ("tolerance or step_tolerances", options.tolerances), ("rename", options.renamer),
+               ("meta", options.meta), ("checkpoint", options.checkpoint))
+    for name, value in checked:
+        try:
+            _send.dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"{name}: cannot be sent to a worker process with workers>1 ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); pass module-level functions or picklable objects, or workers=1") from None
+    raise TypeError(f"the check's arguments cannot be sent to a worker process with workers>1 "
+                    f"({type(failure).__name__}: {str(failure)[:200]}); pass workers=1") from None

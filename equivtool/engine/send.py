@@ -1,6 +1,5 @@
-"""Sending a check's arguments to a worker process (see ``equivtool.engine.workers``):
-what may cross a process (:func:`check_sendable`) and what must stay in this
-one (:func:`in_process_reason`).
+"""Sending a check's arguments to a worker process (see ``equivtool.engine.workers``;
+:func:`equivtool.engine.options.check_sendable` refuses, up front, what cannot cross).
 
 cloudpickle sends lambdas, closures and functions of ``__main__`` by value and
 importable functions by reference. Two things in TF1 code need more:
@@ -21,7 +20,6 @@ importable functions by reference. Two things in TF1 code need more:
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import io
 import pickle
@@ -29,10 +27,6 @@ import re
 import sys
 import types
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # pragma: no cover
-    from equivtool.engine.options import Options
 
 _LIBRARIES = ("tensorflow", "tf_keras", "tf_slim", "keras")
 _ARG_SCOPE_KEY = re.compile(r"<function [\w.<>]+ at 0x[0-9a-f]+>")
@@ -132,45 +126,3 @@ def loads(payload: bytes):
             return {arg_scope_func_key(resolve(*where)): defaults for where, defaults in ops}
 
     return Unpickler(io.BytesIO(payload)).load()
-
-
-# --------------------------------------------------------------------------
-# What may not run in workers, and what cannot be sent
-# --------------------------------------------------------------------------
-
-def in_process_reason(options: "Options") -> str | None:
-    """Why the check must run in one process whatever ``workers`` says, or None."""
-    import tensorflow as tf
-    if options.localize:
-        return "localize=True captures both sides' ops in one process"
-    if options.strategy is not None:
-        return "a distribution strategy's devices belong to this process"
-    if isinstance(options.tf2_layer, tf.Module):
-        return "tf2_layer is a layer instance, which cannot be sent to another process (pass a factory)"
-    return None
-
-
-def _for_workers(options: "Options") -> "Options":
-    return dataclasses.replace(options, progress=None)
-
-
-def check_sendable(options: "Options") -> bytes:
-    """The options as the workers receive them; a TypeError naming the argument
-    that cannot be sent to another process."""
-    try:
-        return dumps(_for_workers(options))
-    except Exception as whole:
-        failure = whole  # find which argument it was
-    checked = (("tf1_fn", options.tf1_fn), ("tf2_layer", options.tf2_layer), ("inputs", options.inputs),
-               ("loss_fn", options.loss_fn), ("optimizers", options.optimizers),
-               ("tolerance or step_tolerances", options.tolerances), ("rename", options.renamer),
-               ("meta", options.meta), ("checkpoint", options.checkpoint))
-    for name, value in checked:
-        try:
-            dumps(value)
-        except Exception as exc:
-            raise TypeError(
-                f"{name}: cannot be sent to a worker process with workers>1 ({type(exc).__name__}: "
-                f"{str(exc)[:200]}); pass module-level functions or picklable objects, or workers=1") from None
-    raise TypeError(f"the check's arguments cannot be sent to a worker process with workers>1 "
-                    f"({type(failure).__name__}: {str(failure)[:200]}); pass workers=1") from None

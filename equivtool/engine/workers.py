@@ -184,7 +184,8 @@ class _Parallel:
 
     def run(self) -> None:
         engine = self.engine
-        payload = _send.check_sendable(engine.options)
+        from equivtool.engine.options import check_sendable
+        payload = check_sendable(engine.options)
         here = _Here()
         workers = [_Worker() for _ in range(self.count - 1)]
         workdir = engine.workdir() if self.later else None  # where the TF1 side writes what the TF2 side loads

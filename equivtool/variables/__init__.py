@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool._base.render import fixed_row, text_table
-from equivtool.engine.sides.runners import strip_output_index as _strip_output_index
+from equivtool._base.names import strip_output_index as _strip_output_index
 
 __all__ = [
     "VariableCreationError", "assert_no_variable_creations",

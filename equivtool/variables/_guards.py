@@ -27,7 +27,7 @@ import tensorflow as tf
 from equivtool._base.stack import user_frame_location
 from equivtool._platform import tf_internals as _tfi
 from equivtool._platform.tf_internals import tf_decorator
-from equivtool.engine.sides.runners import strip_output_index as _strip_output_index
+from equivtool._base.names import strip_output_index as _strip_output_index
 
 
 class VariableCreationError(ValueError):

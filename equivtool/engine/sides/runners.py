@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -27,16 +26,9 @@ import tensorflow as tf
 from equivtool._platform import execution as _execution
 from equivtool._platform.execution import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
 from equivtool.engine.sides.tf1_graph import align_pass_keys, loop_random_ops
+from equivtool._base.names import strip_output_index
 from equivtool._base.tree import flatten_tensors, pack_like
 from equivtool.engine.sides import CAPABILITIES, Side
-
-_OUTPUT_INDEX = re.compile(r":\d+$")
-
-
-def strip_output_index(name: str) -> str:
-    """A tensor or variable name without its ``:N`` output index (``net/w:0`` -> ``net/w``)."""
-    return _OUTPUT_INDEX.sub("", name)
-
 
 def variable_key(name: str, renamer: Callable[[str], str]) -> str:
     """The name both sides are matched by: no ``:N`` suffix, then the user's rename rules."""
