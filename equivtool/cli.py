@@ -555,13 +555,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv=None) -> int:
-    import warnings
-    warnings.filterwarnings("ignore", message=r".*(is deprecated and will be removed|will be removed in a future version)",
-                            category=UserWarning)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] and argv[0] not in ("-h", "--help"):
-        from equivtool._platform.quiet import import_tensorflow_quietly
-        import_tensorflow_quietly()
+        from equivtool._platform.quiet import quiet_command
+        quiet_command()
     if argv[:1] == ["demo"]:  # everything after "demo" belongs to the demo's own parser
         rest = argv[1:]
         rest = rest[1:] if rest[:1] == ["--"] else rest

@@ -111,7 +111,7 @@ def test_conv_bias_merge_is_the_one_onednn_rewrite_left():
     kernels, written = _tf1_kernels(fn=conv_bias)
     merged = _execution.fused_kernels(kernels, written, allow=())
     if _execution.onednn_enabled():
-        assert set(merged.values()) <= {"_MklNativeConv2DWithBias", "_MklConv2DWithBias"}
+        assert set(merged.values()) == {"_MklNativeConv2DWithBias"}
     assert _execution.fused_kernels(kernels, written) == {}
 
 

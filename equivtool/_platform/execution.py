@@ -21,9 +21,11 @@ oneDNN's own graph pass (on by default on x86-64 Linux, switched only by
 ``TF_ENABLE_ONEDNN_OPTS`` before TensorFlow starts) still swaps each op for its
 oneDNN kernel of the same op (``Conv2D`` -> ``_MklNativeConv2D``), as eager
 execution does; it also merges ``Conv2D`` + ``BiasAdd`` into
-``_MklNativeConv2DWithBias``, which no session option switches off. That merge is
-the one rewrite left (:data:`ONEDNN_MERGES`); :func:`fused_kernels` reports
-every other kernel that was not written.
+``_MklNativeConv2DWithBias`` and ``Pad`` + ``Conv2D`` into ``_MklNativePadWithConv2D``,
+which no session option switches off. Those merges are the rewrites left
+(:data:`ONEDNN_MERGES`; measured bitwise equal to the unfused ops on the zoo,
+``benchmarks/graph_rewrites.py``); :func:`fused_kernels` reports every other
+kernel that was not written.
 
 :func:`platform` describes what a verdict depends on: the CPU and the
 instruction sets oneDNN can use, whether oneDNN is on, the rewrites turned off
@@ -62,7 +64,7 @@ NUMERIC_PASSES: dict[str, str] = {
 
 #: Rewrites of oneDNN's graph pass that merge written ops and that no session
 #: option switches off (only ``TF_ENABLE_ONEDNN_OPTS=0`` before TensorFlow starts).
-ONEDNN_MERGES = ("Conv2DWithBias",)
+ONEDNN_MERGES = ("Conv2DWithBias", "PadWithConv2D")
 
 # Kernels of TensorFlow's own plumbing: they move values, not compute them.
 _PLUMBING = frozenset({
