@@ -188,7 +188,7 @@ def test_graph_rewrites_refused(value):
 
 
 def test_disable_arithmetic_optimization_is_deprecated():
-    from equivtool.equivalence import _graph_rewrites
+    from equivtool.engine.options import _graph_rewrites
     with pytest.warns(DeprecationWarning, match="graph_rewrites='tensorflow_default'"):
         assert _graph_rewrites("as_written", False) == "tensorflow_default"
     with pytest.warns(DeprecationWarning, match="graph_rewrites='as_written'"):
