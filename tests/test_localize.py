@@ -20,7 +20,7 @@ import pytest
 import equivtool
 import tensorflow as tf
 import tf_slim
-from equivtool._tf_internals import op_callbacks
+from equivtool._platform.tf_internals import op_callbacks
 
 from equivtool import check_equivalence
 from equivtool.localize import Localization, OpError, as_localization, localize_forward
