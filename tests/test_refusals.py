@@ -14,7 +14,7 @@ import tensorflow as tf
 import equivtool
 from equivtool import cli
 from equivtool.comparison import compare
-from equivtool.equivalence import _check_inputs
+from equivtool.engine.options import _check_inputs
 from equivtool.report import EquivalenceReport, StepResult
 from interrupt_models import Dense, tf1_dense
 
