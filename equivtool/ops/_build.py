@@ -6,7 +6,7 @@ One recipe for both entry points: ``setup.py``'s ``build_ext`` (run by
 
 What it does:
 
-- compiles ``equivtool/ops/kernels/xent_ops.cc`` with g++ (C++17, -O3) and
+- compiles ``xent_ops.cc`` from :data:`SOURCE_DIR` with g++ (C++17, -O3) and
   TensorFlow's own ``tf.sysconfig.get_compile_flags()``;
 - when nvcc is found, compiles ``xent_kernels.cu.cc`` with nvcc for the GPU
   architectures TensorFlow was built for (those this nvcc still supports),
@@ -61,9 +61,19 @@ except ImportError:  # setup.py loads this file before the package is importable
     pass
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# The C++/CUDA sources ship inside the package (package data), so an installed
-# equivtool can rebuild its op with ``equivtool build-ops``.
-SOURCE_DIR = os.path.join(_HERE, "kernels")
+
+
+def _source_dir() -> str:
+    """The op's C++/CUDA sources: the repository's top-level ``custom_ops/``
+    in a source checkout (editable install, setup.py), or the copy an installed
+    package carries as ``equivtool/ops/kernels`` (package data, mapped from
+    ``custom_ops/`` by setup.py), so that ``equivtool build-ops`` works there."""
+    installed = os.path.join(_HERE, "kernels")
+    checkout = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "custom_ops")
+    return installed if os.path.isfile(os.path.join(installed, "xent_ops.cc")) else checkout
+
+
+SOURCE_DIR = _source_dir()
 LIBRARY_STEM = "_xent_ops"
 
 
