@@ -317,23 +317,30 @@ _FATBIN_MAGIC = 0xBA55ED50
 _CUDA_RUNTIME_SYMBOL = re.compile(r"^(cuda[A-Z]|__cuda)")
 
 
-def _elf_sections(data: bytes) -> dict[str, tuple[int, int, int, int]]:
-    """name -> (offset, size, link, entsize) of a little-endian ELF64 file."""
+def elf_section_table(data: bytes) -> list[tuple[str, int, int, int, int, int]]:
+    """(name, offset, size, link, info, entsize) of each section of a
+    little-endian ELF64 file (a shared library or a cubin)."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError("not a little-endian 64-bit ELF file")
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     headers = []
     for i in range(shnum):
-        name, _type, _flags, _addr, off, size, link, _info, _align, entsize = struct.unpack_from(
+        name, _type, _flags, _addr, off, size, link, info, _align, entsize = struct.unpack_from(
             "<IIQQQQIIQQ", data, shoff + i * shentsize)
-        headers.append((name, off, size, link, entsize))
+        headers.append((name, off, size, link, info, entsize))
     str_off = headers[shstrndx][1]
-    sections = {}
-    for name, off, size, link, entsize in headers:
+    table = []
+    for name, off, size, link, info, entsize in headers:
         end = data.index(b"\0", str_off + name)
-        sections[data[str_off + name:end].decode()] = (off, size, link, entsize)
-    return sections
+        table.append((data[str_off + name:end].decode(), off, size, link, info, entsize))
+    return table
+
+
+def _elf_sections(data: bytes) -> dict[str, tuple[int, int, int, int]]:
+    """name -> (offset, size, link, entsize) of a little-endian ELF64 file."""
+    return {name: (off, size, link, entsize)
+            for name, off, size, link, _info, entsize in elf_section_table(data)}
 
 
 def _fatbin_entries(blob: bytes):
