@@ -65,6 +65,45 @@ def test_kernels_compile_to_a_cubin_of_the_asked_architecture(images, arch):
     assert "sm_%d" % arch in str(image) and str(info).startswith("sm_%d" % arch)
 
 
+# Parameter sizes of each kernel (float32 logits, 8-byte pointers and
+# integers, Plan 24 bytes, bool 1), in the order the driver-API launcher in
+# custom_ops/xent_ops.cc (DriverImpl) passes its argument arrays.
+_PARAMS = {
+    "SparseForward": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8),
+    "SparseMerge": (8, 8, 8, 8, 8, 8, 8, 8, 8),
+    "SparseGrad": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8),
+    "DenseForward": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8),
+    "DenseMerge": (8, 8, 8, 8, 8, 8),
+    "LabelSum": (8, 8, 8, 24, 1, 8),
+    "LabelSumMerge": (8, 8, 8, 8),
+    "DenseGrad": (8, 8, 8, 8, 24, 1, 1, 8, 8, 8, 8, 8),
+}
+
+
+def _launcher_arrays() -> dict:
+    """kernel -> number of arguments DriverImpl passes (read from xent_ops.cc)."""
+    with open(os.path.join(_build.SOURCE_DIR, "xent_ops.cc")) as f:
+        source = f.read()
+    found = {}
+    for items, kernel in re.findall(r'void\* \w+\[\] = \{([^}]*)\};\s*'
+                                    r'(?:TF_RETURN_IF_ERROR\()?(?:return )?run\.Run\(Key\("(\w+)"',
+                                    source):
+        found.setdefault(kernel, set()).add(len(items.split(",")))
+    return found
+
+
+def test_driver_launches_pass_what_each_kernel_takes(images):
+    image = images[90]
+    info = _nvrtc.cubin_info(image.cubin)
+    launcher = _launcher_arrays()
+    assert set(launcher) == set(_PARAMS), launcher  # every kernel is launched somewhere
+    for key, lowered in image.names.items():
+        kernel = key.split(":")[0]
+        sizes = info.kernels[lowered].param_sizes
+        assert sizes == _PARAMS[kernel], (key, sizes)
+        assert launcher[kernel] == {len(sizes)}, (key, launcher[kernel])
+
+
 def test_arch_is_accepted_in_every_spelling_and_refused_clearly():
     assert {_nvrtc._arch_number(a) for a in ("sm_90", "9.0", (9, 0), 90)} == {90}
     with pytest.raises(ValueError, match="arch must be like"):

@@ -398,17 +398,21 @@ def cached_entries(folder: str | None = None) -> list[str]:
 # .nv.shared section.
 
 _EIATTR_FRAME_SIZE, _EIATTR_MAX_STACK_SIZE, _EIATTR_REGCOUNT = 0x11, 0x23, 0x2F
+_EIATTR_KPARAM_INFO = 0x17  # per kernel: index, ordinal, offset, size << 18 | flags
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelResources:
     """One kernel's resource use: registers per thread, stack frame and
     largest stack in bytes per thread (0 = nothing spilled to local
-    memory), static shared memory in bytes per block."""
+    memory), static shared memory in bytes per block (the section's size),
+    and the size in bytes of each parameter, in order (what a driver-API
+    launch must pass)."""
     registers: int
     frame_bytes: int
     stack_bytes: int
     shared_bytes: int
+    param_sizes: tuple = ()
 
     def __str__(self) -> str:
         return (f"{self.registers} registers, frame {self.frame_bytes} B, stack "
@@ -480,7 +484,15 @@ def cubin_info(cubin: bytes) -> CubinInfo:
         if _EIATTR_REGCOUNT not in own:
             raise ValueError(f"{fn}: no register count in the cubin's .nv.info")
         shared = by_name.get(".nv.shared." + fn)
-        kernels[fn] = KernelResources(registers=own[_EIATTR_REGCOUNT],
+        params = {}
+        if ".nv.info." + fn in by_name:
+            _, off, size, *_ = by_name[".nv.info." + fn]
+            for attr, payload in _nv_info(cubin[off:off + size]):
+                if attr == _EIATTR_KPARAM_INFO and len(payload) >= 12:
+                    _index, ordinal, _offset, flags = struct.unpack_from("<IHHI", payload)
+                    params[ordinal] = (flags >> 18) & 0x3FFF
+        kernels[fn] = KernelResources(param_sizes=tuple(params[i] for i in sorted(params)),
+                                      registers=own[_EIATTR_REGCOUNT],
                                       frame_bytes=own.get(_EIATTR_FRAME_SIZE, 0),
                                       stack_bytes=own.get(_EIATTR_MAX_STACK_SIZE, 0),
                                       shared_bytes=shared[2] if shared else 0)
