@@ -276,7 +276,8 @@ def doctor_xent_gpu() -> tuple[bool, str]:
     now, stamp = status.get("gpu_kernels"), read_stamp(status["path"]) or {}
     if stamp.get("cuda") == "1":
         return True, describe(status["path"], stamp)
-    return True, f"now: {now}; {describe(status['path'], stamp)}"
+    head = f"none ({now.reason})" if now is not None and now.source == "none" else str(now)
+    return True, f"now: {head}; {describe(status['path'], stamp)}"
 
 
 def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
