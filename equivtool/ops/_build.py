@@ -12,8 +12,9 @@ What it does:
   architectures TensorFlow was built for (those this nvcc still supports),
   plus sm_90 machine code (so an H100 runs without JIT-compiling PTX),
   defines ``GOOGLE_CUDA=1`` for the host file so the GPU kernels register,
-  and links the CUDA runtime statically; otherwise it builds a CPU-only
-  library and says so;
+  and links the CUDA runtime statically; otherwise it builds a library
+  with the CPU kernels and a driver-API launcher, whose GPU kernels NVRTC
+  compiles at run time (``_nvrtc``, ``_gpu``), and says so;
 - links with ``tf.sysconfig.get_link_flags()`` into a private temporary
   folder beside ``output``, appends the integrity trailer (the SHA-256 of the
   image, see :func:`digest_trailer`) and renames the file into place: a
@@ -35,7 +36,8 @@ The library carries a build stamp (the TensorFlow version of the headers it
 was compiled against) and the trailer; ``_load`` checks both before loading.
 
 Environment: ``EQUIVTOOL_NVCC`` names the nvcc to use; ``EQUIVTOOL_OPS_CUDA=0``
-forces a CPU-only build; ``CXX`` overrides g++.
+builds without nvcc (GPU kernels then come from NVRTC at run time); ``CXX``
+overrides g++.
 
 This module must stay importable by path (setup.py has no package on
 ``sys.path`` yet), so it imports nothing from equivtool.
@@ -154,7 +156,8 @@ def find_nvcc(tf_cuda_version: str | None) -> tuple[str | None, tuple[int, int] 
             if version and all(os.path.realpath(p) != real for p, _ in found):
                 found.append((path, version))
     if not found:
-        return None, None, "nvcc not found: built the CPU kernels only"
+        return None, None, ("nvcc not found: CPU kernels built; GPU kernels are compiled at run time "
+                             "by NVRTC where a GPU is used")
     want_major = int(tf_cuda_version.split(".")[0]) if tf_cuda_version else None
     if explicit:
         path, version = found[0]
@@ -275,7 +278,7 @@ def build_ops(output: str | None = None, verbose: bool = False) -> str:
             _install(staged, output)
         finally:
             shutil.rmtree(private, ignore_errors=True)
-    _log(verbose, f"wrote {output} ({'CPU + CUDA' if nvcc else 'CPU only'})")
+    _log(verbose, f"wrote {output} ({'CPU + CUDA' if nvcc else 'CPU; GPU by NVRTC at run time'})")
     return output
 
 
