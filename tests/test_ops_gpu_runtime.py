@@ -161,15 +161,32 @@ def test_with_a_driver_and_nvrtc_the_gpu_kernels_are_registered(cpu_library, stu
     assert abs(out["loss"] - 0.6931472) < 1e-6
 
 
-def test_the_library_takes_cubins_and_refuses_malformed_hand_overs(cpu_library):
-    import tensorflow as tf  # the library links against TensorFlow's framework library
-
-    assert tf.__version__
-    lib = ctypes.CDLL(cpu_library)
+_HAND_OVER = textwrap.dedent("""
+    import ctypes, json
+    import equivtool
+    from equivtool.ops import _load, _nvrtc
+    _load.load_library()
+    lib = ctypes.CDLL(_load.library_path())  # the handle TensorFlow opened
     lib.equivtool_xent_add_cubin.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
                                              ctypes.c_char_p]
-    names = "\n".join(f"{k}=_Z{i}" for i, k in enumerate(_nvrtc.kernel_names("float32")))
-    assert lib.equivtool_xent_add_cubin(90, b"cubin", 5, names.encode()) == 17
-    for bad in (b"", b"no-equals-sign", b"key=", b"=value", b"a=b\n\nc=d"):
-        assert lib.equivtool_xent_add_cubin(90, b"cubin", 5, bad) == -1, bad
-    assert lib.equivtool_xent_add_cubin(90, b"", 0, names.encode()) == -1
+    names = "\\n".join(f"{k}=_Z{i}" for i, k in enumerate(_nvrtc.kernel_names("float32")))
+    results = [lib.equivtool_xent_add_cubin(90, b"cubin", 5, names.encode())]
+    for bad in (b"", b"no-equals-sign", b"key=", b"=value", b"a=b\\n\\nc=d"):
+        results.append(lib.equivtool_xent_add_cubin(90, b"cubin", 5, bad))
+    results.append(lib.equivtool_xent_add_cubin(90, b"", 0, names.encode()))
+    print("RESULT", json.dumps(results))
+""")
+
+
+def test_the_library_takes_cubins_and_refuses_malformed_hand_overs(cpu_library):
+    # in a child: loading a second op library into this process would register
+    # the ops twice
+    env = dict(os.environ, PYTHONPATH=REPO, EQUIVTOOL_OPS_LIBRARY=cpu_library,
+               TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", _HAND_OVER], env=env, cwd=REPO, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:]
+    results = json.loads(lines[-1][len("RESULT "):])
+    assert results[0] == len(_nvrtc.kernel_names("float32")) == 17
+    assert results[1:] == [-1] * 6, results  # each malformed hand-over refused
