@@ -254,7 +254,7 @@ def test_entries_are_written_atomically_never_through_a_symlink(tmp_path):
     image = _nvrtc.kernel_image("float32", 90, fake, str(tmp_path))
     assert image.source == "compiled" and victim.read_text() == "the user's file"
     assert not os.path.islink(path)
-    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
 
 
 _RACER = textwrap.dedent("""

@@ -38,9 +38,9 @@ import importlib.util
 import json
 import os
 import struct
-import tempfile
 import threading
 
+from equivtool._render import write_bytes_atomic
 from equivtool.ops._build import SOURCE_DIR
 
 # The files NVRTC compiles (the program text only includes the first).
@@ -311,22 +311,6 @@ def _unpack(data: bytes, want: dict) -> tuple[bytes, dict] | None:
     return (cubin, names) if isinstance(names, dict) else None
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _read(path: str) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -369,7 +353,7 @@ def kernel_image(dtype: str, arch, nvrtc: Nvrtc | None = None, folder: str | Non
                 return image(cached[0], cached[1], "cache")
             cubin, lowered = nvrtc.compile(program(dtype), headers, arch, list(names.values()))
             by_key = {key: lowered[expr] for key, expr in names.items()}
-            _write_atomically(path, _pack(dict(want, names=by_key), cubin))
+            write_bytes_atomic(path, _pack(dict(want, names=by_key), cubin))
             return image(cubin, by_key, "compiled")
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
