@@ -257,6 +257,15 @@ def test_entries_are_written_atomically_never_through_a_symlink(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
 
 
+def test_an_unwritable_cache_still_compiles(tmp_path):
+    fake = FakeNvrtc()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    image = _nvrtc.kernel_image("float32", 90, fake, str(blocker / "kernels"))
+    assert image.source.startswith("compiled, not cached (") and fake.calls == 1, image.source
+    assert blocker.read_text() == "not a folder" and image.cubin
+
+
 _RACER = textwrap.dedent("""
     import hashlib, os, sys, time
     sys.path.insert(0, {repo!r})

@@ -263,7 +263,8 @@ class KernelImage:
     """One compiled cubin: the kernels of one logits type for one architecture.
 
     ``names``: the op's kernel key -> the cubin's (lowered) function name;
-    ``source``: where it came from this time (``"compiled"`` or ``"cache"``).
+    ``source``: where it came from this time (``"cache"``, ``"compiled"``, or
+    ``"compiled, not cached (<why>)"`` where the cache folder is not writable).
     """
     dtype: str
     arch: int
@@ -335,7 +336,6 @@ def kernel_image(dtype: str, arch, nvrtc: Nvrtc | None = None, folder: str | Non
     headers = device_sources(source_dir)
     digest = source_hash(headers)
     folder = folder or cache_dir()
-    os.makedirs(folder, exist_ok=True)
     path = entry_path(folder, digest, dtype, arch, nvrtc.version)
     want = {"dtype": dtype, "arch": arch, "nvrtc": list(nvrtc.version), "source_hash": digest,
             "kernels": sorted(names)}
@@ -344,16 +344,28 @@ def kernel_image(dtype: str, arch, nvrtc: Nvrtc | None = None, folder: str | Non
         return KernelImage(dtype=dtype, arch=arch, nvrtc=nvrtc.version, source_hash=digest,
                            cubin=cubin, names=lowered, path=path, source=how)
 
-    with open(path + ".lock", "a") as lock:  # one compile per entry across processes
+    def compile_now():
+        cubin, lowered = nvrtc.compile(program(dtype), headers, arch, list(names.values()))
+        return cubin, {key: lowered[expr] for key, expr in names.items()}
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = open(path + ".lock", "a")
+    except OSError as exc:  # a read-only or missing home: compile, cache nothing
+        cubin, by_key = compile_now()
+        return image(cubin, by_key, f"compiled, not cached ({exc.strerror or exc})")
+    with lock:  # one compile per entry across processes
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             data = _read(path)
             cached = _unpack(data, want) if data is not None else None
             if cached is not None:
                 return image(cached[0], cached[1], "cache")
-            cubin, lowered = nvrtc.compile(program(dtype), headers, arch, list(names.values()))
-            by_key = {key: lowered[expr] for key, expr in names.items()}
-            write_bytes_atomic(path, _pack(dict(want, names=by_key), cubin))
+            cubin, by_key = compile_now()
+            try:
+                write_bytes_atomic(path, _pack(dict(want, names=by_key), cubin))
+            except OSError as exc:
+                return image(cubin, by_key, f"compiled, not cached ({exc.strerror or exc})")
             return image(cubin, by_key, "compiled")
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
