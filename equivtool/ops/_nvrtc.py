@@ -40,7 +40,7 @@ import os
 import struct
 import threading
 
-from equivtool._render import write_bytes_atomic
+from equivtool._base.render import write_bytes_atomic
 from equivtool.ops._build import SOURCE_DIR
 
 # The files NVRTC compiles (the program text only includes the first).
