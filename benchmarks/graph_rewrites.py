@@ -16,7 +16,7 @@ It also lists the fused kernels each configuration executed.
     python benchmarks/graph_rewrites.py [NET ...] [--md]
 
 NETs: the tf_slim.nets zoo names (examples/slim_zoo), ``irv2`` (Inception-ResNet-v2
-at 75 px) and ``mnist`` (examples/mnist_convnet). Default: all.
+at 107 px) and ``mnist`` (examples/mnist_convnet). Default: all.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _irv2():
     import functools
     from examples.inception_resnet_v2.keras_shim import make_shim, tf1_forward
     from examples.inception_resnet_v2.parity import model_kwargs
-    images = np.random.RandomState(0).uniform(-1, 1, (1, 75, 75, 3)).astype(np.float32)
+    images = np.random.RandomState(0).uniform(-1, 1, (1, 107, 107, 3)).astype(np.float32)
     return (functools.partial(tf1_forward, num_classes=10, **model_kwargs()),
             functools.partial(make_shim, 10, **model_kwargs()), images)
 
