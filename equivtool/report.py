@@ -120,8 +120,13 @@ class StepResult:
             status, default = "failed", _failure_message(failures, len(leaves))
         elif pending or not leaves:
             status, default = "inconclusive", _inconclusive_message(pending, len(leaves))
+        elif all(leaf.below_atol for leaf in leaves):
+            status, default = "inconclusive", _below_atol_message(leaves)
         else:
             status, default = "passed", ""
+        below = sum(leaf.below_atol for leaf in leaves)
+        if below:
+            data = {**(data or {}), "below_atol_leaves": below}
         return cls(name, title, status, seconds, comparisons, message or default, tuple(notes), data or {})
 
     @classmethod
@@ -301,6 +306,15 @@ def _inconclusive_message(pending: Sequence[LeafComparison], total: int) -> str:
         return "inconclusive: nothing to compare"
     first = pending[0]
     return f"{first.name}: {first.inconclusive_reason}; {len(pending)} of {total} leaves compared nothing"
+
+
+def _below_atol_message(leaves: Sequence[LeafComparison]) -> str:
+    """Why a step whose every leaf is below ``atol`` is not a pass, and what to do."""
+    atol = max(leaf.tolerance.atol for leaf in leaves)
+    return (f"inconclusive: every value compared ({len(leaves)} of {len(leaves)} leaves, e.g. {leaves[0].name}) "
+            f"is below atol={atol:g} in magnitude on both sides, so no difference could show; make the "
+            "step meaningful with an rtol-only tolerance (Tolerance(rtol=..., atol=0)), larger inputs, "
+            "or fixed weights (the fixed_weights step)")
 
 
 # ---------------------------------------------------------------------------
