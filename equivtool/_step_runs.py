@@ -30,6 +30,7 @@ from equivtool._tree import dense_gradient, flatten_tensors
 from equivtool._tf1_graph import depends_on
 from equivtool.runners import TF1Side, TF2Side, fixed_value, variable_key
 from equivtool.seeding import DeterministicRandomTestTool
+from equivtool._traced_seeds import TraceAlignment, aligned_function
 from equivtool.steps import SkipStep, title
 from equivtool.variables import VariableCreationError, VariableInfo, VariableSet, compare_variables
 
@@ -557,9 +558,13 @@ def _random_fresh_tf1(e: "_Engine", mode: str, training: bool) -> dict:
 def _random_fresh_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
     _refuse_strategy(e)
     o = e.options
-    with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
+    tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
+    with tool.scope():
         layer = e.new_layer()
-        tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False)
+        # Under tf.function every trace gets the first trace's seeds, which
+        # follow program order as the TF1 graph's do (equivtool._traced_seeds).
+        tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=o.tf_function,
+                      trace_scope=TraceAlignment(tool).trace)
         outputs, regularization, _, _ = tf2.forward(o.inputs, training=training)
     return {"outputs": outputs, "regularization": regularization}
 
@@ -569,15 +574,21 @@ def _random_fresh_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training:
     o = e.options
     local = tf1.get("_local")
     try:
-        result = _judge_forward(e, name, tf1, tf2, notes=eager_notes(e))
+        result = _judge_forward(e, name, tf1, tf2)
         if local is None:
             return result
         side, forward = local
 
         def fresh_call():  # the same first call of a fresh layer under a fresh tool
+            import tensorflow as tf
             from equivtool.localize._capture import call_layer
-            with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
-                return call_layer(e.new_layer(), o.inputs, training, False)
+            tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
+            with tool.scope():
+                if not o.tf_function:
+                    return call_layer(e.new_layer(), o.inputs, training, False)
+                layer = e.new_layer()
+                inputs = tf.nest.map_structure(tf.convert_to_tensor, o.inputs)
+                return aligned_function(tool, lambda x: layer(x, training=training))(inputs)
         return e.localized(result, side, forward.outputs, fresh_call)
     finally:
         if local is not None:
@@ -587,15 +598,6 @@ def _random_fresh_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training:
 random_fresh = SplitStep(_random_fresh_tf1, _random_fresh_tf2, _random_fresh_judge)
 
 
-def eager_notes(e: "_Engine") -> tuple:
-    if not e.options.tf_function:
-        return ()
-    return ("called eagerly: tf.function traces a variable-creating call twice, and "
-            "num_random_ops counts the random ops of both traces",)
-
-
 def notes_on_error(e: "_Engine", step) -> tuple:
     """The notes a step's result keeps when the step raises (they hold either way)."""
-    if step.runner() is random_fresh:
-        return eager_notes(e)
     return ()

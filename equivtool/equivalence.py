@@ -60,6 +60,7 @@ from equivtool import steps as _steps
 from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool._pair import TF1Half, TF2Half
 from equivtool._step_runs import notes_on_error
+from equivtool._traced_seeds import execution_note
 from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
 from equivtool._tree import flatten_tensors
@@ -608,6 +609,7 @@ def _header(options: _Options) -> dict:
         "steps": list(options.steps),
         "modes": list(options.modes),
         "tf_function": options.tf_function,
+        "execution": execution_note(options.tf_function, strategy is not None),
         "disable_arithmetic_optimization": options.disable_arithmetic_optimization,
         "seed": options.seed,
         "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(options.inputs)],
