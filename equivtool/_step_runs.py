@@ -30,6 +30,7 @@ from equivtool._tree import dense_gradient, flatten_tensors
 from equivtool._tf1_graph import depends_on
 from equivtool.runners import TF1Side, TF2Side, fixed_value, variable_key
 from equivtool.seeding import DeterministicRandomTestTool
+from equivtool._guards import second_call_message
 from equivtool._traced_seeds import TraceAlignment, aligned_function
 from equivtool.steps import SkipStep, title
 from equivtool.variables import VariableCreationError, VariableInfo, VariableSet, compare_variables
@@ -201,7 +202,8 @@ def _variables_once_tf2(e: "_Engine", _) -> dict:
     try:
         half.gradient_pass()  # the layer's second call
     except VariableCreationError as exc:
-        return {"created": str(exc), "build_seconds": half.build_seconds}
+        existing = [v.name for v in half.layer.variables]
+        return {"created": second_call_message(str(exc), existing), "build_seconds": half.build_seconds}
     return {"created": None, "build_seconds": half.build_seconds, "variables": len(half.layer.variables),
             "distributed": half.distributed}
 
