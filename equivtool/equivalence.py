@@ -61,6 +61,7 @@ from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool._pair import TF1Half, TF2Half
 from equivtool._step_runs import notes_on_error
 from equivtool._traced_seeds import execution_note
+from equivtool import _output_filter
 from equivtool.comparison import Tolerance, compare
 from equivtool.report import EquivalenceReport, StepResult
 from equivtool._tree import flatten_tensors
@@ -181,6 +182,7 @@ class _Options:
     localize: bool = False
     workers: int = 1
     in_process: str | None = None     # why workers > 1 still runs in one process
+    outputs: tuple = ()               # include / "!"exclude patterns of compared output leaves
 
     @property
     def want_gradients(self) -> bool:
@@ -190,7 +192,7 @@ class _Options:
     def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
               optimizers, train_steps, checkpoint, rename, tf_function,
               disable_arithmetic_optimization, seed, progress, meta, strategy, localize=False,
-              workers=1) -> "_Options":
+              workers=1, outputs=None) -> "_Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -199,6 +201,7 @@ class _Options:
             raise TypeError("tf2_layer: expected a Keras layer or a zero-argument factory returning one, "
                             f"got {type(tf2_layer).__name__}")
         input_notes = _check_inputs(inputs)
+        output_patterns = _output_filter.check_patterns(outputs)
         enabled = [name for name, given in (("optimizers", optimizers is not None),
                                             ("checkpoint", bool(checkpoint))) if given]
         selected = _steps.select_steps(steps, enabled)
@@ -218,7 +221,7 @@ class _Options:
                    renamer=_make_renamer(rename), tf_function=bool(tf_function),
                    disable_arithmetic_optimization=bool(disable_arithmetic_optimization), seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
-                   localize=localize, workers=int(workers))
+                   localize=localize, workers=int(workers), outputs=output_patterns)
         if options.workers > 1:
             from equivtool import _workers
             reason = _workers.in_process_reason(options)
@@ -395,7 +398,13 @@ class _Engine:
                     notes.append(f"end-point keys: the TF2 layer's own name scope {stripped!r} removed "
                                  "(the only difference from the TF1 keys)")
                 for sub_label, sub_expected, sub_actual in _split_outputs(expected, actual):
-                    comparisons.append(compare(sub_expected, sub_actual, spec, name=sub_label))
+                    part = _output_filter.select(sub_expected, sub_actual, sub_label, self.options.outputs)
+                    if part is not None:
+                        comparisons.append(compare(*part, spec, name=sub_label))
+                one_side = _output_filter.one_side_note([leaf for c in comparisons for leaf in c.leaves],
+                                                        self.options.tf_function)
+                if one_side:
+                    notes.append(one_side)
             else:
                 comparisons.append(compare(expected, actual, spec, name=label))
         return StepResult.from_comparisons(name, _steps.title(name), comparisons, notes=notes, data=data)
@@ -522,6 +531,7 @@ def check_equivalence(
     strategy: tf.distribute.Strategy | None = None,
     localize: bool = False,
     workers: int = 1,
+    outputs: str | Sequence[str] | None = None,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -586,13 +596,17 @@ def check_equivalence(
         (lambdas too); one that cannot is refused before any work. With
         ``localize=True``, a ``strategy`` or a layer instance the check runs
         in one process, and the report's header says why.
+      outputs: which output leaves to compare, as patterns matched against
+        the leaf names of the report (``end_points/<key>``, ``outputs``); a
+        pattern starting with ``!`` excludes (``"!end_points/*depthwise_output"``).
+        Applied to both sides before comparing. See :mod:`equivtool._output_filter`.
     """
     options = _Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
         step_tolerances=step_tolerances, loss_fn=loss_fn, optimizers=optimizers, train_steps=train_steps,
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         disable_arithmetic_optimization=disable_arithmetic_optimization, seed=seed, progress=progress,
-        meta=meta, strategy=strategy, localize=localize, workers=workers)
+        meta=meta, strategy=strategy, localize=localize, workers=workers, outputs=outputs)
     engine = _Engine(options)
     results = engine.run()
     header = _header(options)
@@ -616,6 +630,7 @@ def _header(options: _Options) -> dict:
         "strategy": None if strategy is None else
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
         **({"localize": True} if options.localize else {}),
+        **({"outputs": list(options.outputs)} if options.outputs else {}),
         **({"workers": options.workers if options.in_process is None else
             f"1 (asked for {options.workers}: {options.in_process})"} if options.workers > 1 else {}),
         **options.meta,
