@@ -71,14 +71,21 @@ def mobile_net(inputs, training, fault=False):
     return end_points
 
 
-class MobileNetShim(tf.keras.layers.Layer):
-    def __init__(self, fault=False, **kwargs):
-        super().__init__(**kwargs)
-        self.fault = fault
+def shim_of(tf1_fn):
+    """A shim layer class calling ``tf1_fn(inputs, training, fault)``; ``fault=True`` plants the fault."""
+    class Shim(tf.keras.layers.Layer):
+        def __init__(self, fault=False, **kwargs):
+            super().__init__(**kwargs)
+            self.fault = fault
 
-    @tf.compat.v1.keras.utils.track_tf1_style_variables
-    def call(self, inputs, training=None):
-        return mobile_net(inputs, bool(training), self.fault)
+        @tf.compat.v1.keras.utils.track_tf1_style_variables
+        def call(self, inputs, training=None):
+            return tf1_fn(inputs, bool(training), self.fault)
+    Shim.__name__ = Shim.__qualname__ = f"{tf1_fn.__name__}_shim"
+    return Shim
+
+
+MobileNetShim = shim_of(mobile_net)
 
 
 def image_inputs(seed: int = 0) -> np.ndarray:

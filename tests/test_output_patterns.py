@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import equivtool
+from published_models import shim_of
 from equivtool._output_filter import select
 
 X = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
@@ -25,14 +26,7 @@ def scan_net(x, training, fault=False):
     return end_points
 
 
-class ScanShim(tf.keras.layers.Layer):
-    def __init__(self, fault=False, **kwargs):
-        super().__init__(**kwargs)
-        self.fault = fault
-
-    @tf.compat.v1.keras.utils.track_tf1_style_variables
-    def call(self, x, training=None):
-        return scan_net(x, training, self.fault)
+ScanShim = shim_of(scan_net)
 
 
 def test_select_applies_include_and_exclude_to_both_sides():
