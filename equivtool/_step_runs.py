@@ -31,7 +31,7 @@ from equivtool._tf1_graph import depends_on
 from equivtool.runners import TF1Side, TF2Side, fixed_value, variable_key
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool._guards import second_call_message
-from equivtool._traced_seeds import TraceAlignment, aligned_function
+from equivtool._traced_seeds import TraceAlignment
 from equivtool.steps import SkipStep, title
 from equivtool.variables import VariableCreationError, VariableInfo, VariableSet, compare_variables
 
@@ -582,15 +582,12 @@ def _random_fresh_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training:
         side, forward = local
 
         def fresh_call():  # the same first call of a fresh layer under a fresh tool
-            import tensorflow as tf
+            # Eagerly, also under tf_function=True: a variable-creating tf.function is
+            # traced twice and the op taps would see the ops of both traces (the
+            # report header's "execution" says so).
             from equivtool.localize._capture import call_layer
-            tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
-            with tool.scope():
-                if not o.tf_function:
-                    return call_layer(e.new_layer(), o.inputs, training, False)
-                layer = e.new_layer()
-                inputs = tf.nest.map_structure(tf.convert_to_tensor, o.inputs)
-                return aligned_function(tool, lambda x: layer(x, training=training))(inputs)
+            with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
+                return call_layer(e.new_layer(), o.inputs, training, False)
         return e.localized(result, side, forward.outputs, fresh_call)
     finally:
         if local is not None:

@@ -66,17 +66,7 @@ class TraceAlignment:
             tool._replay = None
 
 
-def aligned_function(tool: DeterministicRandomTestTool, fn: Callable) -> Callable:
-    """``tf.function(fn)`` whose traces all get the first trace's random-op seeds."""
-    alignment = TraceAlignment(tool)
-
-    def traced(*args):
-        with alignment.trace():
-            return fn(*args)
-    return tf.function(traced)
-
-
-def execution_note(tf_function: bool, distributed: bool) -> str:
+def execution_note(tf_function: bool, distributed: bool, localize: bool = False) -> str:
     """The report header's ``execution``: how the TF2 side ran, and which steps ran eagerly and why."""
     if not tf_function:
         return ("eager in every step (tf_function=False); code that reads graph-only attributes "
@@ -84,4 +74,8 @@ def execution_note(tf_function: bool, distributed: bool) -> str:
     if distributed:
         return ("tf.function in every step, except the layer's first (variable-creating) call, made eagerly "
                 "in the strategy's cross-replica context")
-    return "tf.function in every step (num_random_ops steps and localization included)"
+    if localize:
+        return ("tf.function in every step (num_random_ops steps included); localization of a num_random_ops "
+                "step calls its fresh layer eagerly (a variable-creating tf.function is traced twice, and the "
+                "op taps would see both traces)")
+    return "tf.function in every step (num_random_ops steps included)"

@@ -380,16 +380,16 @@ def localize_command(args, report) -> str:
         words += ["--mode", ",".join(modes)]
     if args.tf_function:
         words.append("--tf-function")
-    words += [word for text in args.outputs or () for word in ("--outputs", text)]
+    words += [word for text in getattr(args, "outputs", None) or () for word in ("--outputs", text)]
     words.append("--localize")
     return " ".join(shlex.quote(w) for w in words)
 
 
 def _input_words(args) -> list:
     """The inputs options of this run, to repeat them."""
-    if args.inputs:
+    if getattr(args, "inputs", None):
         return ["--inputs", args.inputs]
-    if args.input:
+    if getattr(args, "input", None):
         return [word for spec in args.input for word in ("--input", spec)]
     return ["--input-shape", args.input_shape]
 

@@ -623,7 +623,7 @@ def _header(options: _Options) -> dict:
         "steps": list(options.steps),
         "modes": list(options.modes),
         "tf_function": options.tf_function,
-        "execution": execution_note(options.tf_function, strategy is not None),
+        "execution": execution_note(options.tf_function, strategy is not None, options.localize),
         "disable_arithmetic_optimization": options.disable_arithmetic_optimization,
         "seed": options.seed,
         "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(options.inputs)],

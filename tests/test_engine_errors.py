@@ -72,7 +72,7 @@ def test_tf_function_first_trace_failure_is_each_steps_own_error():
 def test_header_says_how_every_step_ran():
     traced = equivtool.check_equivalence(dense_tf1, AlwaysFails, X, tf_function=True,
                                          steps=["random"], modes=["num_random_ops"])
-    assert traced.meta["execution"] == "tf.function in every step (num_random_ops steps and localization included)"
+    assert traced.meta["execution"] == "tf.function in every step (num_random_ops steps included)"
     assert "execution: tf.function in every step" in str(traced)
     eager = equivtool.check_equivalence(dense_tf1, AlwaysFails, X, steps=["random"], modes=["num_random_ops"])
     assert eager.meta["execution"].startswith("eager in every step (tf_function=False)")
