@@ -353,7 +353,8 @@ def _localization_call(e: "_Engine", training: bool):
     from equivtool.localize._capture import call_layer
     half = e.tf2_half
     with half.tool.scope():
-        return call_layer(half.layer, e.options.inputs, training, e.options.tf_function)
+        return call_layer(half.layer, e.options.inputs, training, e.options.tf_function,
+                          e.options.graph_rewrites)
 
 
 # --------------------------------------------------------------------------
@@ -540,7 +541,7 @@ def _random_fresh_tf1(e: "_Engine", mode: str, training: bool) -> dict:
     _refuse_strategy(e)
     o = e.options
     tf1 = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
-                  disable_arithmetic_optimization=o.disable_arithmetic_optimization,
+                  graph_rewrites=o.graph_rewrites,
                   random_tool=DeterministicRandomTestTool(seed=o.seed, mode=mode))
     keep = False
     try:
@@ -566,7 +567,7 @@ def _random_fresh_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
         # Under tf.function every trace gets the first trace's seeds, which
         # follow program order as the TF1 graph's do (equivtool._traced_seeds).
         tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=o.tf_function,
-                      trace_scope=TraceAlignment(tool).trace)
+                      graph_rewrites=o.graph_rewrites, trace_scope=TraceAlignment(tool).trace)
         outputs, regularization, _, _ = tf2.forward(o.inputs, training=training)
     return {"outputs": outputs, "regularization": regularization}
 
