@@ -24,6 +24,10 @@ _LONG_MESSAGE = 200
 # TensorFlow's error for a graph-only attribute read eagerly (Tensor.name, .graph, .op ...).
 _GRAPH_ONLY = re.compile(r"\b(Tensor\.\w+|\w+) is (undefined|meaningless|not supported) when eager execution is enabled")
 GRAPH_MODE_HINT = "this code needs graph mode: pass tf_function=True (CLI: --tf-function)"
+# tf.function's error for a variable created on a retrace, as a scope renamed on every call gives.
+_SINGLETON = "tf.function only supports singleton tf.Variables created on the first call"
+SINGLETON_HINT = ("a variable scope that gets a new name on every call (variable_scope(None, default_name=...)) "
+                  "does this: pass an explicit scope, or reuse")
 
 
 @contextlib.contextmanager
@@ -108,6 +112,8 @@ def one_line(exc: BaseException) -> str:
     line = head if location is None else f"{head} (at {location})"
     if needs_graph_mode(exc):
         line += f"; {GRAPH_MODE_HINT}"
+    elif any(_SINGLETON in str(item) for item in _chain(exc)):
+        line += f"; {SINGLETON_HINT}"
     return line
 
 

@@ -71,3 +71,12 @@ def test_creates_variables_once_decorator_gives_the_same_hint():
     layer(X)
     with pytest.raises(equivtool.VariableCreationError, match="Pass an explicit scope, or reuse"):
         layer(X)
+
+
+def test_default_name_under_tf_function_gets_the_same_remedy():
+    from equivtool._errors import SINGLETON_HINT
+    from published_models import EncoderShim, encoder, token_inputs
+    report = equivtool.check_equivalence(encoder, lambda: EncoderShim(scope=None), token_inputs(),
+                                         steps=["parity"], tf_function=True)
+    step = report.step("parity")
+    assert step.status == "error" and step.message.endswith(SINGLETON_HINT), step.message
