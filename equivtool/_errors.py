@@ -22,7 +22,8 @@ _FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?
 _KERAS_WRAPPER = re.compile(r"^Exception encountered when calling layer .*$")
 _LONG_MESSAGE = 200
 # TensorFlow's error for a graph-only attribute read eagerly (Tensor.name, .graph, .op ...).
-_GRAPH_ONLY = re.compile(r"\b(Tensor\.\w+|\w+) is (undefined|meaningless|not supported) when eager execution is enabled")
+_GRAPH_ONLY = re.compile(
+    r"\b(Tensor\.\w+|\w+) is (undefined|meaningless|not supported) when eager execution is enabled")
 GRAPH_MODE_HINT = "this code needs graph mode: pass tf_function=True (CLI: --tf-function)"
 # tf.function's error for a variable created on a retrace, as a scope renamed on every call gives.
 _SINGLETON = "tf.function only supports singleton tf.Variables created on the first call"
