@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from equivtool import cli
-from equivtool._cli_inputs import InputError, cli_inputs, load_npz, parse_input
+from equivtool._base.cli_inputs import InputError, cli_inputs, load_npz, parse_input
 
 ENCODER = ["check", "published_models:encoder", "published_models:EncoderShim", "--tf-function"]
 

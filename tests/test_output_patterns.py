@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import equivtool
 from published_models import shim_of
-from equivtool._output_filter import select
+from equivtool.engine.output_filter import select
 
 X = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
 FORWARD = dict(steps=["random"], modes=["constant"])

@@ -6,7 +6,7 @@ import functools
 import pytest
 
 import equivtool
-from equivtool._errors import GRAPH_MODE_HINT
+from equivtool._base.errors import GRAPH_MODE_HINT
 from published_models import (EncoderShim, MobileNetShim, encoder, image_inputs, mobile_net,
                               token_inputs)
 

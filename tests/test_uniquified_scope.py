@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import equivtool
-from equivtool._guards import second_call_message, uniquified_scope
+from equivtool.variables._guards import second_call_message, uniquified_scope
 
 GENERIC = ("Variable bert_1/word_embeddings was about to be created inside assert_no_variable_creations(): "
            "shape=(11, 8), dtype=float32, trainable=True, requested at m.py:3 in f. Every variable must be "
@@ -74,7 +74,7 @@ def test_creates_variables_once_decorator_gives_the_same_hint():
 
 
 def test_default_name_under_tf_function_gets_the_same_remedy():
-    from equivtool._errors import SINGLETON_HINT
+    from equivtool._base.errors import SINGLETON_HINT
     from published_models import EncoderShim, encoder, token_inputs
     report = equivtool.check_equivalence(encoder, lambda: EncoderShim(scope=None), token_inputs(),
                                          steps=["parity"], tf_function=True)
