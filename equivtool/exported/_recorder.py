@@ -111,7 +111,8 @@ def _json_bytes(meta):
 def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), graph_def=None):
     """Write a golden record atomically (a temporary file in the destination's
     folder, then a rename; a symlink at the destination is replaced, never
-    written through). ``meta`` must hold "inputs" and "outputs" (lists of specs)."""
+    written through). ``meta`` must hold "inputs" and "outputs" (lists of specs).
+    Returns the header written."""
     meta = dict(meta)
     meta.update(format=FORMAT, version=VERSION, batches=len(batches),
                 nodes=[dict(n) for n in nodes], graph=graph_def is not None)
@@ -141,7 +142,7 @@ def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), 
         except OSError:
             pass
         raise
-    return path
+    return meta
 
 
 def writer_info(tool):
@@ -294,8 +295,7 @@ def record(args):
     graph_def = graph.as_graph_def().SerializeToString() if tapped else None
     meta = {"writer": writer_info("equivtool record-script"), "model": model, "inputs": in_specs,
             "outputs": out_specs, "provenance": provenance, "notes": notes}
-    write_record(args.out, meta, batches, output_batches, nodes, node_values, graph_def)
-    return meta
+    return write_record(args.out, meta, batches, output_batches, nodes, node_values, graph_def)
 
 
 def main(argv=None):
