@@ -30,7 +30,6 @@ def _call(layer, images):
 
 def export_keras(h5_path: str, folder: str) -> None:
     """A tiny tf-keras model as an .h5 file and as a TF2 SavedModel."""
-    tf.keras.utils.set_random_seed(1)
     inputs = tf.keras.Input([6], name="features")
     hidden = tf.keras.layers.Dense(4, activation="relu", name="hidden")(inputs)
     outputs = tf.keras.layers.Dense(3, name="scores")(hidden)

@@ -138,12 +138,9 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
     step = dataclasses.replace(step, data={**dict(step.data), "localization": found})
     if not keep_old:
         return step, (), (), None
-    nodes, values = [], []
-    for op in old_ops:
-        for i in op.outputs:
-            tensor = op.op.outputs[i]
-            if tensor.name not in kept:  # not reached (after the divergence): fetch it for the record
-                kept[tensor.name] = old_view.fetch([tensor])[0]
-            nodes.append({"tensor": tensor.name, "op": op.name, "type": op.type})
-            values.append(kept[tensor.name])
+    tensors = [op.op.outputs[i] for op in old_ops for i in op.outputs]
+    rest = [t for t in tensors if t.name not in kept]  # not reached (after the divergence): fetched for the record
+    kept.update(zip((t.name for t in rest), old_view.fetch(rest) if rest else ()))
+    nodes = [{"tensor": t.name, "op": t.op.name, "type": t.op.type} for t in tensors]
+    values = [kept[t.name] for t in tensors]
     return step, nodes, values, old_view.graph.as_graph_def().SerializeToString()
