@@ -261,3 +261,18 @@ def test_side_capabilities_refuse_training(models):
         assert "forward pass only" in side.capabilities["training"]
         assert [str(t) for t in side.inputs] == ["images: float32 (?, 8, 8, 3)"]
     assert _cli.recorder_source().startswith("# equivtool golden-record writer")
+
+
+@pytest.mark.parametrize("kind", ["tf1", "tf2"])
+def test_sides_run_the_graph_as_written(models, kind):
+    """Under the default graph_rewrites="as_written" no fused kernel runs; under
+    TensorFlow's defaults the remapper fuses (the check can fail)."""
+    from equivtool import _execution
+    fused = {}
+    for rewrites in ("as_written", "tensorflow_default"):
+        with equivtool.load_side(models[kind], graph_rewrites=rewrites) as side:
+            feed = {side.input_tensors["images"]: images()}
+            kernels = _execution.session_kernels(side.session, dict(side.output_tensors), feed)
+            fused[rewrites] = _execution.fused_kernels(kernels, _execution.written_types(side.graph.as_graph_def()))
+    assert fused["as_written"] == {}
+    assert fused["tensorflow_default"], "TensorFlow's defaults fused nothing here: the check proves nothing"

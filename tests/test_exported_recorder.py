@@ -71,3 +71,9 @@ def test_the_recorder_parses_as_python_3_6_and_imports_nothing_but_tf_and_numpy(
             imported.add((node.module or "").split(".")[0])
     assert imported <= {"argparse", "json", "os", "platform", "sys", "tempfile", "numpy", "tensorflow"}, imported
     assert "allow_pickle=True" not in source
+
+
+def test_the_recorder_turns_off_the_same_graph_rewrites_as_equivtool():
+    from equivtool import _execution
+    from equivtool.exported import _recorder
+    assert set(_recorder.NUMERIC_PASSES) == set(_execution.NUMERIC_PASSES)

@@ -45,6 +45,9 @@ def add_parsers(subparsers) -> None:
                          help="write OLD's golden record (inputs, outputs; intermediates with --localize)")
     compare.add_argument("--load-op-library", action="append", default=[], metavar="PATH",
                          help="a custom-op library the models need; repeatable")
+    compare.add_argument("--graph-rewrites", choices=("as_written", "tensorflow_default"), default="as_written",
+                         help="as_written (default): Grappler's numerics-changing passes off in both sides' "
+                              "sessions; tensorflow_default: TensorFlow's defaults (the verdict may depend on the CPU)")
     compare.add_argument("--json", default=None, help="write a JSON report here")
     compare.add_argument("--html", default=None, help="write an HTML report here")
     compare.set_defaults(run=run_compare)
@@ -73,7 +76,8 @@ def run_compare(args) -> int:
             graph_outputs=args.graph_outputs, input_shapes=args.input_shapes, val_range=args.val_range,
             seed=args.seed, inputs=args.inputs, data_loader=args.data_loader, batches=args.batches,
             map_inputs=args.map_inputs, map_outputs=args.map_outputs, atol=args.atol, rtol=args.rtol,
-            localize=args.localize, save_outputs=args.save_outputs, load_op_library=args.load_op_library)
+            localize=args.localize, save_outputs=args.save_outputs, load_op_library=args.load_op_library,
+            graph_rewrites=args.graph_rewrites)
     except (ValueError, UsageError) as exc:
         print(f"equivtool compare: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE

@@ -278,6 +278,7 @@ def compare_models(
     localize: bool = False,
     save_outputs: Optional[str] = None,
     load_op_library: Sequence[str] = (),
+    graph_rewrites: str = "as_written",
     meta: Optional[Mapping[str, Any]] = None,
 ) -> EquivalenceReport:
     """Compare two exported models (or golden records) output by output.
@@ -295,6 +296,11 @@ def compare_models(
     in_map, out_map = _pairs(map_inputs, "--map-inputs"), _pairs(map_outputs, "--map-outputs")
     graph_in, graph_out = _pairs(graph_inputs, "--graph-inputs"), _pairs(graph_outputs, "--graph-outputs")
     _check_options(seed, batches, save_outputs)
+    from equivtool import _execution
+    try:
+        _execution.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
     if isinstance(load_op_library, (str, os.PathLike)):
         load_op_library = [load_op_library]
     load_op_libraries([os.fspath(p) for p in load_op_library])
@@ -304,12 +310,13 @@ def compare_models(
         for which, side in (("OLD", old), ("NEW", new)):
             if not isinstance(side, Side):
                 side = load_side(side, signature=signature, tags=tags, graph_inputs=graph_in,
-                                 graph_outputs=graph_out)
+                                 graph_outputs=graph_out, graph_rewrites=graph_rewrites)
                 owned.append(side)
             sides.append(side)
         old_side, new_side = sides
         return _compare(old_side, new_side, shapes, ranges, tolerance, in_map, out_map, seed, inputs, data_loader,
-                        batches, localize, save_outputs, dict(meta or {}), started)
+                        batches, localize, save_outputs, {"platform": _execution.platform(graph_rewrites, True),
+                                                          **dict(meta or {})}, started)
     finally:
         for side in owned:
             side.close()

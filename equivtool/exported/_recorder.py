@@ -43,6 +43,11 @@ SKIPPED_TYPES = frozenset([
     "Size", "Rank", "RestoreV2", "SaveV2", "MergeV2Checkpoints",
 ])
 FIRST_OUTPUT_ONLY = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+# Grappler passes that can change a float result (equivtool._execution.NUMERIC_PASSES),
+# switched off where this TensorFlow has them
+NUMERIC_PASSES = ("remapping", "arithmetic_optimization", "constant_folding", "layout_optimizer",
+                  "auto_mixed_precision", "auto_mixed_precision_onednn_bfloat16", "auto_mixed_precision_mkl",
+                  "auto_mixed_precision_cpu", "implementation_selector")
 
 
 class RecordError(ValueError):
@@ -261,8 +266,9 @@ def record(args):
     import tensorflow as tf
     config = tf.compat.v1.ConfigProto()
     rewrites = config.graph_options.rewrite_options
-    rewrites.arithmetic_optimization = 2  # RewriterConfig.OFF: run the graph as written
-    rewrites.remapping = 2
+    for name in NUMERIC_PASSES:  # run the graph as written, as equivtool's sessions do
+        if name in rewrites.DESCRIPTOR.fields_by_name:
+            setattr(rewrites, name, 2)  # RewriterConfig.OFF
     graph, session, inputs, outputs, model = load_model(
         tf, args.model, args.signature, args.tags.split(","), parse_pairs(args.graph_inputs, "--graph-inputs"),
         parse_pairs(args.graph_outputs, "--graph-outputs"), config)

@@ -16,8 +16,8 @@ Every side runs a graph as written: TF1 SavedModels and frozen graphs in a
 signature's concrete function with variables frozen to constants and function
 bodies inlined (``convert_variables_to_constants_v2``), imported into a graph
 and run in a session too; the sessions switch off Grappler's numerics-changing
-rewrites (arithmetic optimizer, remapper fusions), so a verdict does not depend
-on the CPU. Before anything is loaded, the graph's op names are read against
+rewrites (``graph_rewrites="as_written"``, :mod:`equivtool._execution`), so a
+verdict does not depend on the CPU. Before anything is loaded, the graph's op names are read against
 TensorFlow's op registry: unregistered ops are reported with their likely
 origin instead of TensorFlow's error deep in loading.
 """
@@ -144,13 +144,11 @@ class Side:
 # graph sides
 # --------------------------------------------------------------------------
 
-def session_config():
-    """Grappler's numerics-changing rewrites off: the graph runs as written."""
-    from equivtool import _tf_internals
-    from equivtool.runners import session_config as tf1_session_config
-    config = tf1_session_config(True)
-    config.graph_options.rewrite_options.remapping = _tf_internals.RewriterConfig.OFF
-    return config
+def session_config(graph_rewrites: str = "as_written"):
+    """The sessions' options: under "as_written" every Grappler pass that can change a
+    float result is off (:mod:`equivtool._execution`): the graph runs as written."""
+    from equivtool import _execution
+    return _execution.rewrite_config(graph_rewrites)
 
 
 class GraphSide(Side):
@@ -289,7 +287,7 @@ def detect_kind(path: str) -> str:
 # loaders
 # --------------------------------------------------------------------------
 
-def _load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs) -> GraphSide:
+def _load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rewrites) -> GraphSide:
     import tensorflow as tf
     if kind == "tf1-saved-model":
         meta_graph = _meta_graph(_read_saved_model(path), path, tags, signature)
@@ -308,7 +306,7 @@ def _load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs) -> Graph
                                  "--graph-outputs NAME=TENSOR,... (Python: graph_inputs=, graph_outputs=)")
     try:
         graph, session, inputs, outputs, meta = _recorder.load_model(
-            tf, path, signature, tags, graph_inputs, graph_outputs, session_config())
+            tf, path, signature, tags, graph_inputs, graph_outputs, session_config(graph_rewrites))
     except _recorder.RecordError as exc:
         raise ModelLoadError(str(exc)) from None
     except (tf.errors.OpError, ValueError, KeyError) as exc:
@@ -316,7 +314,7 @@ def _load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs) -> Graph
     return GraphSide(kind, path, graph, session, inputs, outputs, meta)
 
 
-def _frozen(function, input_names, output_names, path, kind, meta) -> GraphSide:
+def _frozen(function, input_names, output_names, path, kind, meta, graph_rewrites) -> GraphSide:
     """A concrete function with variables frozen and bodies inlined, imported into a graph."""
     import tensorflow as tf
     from equivtool import _tf_internals
@@ -330,11 +328,11 @@ def _frozen(function, input_names, output_names, path, kind, meta) -> GraphSide:
         tf.compat.v1.import_graph_def(graph_def, name="")
     inputs = {n: graph.get_tensor_by_name(t.name) for n, t in zip(input_names, frozen.inputs)}
     outputs = {n: graph.get_tensor_by_name(t.name) for n, t in zip(output_names, frozen.outputs)}
-    session = tf.compat.v1.Session(graph=graph, config=session_config())
+    session = tf.compat.v1.Session(graph=graph, config=session_config(graph_rewrites))
     return GraphSide(kind, path, graph, session, inputs, outputs, meta)
 
 
-def _load_tf2(path, signature, tags) -> GraphSide:
+def _load_tf2(path, signature, tags, graph_rewrites) -> GraphSide:
     import tensorflow as tf
     meta_graph = _meta_graph(_read_saved_model(path), path, tags, signature)
     check_registered_ops(meta_graph.graph_def, path)
@@ -348,10 +346,10 @@ def _load_tf2(path, signature, tags) -> GraphSide:
     output_names = sorted(function.structured_outputs)
     meta = {"signature": signature, "tags": list(tags),
             "tensorflow_version": meta_graph.meta_info_def.tensorflow_version}
-    return _frozen(function, input_names, output_names, path, "tf2-saved-model", meta)
+    return _frozen(function, input_names, output_names, path, "tf2-saved-model", meta, graph_rewrites)
 
 
-def _load_keras(path) -> GraphSide:
+def _load_keras(path, graph_rewrites) -> GraphSide:
     import tensorflow as tf
     try:
         model = tf.keras.models.load_model(path, compile=False)
@@ -367,19 +365,27 @@ def _load_keras(path) -> GraphSide:
 
     function = tf.function(forward, input_signature=specs).get_concrete_function()
     meta = {"keras": tf.keras.__version__ if hasattr(tf.keras, "__version__") else ""}
-    return _frozen(function, input_names, output_names, path, "keras", meta)
+    return _frozen(function, input_names, output_names, path, "keras", meta, graph_rewrites)
 
 
 def load_side(path: str, *, signature: str = "serving_default", tags: Sequence[str] = ("serve",),
               graph_inputs: Optional[Mapping[str, str]] = None,
-              graph_outputs: Optional[Mapping[str, str]] = None) -> Side:
+              graph_outputs: Optional[Mapping[str, str]] = None, graph_rewrites: str = "as_written") -> Side:
     """Load one side of a comparison from an artifact.
 
     ``path`` is a SavedModel folder (TF1 or TF2, told apart by its contents), a
     frozen GraphDef ``.pb`` (with ``graph_inputs``/``graph_outputs``: name ->
     tensor name), a tf-keras ``.h5``/``.keras`` file, or a golden record
-    ``.npz``. Errors are :class:`ModelLoadError` (a ``ValueError``) with one line.
+    ``.npz``. ``graph_rewrites`` ("as_written", the default, or
+    "tensorflow_default") says which Grappler passes the side's session runs
+    (:mod:`equivtool._execution`). Errors are :class:`ModelLoadError` (a
+    ``ValueError``) with one line.
     """
+    from equivtool import _execution
+    try:
+        _execution.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
     path = os.fspath(path)
     if isinstance(tags, str):
         tags = tuple(t for t in tags.split(",") if t)
@@ -387,10 +393,10 @@ def load_side(path: str, *, signature: str = "serving_default", tags: Sequence[s
     if kind in ("tf1-saved-model", "frozen-graph"):
         graph_inputs = {k: v if ":" in v else v + ":0" for k, v in (graph_inputs or {}).items()}
         graph_outputs = {k: v if ":" in v else v + ":0" for k, v in (graph_outputs or {}).items()}
-        return _load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs)
+        return _load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rewrites)
     if kind == "tf2-saved-model":
-        return _load_tf2(path, signature, tags)
+        return _load_tf2(path, signature, tags, graph_rewrites)
     if kind == "keras":
-        return _load_keras(path)
+        return _load_keras(path, graph_rewrites)
     from equivtool.exported._record import RecordSide
     return RecordSide(path)
