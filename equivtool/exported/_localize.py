@@ -134,7 +134,16 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
         reason = side.capabilities["intermediates"]
         if reason:
             raise ModelLoadError(f"--localize: {which} {side.path}: {reason}")
-    found, old_ops, kept, old_view = localize(old, new, old_feed, new_feed, tolerance, keep_old=keep_old)
+    started = time.perf_counter()
+    try:
+        found, old_ops, kept, old_view = localize(old, new, old_feed, new_feed, tolerance, keep_old=keep_old)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the step's verdict stands; say why nothing was localized
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        found = Localization("inconclusive", mode="graph", reason=f"localization failed: {detail}",
+                             seconds=time.perf_counter() - started)
+        keep_old = False
     step = dataclasses.replace(step, data={**dict(step.data), "localization": found})
     if not keep_old:
         return step, (), (), None
