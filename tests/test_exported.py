@@ -276,3 +276,27 @@ def test_sides_run_the_graph_as_written(models, kind):
             fused[rewrites] = _execution.fused_kernels(kernels, _execution.written_types(side.graph.as_graph_def()))
     assert fused["as_written"] == {}
     assert fused["tensorflow_default"], "TensorFlow's defaults fused nothing here: the check proves nothing"
+
+
+def test_data_loader_batches_each_a_step(models, tmp_path):
+    loader = tmp_path / "loader.py"
+    loader.write_text("import numpy as np\n"
+                      "def batches():\n"
+                      "    for i in range(5):\n"
+                      "        yield {'features': np.full((2, 6), i, np.float32)}\n")
+    report = equivtool.compare_models(models["h5"], models["keras_sm"], data_loader=f"{loader}:batches", batches=3)
+    assert report.passed and [s.name for s in report.steps] == ["outputs/batch0", "outputs/batch1", "outputs/batch2"]
+    with pytest.raises(ValueError, match="--data-loader: expected FILE.py:FUNCTION"):
+        equivtool.compare_models(models["h5"], models["keras_sm"], data_loader=str(loader))
+
+
+def test_generated_integers_honour_the_value_range():
+    specs = [{"name": "ids", "dtype": "int32", "shape": [None, 50]}, {"name": "x", "dtype": "float32", "shape": [3]}]
+    (batch,), notes = _recorder.generate_inputs(specs, {"ids": (4, 50)}, {"ids": (3, 5), "x": (-2, -1)}, seed=1)
+    assert batch["ids"].dtype == np.int32 and batch["ids"].shape == (4, 50)
+    assert set(np.unique(batch["ids"])) == {3, 4, 5}  # both ends included
+    assert batch["x"].dtype == np.float32 and ((-2 <= batch["x"]) & (batch["x"] < -1)).all()
+    again, _ = _recorder.generate_inputs(specs, {"ids": (4, 50)}, {"ids": (3, 5), "x": (-2, -1)}, seed=1)
+    assert np.array_equal(again[0]["ids"], batch["ids"])  # seeded
+    with pytest.raises(_recorder.RecordError, match="holds no int32 value"):
+        _recorder.generate_inputs(specs, {"ids": (4, 50)}, {"ids": (3.2, 3.8)})
