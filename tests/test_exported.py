@@ -93,6 +93,9 @@ def test_planted_batch_norm_epsilon_is_not_equivalent_and_localized(models, caps
     assert code == 1, out + err
     assert "NOT EQUIVALENT" in out
     report = equivtool.compare_models(models["tf1"], models["tf2_bad_eps"], localize=True)
+    frozen = equivtool.compare_models(models["pb"], models["tf2_bad_eps"], localize=True,
+                                      graph_inputs="images=images:0", graph_outputs=models["graph_outputs"])
+    assert frozen.step("outputs").data["localization"].tf1_op == "small_net/bn1/FusedBatchNormV3"
     found = report.step("outputs").data["localization"]
     assert found.diverged
     assert found.tf1_op == "small_net/bn1/FusedBatchNormV3"
