@@ -88,10 +88,14 @@ def test_inputs_mapped_by_order_with_a_note_or_by_name(models):
 
 # -- planted fault, localized -----------------------------------------------------
 
-def test_planted_batch_norm_epsilon_is_not_equivalent_and_localized(models, capsys):
-    code, out, err = run_cli(models["tf1"], models["tf2_bad_eps"], "--localize", capsys=capsys)
+def test_planted_batch_norm_epsilon_is_not_equivalent_and_localized(models, capsys, tmp_path):
+    code, out, err = run_cli(models["tf1"], models["tf2_bad_eps"], "--localize", "--json", str(tmp_path / "r.json"),
+                             "--html", str(tmp_path / "r.html"), capsys=capsys)
     assert code == 1, out + err
-    assert "NOT EQUIVALENT" in out
+    assert "NOT EQUIVALENT" in out and "first divergent op: small_net/bn1/FusedBatchNormV3" in out
+    again = equivtool.EquivalenceReport.from_json(str(tmp_path / "r.json"))
+    assert again.steps[0].data["localization"]["tf1_op"] == "small_net/bn1/FusedBatchNormV3"
+    assert "FusedBatchNormV3" in (tmp_path / "r.html").read_text()
     report = equivtool.compare_models(models["tf1"], models["tf2_bad_eps"], localize=True)
     frozen = equivtool.compare_models(models["pb"], models["tf2_bad_eps"], localize=True,
                                       graph_inputs="images=images:0", graph_outputs=models["graph_outputs"])
