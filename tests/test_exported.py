@@ -240,6 +240,8 @@ BAD = [
     ("bad shape option", lambda m, b: [m["tf1"], m["tf2"], "--input-shapes", "images:2,x"], "--input-shapes: "),
     ("bad tolerance", lambda m, b: [m["tf1"], m["tf2"], "--atol", "logits:-1"], "--atol: "),
     ("bad map", lambda m, b: [m["tf1"], m["tf2"], "--map-inputs", "images"], "--map-inputs: "),
+    ("op library", lambda m, b: [m["tf1"], m["tf2"], "--load-op-library", b["not_a_model"]], "--load-op-library: "),
+    ("seed", lambda m, b: [m["tf1"], m["tf2"], "--seed", "-1"], "--seed: "),
 ]
 
 
