@@ -77,3 +77,9 @@ def test_the_recorder_turns_off_the_same_graph_rewrites_as_equivtool():
     from equivtool import _execution
     from equivtool.exported import _recorder
     assert set(_recorder.NUMERIC_PASSES) == set(_execution.NUMERIC_PASSES)
+
+
+def test_the_recorder_names_this_equivtool_version():
+    import equivtool
+    from equivtool.exported import _recorder
+    assert _recorder.EQUIVTOOL_VERSION == equivtool.__version__  # a record says which equivtool wrote it
