@@ -12,12 +12,14 @@ One small class per kind of artifact, one interface (:class:`Side`):
   ``--localize``.
 
 Every side runs a graph as written: TF1 SavedModels and frozen graphs in a
-``tf.compat.v1.Session``, TF2 SavedModels and tf-keras files as their
-signature's concrete function with variables frozen to constants and function
-bodies inlined (``convert_variables_to_constants_v2``), imported into a graph
-and run in a session too; the sessions switch off Grappler's numerics-changing
-rewrites (``graph_rewrites="as_written"``, :mod:`equivtool._execution`), so a
-verdict does not depend on the CPU. Before anything is loaded, the graph's op names are read against
+``tf.compat.v1.Session`` whose Grappler passes that can change a float result
+are off (``graph_rewrites="as_written"``, :mod:`equivtool._execution`), TF2
+SavedModels and tf-keras files as their signature's concrete function, called
+with the same passes off through the thread's function-call options; so a
+verdict does not depend on the CPU. For ``--localize`` a concrete function is
+frozen (variables to constants, function bodies inlined:
+``convert_variables_to_constants_v2``) and imported into a graph, run in a
+session the same way. Before anything is loaded, the graph's op names are read against
 TensorFlow's op registry: unregistered ops are reported with their likely
 origin instead of TensorFlow's error deep in loading.
 """
@@ -323,16 +325,72 @@ def _frozen(function, input_names, output_names, path, kind, meta, graph_rewrite
     except Exception as exc:  # noqa: BLE001 - a function that cannot be frozen
         raise ModelLoadError(f"{path}: cannot freeze the signature into a graph: {_short(exc)}") from None
     graph_def = frozen.graph.as_graph_def()
+    in_tensors, out_tensors = [t.name for t in frozen.inputs], [t.name for t in frozen.outputs]
+    del frozen  # only the graph below is kept
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
-    inputs = {n: graph.get_tensor_by_name(t.name) for n, t in zip(input_names, frozen.inputs)}
-    outputs = {n: graph.get_tensor_by_name(t.name) for n, t in zip(output_names, frozen.outputs)}
+    del graph_def
+    inputs = {n: graph.get_tensor_by_name(t) for n, t in zip(input_names, in_tensors)}
+    outputs = {n: graph.get_tensor_by_name(t) for n, t in zip(output_names, out_tensors)}
     session = tf.compat.v1.Session(graph=graph, config=session_config(graph_rewrites))
     return GraphSide(kind, path, graph, session, inputs, outputs, meta)
 
 
-def _load_tf2(path, signature, tags, graph_rewrites) -> GraphSide:
+def _info(name: str, spec) -> TensorInfo:
+    dtype = "string" if spec.dtype.name == "string" else np.dtype(spec.dtype.as_numpy_dtype).name
+    shape = None if spec.shape.rank is None else tuple(spec.shape.as_list())
+    return TensorInfo(name, dtype, shape)
+
+
+class FunctionSide(Side):
+    """A TF2 concrete function: a SavedModel's signature, or a tf-keras model's forward pass.
+
+    ``run`` calls it with this thread's function-call options switched to the
+    ``graph_rewrites`` passes (:func:`equivtool._execution.function_rewrites`,
+    restored on every exit path); ``graph_view`` freezes it into a graph, once,
+    for ``--localize``.
+    """
+
+    def __init__(self, kind, path, function, input_names, output_names, meta, graph_rewrites, owner=None):
+        self.kind, self.path, self.function, self.owner = kind, path, function, owner  # owner keeps it alive
+        self.input_names, self.output_names = list(input_names), list(output_names)
+        specs = function.structured_input_signature
+        flat_specs = [specs[1][n] for n in self.input_names] if specs[1] else list(specs[0])
+        self.inputs = tuple(_info(n, spec) for n, spec in zip(self.input_names, flat_specs))
+        self.outputs = tuple(_info(n, t) for n, t in zip(self.output_names, function.outputs))
+        self.meta, self.notes, self.graph_rewrites = dict(meta), (), graph_rewrites
+        self._frozen: Optional[GraphSide] = None
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict:
+        import tensorflow as tf
+        from equivtool import _execution
+        self.check_feed(feed)
+        args = [tf.convert_to_tensor(np.asarray(feed[n])) for n in self.input_names]
+        try:
+            with _execution.function_rewrites(self.graph_rewrites):
+                if self.function.structured_input_signature[1]:
+                    result = self.function(**dict(zip(self.input_names, args)))
+                else:
+                    result = self.function(*args)
+        except (tf.errors.OpError, ValueError, TypeError) as exc:
+            raise ModelLoadError(f"{self.path}: running the model failed: {_short(exc)}") from None
+        values = [result[n] for n in self.output_names] if isinstance(result, Mapping) else tf.nest.flatten(result)
+        return {n: v.numpy() for n, v in zip(self.output_names, values)}
+
+    def graph_view(self, feed: Mapping[str, np.ndarray]) -> GraphView:
+        if self._frozen is None:
+            self._frozen = _frozen(self.function, self.input_names, self.output_names, self.path, self.kind,
+                                   self.meta, self.graph_rewrites)
+        return self._frozen.graph_view(feed)
+
+    def close(self) -> None:
+        if self._frozen is not None:
+            self._frozen.close()
+            self._frozen = None
+
+
+def _load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:
     import tensorflow as tf
     meta_graph = _meta_graph(_read_saved_model(path), path, tags, signature)
     check_registered_ops(meta_graph.graph_def, path)
@@ -341,15 +399,15 @@ def _load_tf2(path, signature, tags, graph_rewrites) -> GraphSide:
         function = loaded.signatures[signature]
     except Exception as exc:  # noqa: BLE001 - corrupt variables, missing assets ...
         raise ModelLoadError(f"{path}: cannot load the TF2 SavedModel: {_short(exc)}") from None
-    kwargs = function.structured_input_signature[1]
-    input_names = sorted(kwargs)
-    output_names = sorted(function.structured_outputs)
+    input_names = sorted(function.structured_input_signature[1])
+    output_names = sorted(function.structured_outputs)  # the order of function.outputs (flattened dict)
     meta = {"signature": signature, "tags": list(tags),
             "tensorflow_version": meta_graph.meta_info_def.tensorflow_version}
-    return _frozen(function, input_names, output_names, path, "tf2-saved-model", meta, graph_rewrites)
+    return FunctionSide("tf2-saved-model", path, function, input_names, output_names, meta, graph_rewrites,
+                        owner=loaded)
 
 
-def _load_keras(path, graph_rewrites) -> GraphSide:
+def _load_keras(path, graph_rewrites) -> FunctionSide:
     import tensorflow as tf
     try:
         model = tf.keras.models.load_model(path, compile=False)
@@ -364,8 +422,7 @@ def _load_keras(path, graph_rewrites) -> GraphSide:
         return tf.nest.flatten(result)
 
     function = tf.function(forward, input_signature=specs).get_concrete_function()
-    meta = {"keras": tf.keras.__version__ if hasattr(tf.keras, "__version__") else ""}
-    return _frozen(function, input_names, output_names, path, "keras", meta, graph_rewrites)
+    return FunctionSide("keras", path, function, input_names, output_names, {}, graph_rewrites, owner=model)
 
 
 def load_side(path: str, *, signature: str = "serving_default", tags: Sequence[str] = ("serve",),
