@@ -76,7 +76,7 @@ def export_tf2(layer, call, values: dict, input_shape, folder: str, *, input_nam
 def export_inception_resnet_v2(out_dir: str, image_size: int = 75, num_classes: int = 10,
                                plant_fault: bool = False) -> tuple[str, str]:
     """Inception-ResNet-v2 (no aux head) as ``out_dir/tf1`` and ``out_dir/tf2``."""
-    from examples.inception_resnet_v2.keras_shim import make_shim, tf1_forward
+    from ..inception_resnet_v2.keras_shim import make_shim, tf1_forward
     kwargs = {"batch_norm_scale": True, "create_aux_logits": False}
     shape = (1, image_size, image_size, 3)
 
