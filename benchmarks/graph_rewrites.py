@@ -3,7 +3,7 @@
 For each model, the TF1 inference graph runs with fixed weights (the
 ``fixed_weights`` step's values) in one session per configuration:
 
-- ``as_written``: every pass of ``equivtool._execution.NUMERIC_PASSES`` off
+- ``as_written``: every pass of ``equivtool._platform.execution.NUMERIC_PASSES`` off
   (equivtool's default);
 - ``+PASS``: as written, with that one pass back at TensorFlow's default;
 - ``tensorflow_default``: TensorFlow's defaults (every pass on).
@@ -35,8 +35,9 @@ import equivtool  # noqa: E402,F401  (environment fix first)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from equivtool import _execution, runners  # noqa: E402
-from equivtool._tf_internals import RewriterConfig  # noqa: E402
+from equivtool._platform import execution as _execution  # noqa: E402
+from equivtool.engine.sides import runners  # noqa: E402
+from equivtool._platform.tf_internals import RewriterConfig  # noqa: E402
 
 
 def _zoo(name):
