@@ -548,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--verbose", action="store_true")
     build.set_defaults(run=cmd_build_ops)
     from equivtool.exported import _cli as exported_cli  # compare, record-script
-    exported_cli.add_parsers(sub)
+    exported_cli.add_parsers(sub, check_output_path)
     return parser
 
 

@@ -268,6 +268,9 @@ def test_side_capabilities_refuse_training(models):
     with equivtool.load_side(models["tf1"]) as side:
         assert side.capabilities["forward"] is None
         assert "forward pass only" in side.capabilities["training"]
+        from equivtool.engine import sides as engine_sides  # the engine's side protocol asks the class
+        assert engine_sides.refusal(type(side), [engine_sides.FORWARD, engine_sides.INTERMEDIATES]) is None
+        assert "forward pass only" in engine_sides.refusal(type(side), [engine_sides.TRAINING])
         assert [str(t) for t in side.inputs] == ["images: float32 (?, 8, 8, 3)"]
     assert _cli.recorder_source().startswith("# equivtool golden-record writer")
 
@@ -276,7 +279,7 @@ def test_side_capabilities_refuse_training(models):
 def test_sides_run_the_graph_as_written(models, kind):
     """Under the default graph_rewrites="as_written" no fused kernel runs; under
     TensorFlow's defaults the remapper fuses (the check can fail)."""
-    from equivtool import _execution
+    from equivtool._platform import execution as _execution
     fused = {}
     for rewrites in ("as_written", "tensorflow_default"):
         with equivtool.load_side(models[kind], graph_rewrites=rewrites) as side:

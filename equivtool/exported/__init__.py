@@ -15,6 +15,7 @@ output differs (:mod:`._localize`). The public names are exported from
 from __future__ import annotations
 
 from equivtool.exported._compare import compare_models
-from equivtool.exported._sides import ModelLoadError, load_side
+from equivtool.exported._load import load_side
+from equivtool.exported._sides import ModelLoadError
 
 __all__ = ["compare_models", "load_side", "ModelLoadError"]

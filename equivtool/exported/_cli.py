@@ -12,7 +12,9 @@ import sys
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 
 
-def add_parsers(subparsers) -> None:
+def add_parsers(subparsers, check_output_path) -> None:
+    """Add ``compare`` and ``record-script``; ``check_output_path(path, argument)``
+    raises a ``ValueError`` when a report cannot be written there (the CLI's own)."""
     compare = subparsers.add_parser(
         "compare", help="compare two exported models (SavedModel, frozen .pb, tf-keras file, golden record)",
         description="Compare two exported models output by output (and, with --localize, node by node). "
@@ -50,7 +52,7 @@ def add_parsers(subparsers) -> None:
                               "sessions; tensorflow_default: TensorFlow's defaults (the verdict may depend on the CPU)")
     compare.add_argument("--json", default=None, help="write a JSON report here")
     compare.add_argument("--html", default=None, help="write an HTML report here")
-    compare.set_defaults(run=run_compare)
+    compare.set_defaults(run=run_compare, check_output_path=check_output_path)
 
     record = subparsers.add_parser(
         "record-script", help="print the golden-record writer to run in an old TensorFlow (1.15+) environment",
@@ -65,11 +67,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_compare(args) -> int:
-    from equivtool.cli import UsageError, check_output_path
     from equivtool.exported._compare import compare_models
     try:
-        check_output_path(args.json, "--json")
-        check_output_path(args.html, "--html")
+        args.check_output_path(args.json, "--json")
+        args.check_output_path(args.html, "--html")
         print(f"equivtool compare {args.old} vs {args.new}", flush=True)
         report = compare_models(
             args.old, args.new, signature=args.signature, tags=args.tags, graph_inputs=args.graph_inputs,
@@ -78,7 +79,7 @@ def run_compare(args) -> int:
             map_inputs=args.map_inputs, map_outputs=args.map_outputs, atol=args.atol, rtol=args.rtol,
             localize=args.localize, save_outputs=args.save_outputs, load_op_library=args.load_op_library,
             graph_rewrites=args.graph_rewrites)
-    except (ValueError, UsageError) as exc:
+    except ValueError as exc:  # the CLI's UsageError included
         print(f"equivtool compare: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     print(report)
@@ -86,7 +87,7 @@ def run_compare(args) -> int:
         found = step.data.get("localization")
         if found is not None and step.passed:
             print(found)
-    from equivtool._progress import write_reports
+    from equivtool._base.progress import write_reports
     write_reports(report, args.json, args.html)
     return EXIT_OK if report.passed else EXIT_DIFFERENT
 

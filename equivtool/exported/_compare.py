@@ -20,7 +20,8 @@ import numpy as np
 
 from equivtool.comparison import Tolerance, compare
 from equivtool.exported import _recorder
-from equivtool.exported._sides import ModelLoadError, Side, load_op_libraries, load_side
+from equivtool.exported._load import load_side
+from equivtool.exported._sides import ModelLoadError, Side, load_op_libraries
 from equivtool.report import EquivalenceReport, StepResult
 
 _MAX_SEED = 2 ** 32 - 1
@@ -296,7 +297,7 @@ def compare_models(
     in_map, out_map = _pairs(map_inputs, "--map-inputs"), _pairs(map_outputs, "--map-outputs")
     graph_in, graph_out = _pairs(graph_inputs, "--graph-inputs"), _pairs(graph_outputs, "--graph-outputs")
     _check_options(seed, batches, save_outputs)
-    from equivtool import _execution
+    from equivtool._platform import execution as _execution
     try:
         _execution.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
     except ValueError as exc:

@@ -13,7 +13,7 @@ One small class per kind of artifact, one interface (:class:`Side`):
 
 Every side runs a graph as written: TF1 SavedModels and frozen graphs in a
 ``tf.compat.v1.Session`` whose Grappler passes that can change a float result
-are off (``graph_rewrites="as_written"``, :mod:`equivtool._execution`), TF2
+are off (``graph_rewrites="as_written"``, :mod:`equivtool._platform.execution`), TF2
 SavedModels and tf-keras files as their signature's concrete function, called
 with the same passes off through the thread's function-call options; so a
 verdict does not depend on the CPU. For ``--localize`` a concrete function is
@@ -32,11 +32,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from equivtool.engine import sides as engine_sides
 from equivtool.exported import _recorder
 
 KINDS = ("tf1-saved-model", "tf2-saved-model", "frozen-graph", "keras", "record")
 _KERAS_SUFFIXES = (".h5", ".hdf5", ".keras")
-_NOT_TRAINABLE = "an exported model holds a forward pass only (no training, variables or gradients to compare)"
+_NOT_TRAINABLE = ("an exported model holds a forward pass only (no training, variables, gradients or "
+                  "checkpoints to compare)")
 
 
 class ModelLoadError(ValueError):
@@ -90,8 +92,15 @@ class GraphView:
     recorded: Optional[frozenset] = None  # a record: the tensor names it holds
 
 
-class Side:
-    """The interface every loaded side offers (see the module docstring)."""
+class Side(engine_sides.Side):
+    """The interface every loaded side offers (see the module docstring), on the
+    engine's side protocol: it can run a forward pass and give every node's
+    output; it refuses training, variables, gradients and checkpoints."""
+
+    KIND = "exported model"
+    CAPABILITIES = frozenset({engine_sides.FORWARD, engine_sides.INTERMEDIATES})
+    REFUSALS = {c: _NOT_TRAINABLE for c in (engine_sides.VARIABLES, engine_sides.GRADIENTS,
+                                            engine_sides.TRAINING, engine_sides.CHECKPOINTS)}
 
     kind: str = ""
     path: str = ""
@@ -102,8 +111,10 @@ class Side:
 
     @property
     def capabilities(self) -> Mapping[str, Optional[str]]:
-        return {"forward": None, "intermediates": self._intermediates_reason(),
-                "training": _NOT_TRAINABLE, "variables": _NOT_TRAINABLE, "gradients": _NOT_TRAINABLE}
+        """Capability -> None when this side can, else the reason it cannot."""
+        found = {c: self.refuses(c) for c in engine_sides.CAPABILITIES}
+        found[engine_sides.INTERMEDIATES] = found[engine_sides.INTERMEDIATES] or self._intermediates_reason()
+        return found
 
     def _intermediates_reason(self) -> Optional[str]:
         return None
@@ -148,8 +159,8 @@ class Side:
 
 def session_config(graph_rewrites: str = "as_written"):
     """The sessions' options: under "as_written" every Grappler pass that can change a
-    float result is off (:mod:`equivtool._execution`): the graph runs as written."""
-    from equivtool import _execution
+    float result is off (:mod:`equivtool._platform.execution`): the graph runs as written."""
+    from equivtool._platform import execution as _execution
     return _execution.rewrite_config(graph_rewrites)
 
 
@@ -206,7 +217,7 @@ def _origin(op: str) -> str:
 def check_registered_ops(graph_def, path: str) -> None:
     """Raise :class:`ModelLoadError` naming the ops of ``graph_def`` (and of its
     function library) that TensorFlow's op registry does not know."""
-    from equivtool import _tf_internals
+    from equivtool._platform import tf_internals as _tf_internals
     functions = {f.signature.name for f in graph_def.library.function}
     ops = {n.op for n in graph_def.node}
     for f in graph_def.library.function:
@@ -235,7 +246,7 @@ def load_op_libraries(paths: Sequence[str]) -> None:
 # --------------------------------------------------------------------------
 
 def _read_saved_model(path: str):
-    from equivtool import _tf_internals
+    from equivtool._platform import tf_internals as _tf_internals
     proto = _tf_internals.SavedModel()
     pb = os.path.join(path, "saved_model.pb")
     try:
@@ -289,7 +300,7 @@ def detect_kind(path: str) -> str:
 # loaders
 # --------------------------------------------------------------------------
 
-def _load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rewrites) -> GraphSide:
+def load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rewrites) -> GraphSide:
     import tensorflow as tf
     if kind == "tf1-saved-model":
         meta_graph = _meta_graph(_read_saved_model(path), path, tags, signature)
@@ -319,7 +330,7 @@ def _load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_re
 def _frozen(function, input_names, output_names, path, kind, meta, graph_rewrites) -> GraphSide:
     """A concrete function with variables frozen and bodies inlined, imported into a graph."""
     import tensorflow as tf
-    from equivtool import _tf_internals
+    from equivtool._platform import tf_internals as _tf_internals
     try:
         frozen = _tf_internals.convert_variables_to_constants_v2(function)
     except Exception as exc:  # noqa: BLE001 - a function that cannot be frozen
@@ -347,7 +358,7 @@ class FunctionSide(Side):
     """A TF2 concrete function: a SavedModel's signature, or a tf-keras model's forward pass.
 
     ``run`` calls it with this thread's function-call options switched to the
-    ``graph_rewrites`` passes (:func:`equivtool._execution.function_rewrites`,
+    ``graph_rewrites`` passes (:func:`equivtool._platform.execution.function_rewrites`,
     restored on every exit path); ``graph_view`` freezes it into a graph, once,
     for ``--localize``.
     """
@@ -364,7 +375,7 @@ class FunctionSide(Side):
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict:
         import tensorflow as tf
-        from equivtool import _execution
+        from equivtool._platform import execution as _execution
         self.check_feed(feed)
         args = [tf.convert_to_tensor(np.asarray(feed[n])) for n in self.input_names]
         try:
@@ -390,7 +401,7 @@ class FunctionSide(Side):
             self._frozen = None
 
 
-def _load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:
+def load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:
     import tensorflow as tf
     meta_graph = _meta_graph(_read_saved_model(path), path, tags, signature)
     check_registered_ops(meta_graph.graph_def, path)
@@ -407,7 +418,7 @@ def _load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:
                         owner=loaded)
 
 
-def _load_keras(path, graph_rewrites) -> FunctionSide:
+def load_keras(path, graph_rewrites) -> FunctionSide:
     import tensorflow as tf
     try:
         model = tf.keras.models.load_model(path, compile=False)
@@ -423,37 +434,3 @@ def _load_keras(path, graph_rewrites) -> FunctionSide:
 
     function = tf.function(forward, input_signature=specs).get_concrete_function()
     return FunctionSide("keras", path, function, input_names, output_names, {}, graph_rewrites, owner=model)
-
-
-def load_side(path: str, *, signature: str = "serving_default", tags: Sequence[str] = ("serve",),
-              graph_inputs: Optional[Mapping[str, str]] = None,
-              graph_outputs: Optional[Mapping[str, str]] = None, graph_rewrites: str = "as_written") -> Side:
-    """Load one side of a comparison from an artifact.
-
-    ``path`` is a SavedModel folder (TF1 or TF2, told apart by its contents), a
-    frozen GraphDef ``.pb`` (with ``graph_inputs``/``graph_outputs``: name ->
-    tensor name), a tf-keras ``.h5``/``.keras`` file, or a golden record
-    ``.npz``. ``graph_rewrites`` ("as_written", the default, or
-    "tensorflow_default") says which Grappler passes the side's session runs
-    (:mod:`equivtool._execution`). Errors are :class:`ModelLoadError` (a
-    ``ValueError``) with one line.
-    """
-    from equivtool import _execution
-    try:
-        _execution.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
-    except ValueError as exc:
-        raise ModelLoadError(str(exc)) from None
-    path = os.fspath(path)
-    if isinstance(tags, str):
-        tags = tuple(t for t in tags.split(",") if t)
-    kind = detect_kind(path)
-    if kind in ("tf1-saved-model", "frozen-graph"):
-        graph_inputs = {k: v if ":" in v else v + ":0" for k, v in (graph_inputs or {}).items()}
-        graph_outputs = {k: v if ":" in v else v + ":0" for k, v in (graph_outputs or {}).items()}
-        return _load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rewrites)
-    if kind == "tf2-saved-model":
-        return _load_tf2(path, signature, tags, graph_rewrites)
-    if kind == "keras":
-        return _load_keras(path, graph_rewrites)
-    from equivtool.exported._record import RecordSide
-    return RecordSide(path)
