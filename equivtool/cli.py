@@ -277,8 +277,24 @@ def doctor_xent_cuda() -> tuple[bool, str]:
     from equivtool.ops._build import cuda_contents, cuda_report
     status = op_status()
     if not (status.get("built") and not status.get("error") and status.get("cuda")):
-        return True, "no CUDA kernels in this library"
+        return True, "no CUDA kernels compiled into this library (see: xent op GPU)"
     return not cuda_contents(status["path"]).undefined_cuda, cuda_report(status["path"])
+
+
+def doctor_xent_gpu() -> tuple[bool, str]:
+    """Where the op's GPU kernels come from (nvcc ahead of time, NVRTC at run time,
+    none and why), which NVRTC, the architectures cached, the driver version."""
+    from equivtool.ops import op_status
+    from equivtool.ops._gpu import describe
+    from equivtool.ops._load import read_stamp
+    status = op_status()
+    if not status.get("built") or status.get("error"):
+        return True, "op library not usable (see: xent op)"
+    now, stamp = status.get("gpu_kernels"), read_stamp(status["path"]) or {}
+    if stamp.get("cuda") == "1":
+        return True, describe(status["path"], stamp)
+    head = f"none ({now.reason})" if now is not None and now.source == "none" else str(now)
+    return True, f"now: {head}; {describe(status['path'], stamp)}"
 
 
 def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
@@ -306,6 +322,7 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("graph rewrites", doctor_rewrites),
     ("xent op", doctor_xent_op),
     ("xent op CUDA", doctor_xent_cuda),
+    ("xent op GPU", doctor_xent_gpu),
     ("random tool", _live_check("check_random_tool")),
     ("xent op live", _live_check("check_op")),
 ]
