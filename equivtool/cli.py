@@ -589,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build-ops", help="(re)build the cross-entropy op against the installed TensorFlow")
     build.add_argument("--verbose", action="store_true")
     build.set_defaults(run=cmd_build_ops)
+    from equivtool.exported import _cli as exported_cli  # compare, record-script
+    exported_cli.add_parsers(sub, check_output_path)
     return parser
 
 
