@@ -53,6 +53,10 @@ _EXPORTS = {
     "Localization": "localize",
     # reproducibility
     "audit_determinism": "determinism",
+    # exported models and golden records
+    "compare_models": "exported",
+    "load_side": "exported",
+    "ModelLoadError": "exported",
     "DeterminismReport": "determinism",
 }
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool.comparison import Comparison, compare
+from equivtool.engine import output_filter
 from equivtool.engine import registry as _steps
 from equivtool.engine import signals as _signals
 from equivtool.engine.options import Options
@@ -224,7 +225,13 @@ class Engine:
                     notes.append(f"end-point keys: the TF2 layer's own name scope {stripped!r} removed "
                                  "(the only difference from the TF1 keys)")
                 for sub_label, sub_expected, sub_actual in split_outputs(expected, actual):
-                    comparisons.append(self.compare(name, sub_expected, sub_actual, sub_label))
+                    part = output_filter.select(sub_expected, sub_actual, sub_label, self.options.outputs)
+                    if part is not None:
+                        comparisons.append(self.compare(name, *part, sub_label))
+                one_side = output_filter.one_side_note([leaf for c in comparisons for leaf in c.leaves],
+                                                       self.options.tf_function)
+                if one_side:
+                    notes.append(one_side)
             else:
                 comparisons.append(self.compare(name, expected, actual, label))
         return StepResult.from_comparisons(name, _steps.title(name), comparisons, notes=notes, data=data)
