@@ -66,6 +66,7 @@ from equivtool._tree import flatten_tensors
 from equivtool.runners import checkpoint_exists, restore_snapshot, snapshot_layer
 from equivtool.steps import SkipStep, Step
 from equivtool.variables import _make_renamer
+from equivtool.checkpoints.mapping import as_rename
 
 __all__ = ["check_equivalence", "STEPS", "MODES", "DEFAULT_STEPS"]
 
@@ -214,7 +215,7 @@ class _Options:
         options = cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
                    tolerances=_StepTolerances(tolerance, step_tolerances), loss_fn=loss_fn,
                    optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
-                   renamer=_make_renamer(rename), tf_function=bool(tf_function),
+                   renamer=_make_renamer(as_rename(rename)), tf_function=bool(tf_function),
                    disable_arithmetic_optimization=bool(disable_arithmetic_optimization), seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, workers=int(workers))
