@@ -120,3 +120,22 @@ class NativeEmbedding(tf.keras.layers.Layer):
 
     def call(self, ids, training=None):
         return self.out(tf.reduce_mean(self.table(ids), axis=1))
+
+
+def train_tf1(tf1_fn, inputs, make_optimizer, steps: int, prefix: str, global_step: bool = True) -> str:
+    """Train ``tf1_fn`` ``steps`` steps in TF1 (the engine's default loss) and save
+    everything, slots included, with ``tf.compat.v1.train.Saver``; returns the path."""
+    from equivtool.runners import default_loss
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(1)
+        outputs = tf1_fn(tf.constant(inputs), True)
+        loss = default_loss(outputs, None)
+        step = v1.train.get_or_create_global_step() if global_step else None
+        with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+            train = make_optimizer().minimize(loss, global_step=step)
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            for _ in range(steps):
+                session.run(train)
+            return v1.train.Saver().save(session, prefix)
