@@ -200,7 +200,9 @@ class _Options:
                             f"got {type(tf2_layer).__name__}")
         input_notes = _check_inputs(inputs)
         enabled = [name for name, given in (("optimizers", optimizers is not None),
-                                            ("checkpoint", bool(checkpoint))) if given]
+                                            ("checkpoint", bool(checkpoint)),
+                                            ("resume", optimizers is not None
+                                             and isinstance(checkpoint, (str, os.PathLike)))) if given]
         selected = _steps.select_steps(steps, enabled)
         selected_modes = _steps.select_modes(modes)
         if "random" in selected and not selected_modes:

@@ -76,9 +76,11 @@ class TwoDense(tf.keras.layers.Layer):
     def __init__(self, **kwargs):
         super().__init__(name="mlp", **kwargs)
         self.flatten = tf.keras.layers.Flatten()
-        self.fc1 = tf.keras.layers.Dense(8, activation="relu")
-        self.fc2 = tf.keras.layers.Dense(8, activation="relu")
-        self.fc3 = tf.keras.layers.Dense(8)
+        # Named sublayers: their variable names do not depend on how many
+        # Dense layers this process made before, so the proposed rules hold.
+        self.fc1 = tf.keras.layers.Dense(8, activation="relu", name="first")
+        self.fc2 = tf.keras.layers.Dense(8, activation="relu", name="hidden")
+        self.fc3 = tf.keras.layers.Dense(8, name="top")
 
     def call(self, inputs, training=None):
         end_points = {}

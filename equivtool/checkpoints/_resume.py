@@ -79,11 +79,11 @@ def _resume_tf1(e) -> dict:
                 raise ValueError(f"checkpoint: {path!r} lacks {absent}, which the TF1 training graph "
                                  f"({type(optimizer).__name__}) has: was it written by this model and optimizer?")
             tf.compat.v1.train.Saver(var_list=everything).restore(side.session, path)
-        side._initialized = True  # every variable restored
-        trainable = side.trainable_variables()
-        slots = [(v, optimizer.get_slot(v, name)) for name in optimizer.get_slot_names() for v in trainable]
-        slots = [(v, s) for v, s in slots if s is not None]
-        non_slot = [v for v in optimizer.variables() if v.op.name in ("beta1_power", "beta2_power")]
+            side._initialized = True  # every variable restored
+            trainable = side.trainable_variables()
+            slots = [(v, optimizer.get_slot(v, name)) for name in optimizer.get_slot_names() for v in trainable]
+            slots = [(v, s) for v, s in slots if s is not None]
+            non_slot = [v for v in optimizer.variables() if v.op.name in ("beta1_power", "beta2_power")]
         losses, captures = [], []
         for _ in range(o.train_steps):
             losses.append(side.train_step(training))
