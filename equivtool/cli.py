@@ -1,4 +1,4 @@
-"""``equivtool`` command line: doctor | check | demo | audit | build-ops.
+"""``equivtool`` command line: doctor | check | demo | audit | build-ops | convert-checkpoint.
 
 Exit codes (all commands):
 
@@ -522,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build-ops", help="(re)build the cross-entropy op against the installed TensorFlow")
     build.add_argument("--verbose", action="store_true")
     build.set_defaults(run=cmd_build_ops)
+
+    from equivtool.checkpoints import _cli as convert_cli  # noqa: E402  (its own module; imports no TF)
+    convert_cli.add_parser(sub)
     return parser
 
 

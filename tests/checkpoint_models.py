@@ -141,3 +141,21 @@ def train_tf1(tf1_fn, inputs, make_optimizer, steps: int, prefix: str, global_st
             for _ in range(steps):
                 session.run(train)
             return v1.train.Saver().save(session, prefix)
+
+
+# The rules map_variables proposes for NativeNet, committed as a user would
+# (tests/test_checkpoints_cli.py checks that they are still the proposal).
+NATIVE_RENAME = [
+    ('^net(?:_\\d+)?/conv2d(?:_\\d+)?/kernel$', 'net/conv1/weights'),
+    ('^net(?:_\\d+)?/conv2d(?:_\\d+)?/bias$', 'net/conv1/biases'),
+    ('^net(?:_\\d+)?/batch_normalization(?:_\\d+)?/gamma$', 'net/bn1/gamma'),
+    ('^net(?:_\\d+)?/batch_normalization(?:_\\d+)?/beta$', 'net/bn1/beta'),
+    ('^net(?:_\\d+)?/batch_normalization(?:_\\d+)?/moving_mean$', 'net/bn1/moving_mean'),
+    ('^net(?:_\\d+)?/batch_normalization(?:_\\d+)?/moving_variance$', 'net/bn1/moving_variance'),
+    ('^net(?:_\\d+)?/dense(?:_\\d+)?/kernel$', 'net/logits/weights'),
+    ('^net(?:_\\d+)?/dense(?:_\\d+)?/bias$', 'net/logits/biases'),
+]
+
+
+def keras_adam():
+    return tf.keras.optimizers.Adam(0.01, epsilon=1e-8)
