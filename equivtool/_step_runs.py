@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 
+from equivtool.checkpoints._align import tf1_aligned, tf2_aligned
 from equivtool.comparison import compare
 from equivtool.report import StepResult
 from equivtool._tree import dense_gradient, flatten_tensors
@@ -268,7 +269,8 @@ def _random_constant_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
 
 def _random_constant_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:
     name = f"random/{mode}/{'training' if training else 'inference'}"
-    result = _judge_forward(e, name, tf1, tf2, notes=[_PREBUILT_NOTE] if tf2["prebuilt"] else [])
+    notes = ([_PREBUILT_NOTE] if tf2["prebuilt"] else []) + ([e.options.aligned] if e.options.aligned else [])
+    result = _judge_forward(e, name, tf1, tf2, notes=notes)
     if not e.options.localize:
         return result
     # The training pass lives in a graph of its own (so its names match a
@@ -541,7 +543,8 @@ def _random_fresh_tf1(e: "_Engine", mode: str, training: bool) -> dict:
                   random_tool=DeterministicRandomTestTool(seed=o.seed, mode=mode))
     keep = False
     try:
-        forward = tf1.forward(training=training)
+        with tf1_aligned(o, tf1.graph):
+            forward = tf1.forward(training=training)
         outputs, regularization = tf1.run((forward.outputs, forward.regularization),
                                           update_ops=forward.update_ops)
         capture = _forward_capture(forward, outputs, regularization)
@@ -557,7 +560,7 @@ def _random_fresh_tf1(e: "_Engine", mode: str, training: bool) -> dict:
 def _random_fresh_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
     _refuse_strategy(e)
     o = e.options
-    with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
+    with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope(), tf2_aligned(o):
         layer = e.new_layer()
         tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False)
         outputs, regularization, _, _ = tf2.forward(o.inputs, training=training)
@@ -569,7 +572,7 @@ def _random_fresh_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training:
     o = e.options
     local = tf1.get("_local")
     try:
-        result = _judge_forward(e, name, tf1, tf2, notes=eager_notes(e))
+        result = _judge_forward(e, name, tf1, tf2, notes=eager_notes(e) + ((o.aligned,) if o.aligned else ()))
         if local is None:
             return result
         side, forward = local

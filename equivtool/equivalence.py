@@ -66,6 +66,7 @@ from equivtool._tree import flatten_tensors
 from equivtool.runners import checkpoint_exists, restore_snapshot, snapshot_layer
 from equivtool.steps import SkipStep, Step
 from equivtool.variables import _make_renamer
+from equivtool.checkpoints.mapping import aligned_weights, as_rename
 from equivtool.checkpoints.mapping import as_rename
 
 __all__ = ["check_equivalence", "STEPS", "MODES", "DEFAULT_STEPS"]
@@ -181,6 +182,7 @@ class _Options:
     localize: bool = False
     workers: int = 1
     in_process: str | None = None     # why workers > 1 still runs in one process
+    aligned: str | None = None        # rename=VariableMapping: how both sides' weights are aligned
 
     @property
     def want_gradients(self) -> bool:
@@ -220,7 +222,7 @@ class _Options:
                    renamer=_make_renamer(as_rename(rename)), tf_function=bool(tf_function),
                    disable_arithmetic_optimization=bool(disable_arithmetic_optimization), seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
-                   localize=localize, workers=int(workers))
+                   localize=localize, workers=int(workers), aligned=aligned_weights(rename))
         if options.workers > 1:
             from equivtool import _workers
             reason = _workers.in_process_reason(options)
@@ -617,6 +619,7 @@ def _header(options: _Options) -> dict:
         "strategy": None if strategy is None else
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
         **({"localize": True} if options.localize else {}),
+        **({"weights": options.aligned} if options.aligned else {}),
         **({"workers": options.workers if options.in_process is None else
             f"1 (asked for {options.workers}: {options.in_process})"} if options.workers > 1 else {}),
         **options.meta,

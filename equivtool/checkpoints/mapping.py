@@ -245,6 +245,16 @@ def as_rename(rename: Any, argument: str = "rename"):
     return rename
 
 
+def aligned_weights(rename: Any) -> str | None:
+    """How ``check_equivalence`` aligns the weights for ``rename``: a
+    :class:`VariableMapping` (a native rewrite) aligns them (see
+    ``equivtool.checkpoints._align``); rules alone do not."""
+    if isinstance(rename, VariableMapping):
+        from equivtool.checkpoints._align import ALIGNED
+        return ALIGNED
+    return None
+
+
 def tf1_graph_variables(tf1_fn: Callable, inputs, training: bool = False) -> VariableSet:
     """Build ``tf1_fn`` in a fresh graph; its global variables, a partitioned
     variable once under its full name and shape."""

@@ -1,0 +1,45 @@
+"""A faithful native tf-keras rewrite passes every default step with its proposed mapping (weights aligned); faults still fail."""
+
+import equivtool
+import pytest
+
+from tests import checkpoint_models as cm
+
+
+@pytest.fixture(scope="module")
+def mapping():
+    return equivtool.map_variables(cm.slim_net, cm.NativeNet, cm.images())
+
+
+@pytest.mark.parametrize("tf_function", [False, True], ids=["eager", "tf_function"])
+def test_native_rewrite_passes_every_default_step(mapping, tf_function):
+    report = equivtool.check_equivalence(cm.slim_net, cm.NativeNet, cm.images(), rename=mapping,
+                                         tf_function=tf_function)
+    assert report.passed, str(report)
+    assert [s.name for s in report.steps if s.status == "passed"] == [
+        "variables_once", "parity", "fixed_weights", "random/constant/inference", "random/constant/training",
+        "random/num_random_ops/inference", "random/num_random_ops/training", "gradients"]
+    assert report.meta["weights"].startswith("weights aligned")  # the report says how
+    assert any(note.startswith("weights aligned") for note in report.step("random/constant/training").notes)
+
+
+def test_without_the_mapping_the_same_rules_leave_initializers_compared(mapping):
+    # Rules alone (a shim's case) align nothing: the rewrite's initializers draw other numbers.
+    report = equivtool.check_equivalence(cm.slim_net, cm.NativeNet, cm.images(), rename=list(mapping.rules),
+                                         steps=["fixed_weights", "random", "gradients"], modes=("constant",))
+    assert "weights" not in report.meta
+    assert report.step("fixed_weights").status == "passed"
+    assert report.step("random/constant/inference").status == "failed"
+    assert report.step("gradients").status == "failed"
+
+
+@pytest.mark.parametrize("layer, failing", [
+    (lambda: cm.NativeNet(rate=0.5), {"random/constant/training", "random/num_random_ops/training", "gradients"}),
+    (lambda: cm.NativeNet(activation="elu"), {"fixed_weights", "random/constant/inference", "gradients"}),
+    (lambda: cm.NativeNet(epsilon=1e-5), {"fixed_weights", "random/constant/inference"}),
+], ids=["dropout_rate", "activation", "bn_epsilon"])
+def test_a_fault_in_the_rewrite_still_fails(mapping, layer, failing):
+    report = equivtool.check_equivalence(cm.slim_net, layer, cm.images(), rename=mapping)
+    failed = {s.name for s in report.steps if s.status == "failed"}
+    assert failing <= failed, str(report)
+    assert {"variables_once", "parity"}.isdisjoint(failed)
