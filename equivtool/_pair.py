@@ -70,11 +70,11 @@ class TF1Half(_Half):
                            random_tool=self.tool)
 
         self.side = side()
-        with tf1_aligned(o, self.side.graph):
+        with tf1_aligned(o, self.side):
             self.inference = self.side.forward(training=False,
                                                with_gradients=o.want_gradients and self.distributed)
         self.train_side = None if self.distributed else side()
-        with tf1_aligned(o, self.train_side.graph) if self.train_side else contextlib.nullcontext():
+        with tf1_aligned(o, self.train_side) if self.train_side else contextlib.nullcontext():
             self.training = None if self.distributed else self.train_side.forward(
                 training=True, with_gradients=o.want_gradients)
         self._results: dict = {}

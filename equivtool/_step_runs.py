@@ -543,7 +543,7 @@ def _random_fresh_tf1(e: "_Engine", mode: str, training: bool) -> dict:
                   random_tool=DeterministicRandomTestTool(seed=o.seed, mode=mode))
     keep = False
     try:
-        with tf1_aligned(o, tf1.graph):
+        with tf1_aligned(o, tf1):
             forward = tf1.forward(training=training)
         outputs, regularization = tf1.run((forward.outputs, forward.regularization),
                                           update_ops=forward.update_ops)

@@ -39,8 +39,9 @@ ALIGNED = ("weights aligned: every variable starts on both sides from a fixed va
 
 
 @contextlib.contextmanager
-def tf1_aligned(options, graph) -> Iterator[None]:
-    """In ``graph``: each variable built with its fixed value instead of its initializer."""
+def tf1_aligned(options, side) -> Iterator[None]:
+    """In the graph of ``side`` (a TF1Side): each variable built with its fixed
+    value instead of its initializer."""
     if not getattr(options, "aligned", None):
         yield
         return
@@ -54,7 +55,7 @@ def tf1_aligned(options, graph) -> Iterator[None]:
             kwargs["initial_value"] = lambda: tf.constant(value)
         return next_creator(**kwargs)
 
-    with graph.as_default(), tf.compat.v1.variable_creator_scope(creator):
+    with side.graph.as_default(), tf.compat.v1.variable_creator_scope(creator):
         yield
 
 
