@@ -157,6 +157,8 @@ def test_every_bad_input_is_named_and_nothing_is_written(adam_ckpt, mapping, tmp
     _refused("optimizer: expected a tf-keras optimizer", tmp_path, adam_ckpt, cm.NativeNet, cm.images(), out,
              rename=mapping, optimizer="adam")
     _refused("tf2_layer: expected a zero-argument factory", tmp_path, adam_ckpt, 5, cm.images(), out)
+    _refused(r"tf2_layer: .*a layer instance would have its weights replaced", tmp_path, adam_ckpt, cm.NativeNet(),
+             cm.images(), out)
     _refused("output: folder .* does not exist", tmp_path, adam_ckpt, cm.NativeNet, cm.images(),
              tmp_path / "no" / "x")
 
@@ -165,8 +167,12 @@ def test_beta_powers_that_disagree_with_global_step_are_refused(adam_ckpt, mappi
     folder = tmp_path / "ckpt"
     folder.mkdir()
     wrong_step = _rewrite(adam_ckpt, str(folder / "step"), global_step=7)
+    mine = tf.keras.optimizers.Adam(0.01)
     _refused(r"beta powers say 5 steps .* global_step says 7", tmp_path, wrong_step, cm.NativeNet, cm.images(),
-             tmp_path / "out", rename=mapping, optimizer=tf.keras.optimizers.Adam(0.01))
+             tmp_path / "out", rename=mapping, optimizer=mine)
+    # the caller's optimizer is left as it was: no slot value, no step count
+    assert int(mine.iterations.numpy()) == 0
+    assert all(not np.any(v.numpy()) for v in mine.variables())
     wrong_beta = _rewrite(adam_ckpt, str(folder / "beta"), beta2_power=0.5)
     _refused(r"beta2_power = 0.5 is not a power of the optimizer's beta", tmp_path, wrong_beta, cm.NativeNet,
              cm.images(), tmp_path / "out", rename=mapping, optimizer=tf.keras.optimizers.Adam(0.01))

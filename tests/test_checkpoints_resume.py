@@ -136,3 +136,15 @@ def test_resume_without_a_checkpoint_path_is_skipped_with_the_reason(mapping):
                                          steps=["resume"])
     assert report.step("resume").status == "skipped"
     assert "checkpoint=<a TF1 checkpoint path>" in report.step("resume").message
+
+
+def test_resume_and_aligned_steps_give_the_same_verdicts_with_workers(adam_ckpt, mapping):
+    kwargs = dict(rename=mapping, checkpoint=adam_ckpt, optimizers=ADAM, train_steps=1,
+                  steps=["random", "gradients", "resume"], modes=("constant",))
+    one = equivtool.check_equivalence(cm.slim_net, cm.NativeNet, cm.images(), **kwargs)
+    two = equivtool.check_equivalence(cm.slim_net, cm.NativeNet, cm.images(), workers=2, **kwargs)
+    assert one.passed and two.passed, str(two)
+    assert two.meta["workers"] == 2  # aligned weights need no exchange: the sides ran apart
+    def leaves(report):
+        return [(s.name, s.status, [(leaf.name, leaf.max_abs) for leaf in s.leaves]) for s in report.steps]
+    assert leaves(one) == leaves(two)

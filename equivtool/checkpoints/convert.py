@@ -131,16 +131,14 @@ def _learning_rate(optimizer) -> float:
 
 
 def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer=None,
-            overwrite: bool = False, layer=None, write: bool = True) -> tuple:
-    """:func:`convert_checkpoint`, returning ``(Conversion, layer, optimizer)``.
-
-    ``layer`` (already called) replaces ``tf2_layer()``; ``write=False`` fills
-    the layer and optimizer without writing (the engine's resume step)."""
+            overwrite: bool = False, layer=None) -> tuple:
+    """:func:`convert_checkpoint`, returning ``(Conversion, layer, optimizer)``;
+    ``layer`` (already called, the engine's own) replaces ``tf2_layer()``."""
     path = checkpoint_path(tf1_checkpoint)
-    out = check_output(output, overwrite) if write else None
-    if layer is None and not callable(tf2_layer):
-        raise TypeError("tf2_layer: expected a zero-argument factory returning a Keras layer or tf.Module, "
-                        f"got {type(tf2_layer).__name__}")
+    out = check_output(output, overwrite)
+    if layer is None and (isinstance(tf2_layer, tf.Module) or not callable(tf2_layer)):
+        raise TypeError("tf2_layer: expected a zero-argument factory returning a Keras layer or tf.Module "
+                        f"(a layer instance would have its weights replaced), got {type(tf2_layer).__name__}")
     check_inputs(inputs)
     renamer = _make_renamer(as_rename(rename))
     if optimizer is not None and not (callable(optimizer) or hasattr(optimizer, "apply_gradients")):
@@ -193,7 +191,9 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
         raise ValueError(f"{len(problems)} variables do not map (no file written); fix rename= or the model:\n  "
                          + "\n  ".join(problems))
 
-    slots, left_out, notes, iterations, family = [], [], [], None, ""
+    # What is assigned, once every check has passed: a refused conversion
+    # leaves the caller's optimizer as it was.
+    slots, assignments, left_out, notes, iterations, family = [], [], [], [], None, ""
     global_step = int(non_slot["global_step"]) if "global_step" in non_slot else None
     if opt is None:
         left_out += [(f"{p}/{s}", "no optimizer given") for p, ss in slot_suffixes.items() for s in ss]
@@ -227,7 +227,7 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
                 if transform == "times_minus_lr":
                     value = -lr * value
                 slots.append((target, source, transform))
-                target.assign(value.astype(target.dtype.as_numpy_dtype))
+                assignments.append((target, value.astype(target.dtype.as_numpy_dtype)))
         for parent, suffixes in slot_suffixes.items():
             for suffix in suffixes:
                 if f"{parent}/{suffix}" not in consumed:
@@ -248,13 +248,15 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
         else:
             iterations = 0
             notes.append("no global_step in the checkpoint: iterations set to 0")
-        opt.iterations.assign(iterations)
+        assignments.append((opt.iterations, iterations))
         notes += list(layout.notes)
         if global_step is not None and family != "Adam":
             notes.append(f"iterations = global_step = {global_step}")
+    for variable, value in assignments:
+        variable.assign(value)
     for variable, key in model:
         variable.assign(reader.get_tensor(key))
-    written = path if out is None else _write_atomically(
+    written = _write_atomically(
         tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {})), out)
     conversion = Conversion(
         written, tuple((strip_output_index(v.name), k) for v, k in model),
