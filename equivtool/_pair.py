@@ -66,7 +66,7 @@ class TF1Half(_Half):
 
         def side() -> TF1Side:
             return TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
-                           disable_arithmetic_optimization=o.disable_arithmetic_optimization,
+                           graph_rewrites=o.graph_rewrites,
                            random_tool=self.tool)
 
         self.side = side()
@@ -143,7 +143,8 @@ class TF2Half(_Half):
         self._aligned = lambda: tf2_aligned(o)
         with self.tool.scope(), self._aligned():  # (a strategy's first call creates the variables)
             self.side = TF2Side.create(new_layer, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
-                                       use_tf_function=o.tf_function, strategy=o.strategy)
+                                       use_tf_function=o.tf_function, strategy=o.strategy,
+                                       graph_rewrites=o.graph_rewrites)
         self.layer = self.side.layer
         self.prebuilt = initial_values is not None
         if self.prebuilt:

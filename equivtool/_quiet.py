@@ -7,6 +7,12 @@ oneDNN, CUDA-stub and CPU-feature notices from C++ on start-up, before
 TensorFlow and initialises its devices with file descriptor 2 sent to a
 temporary file, then writes back every captured line that is not one of those
 known notices, so a real error still reaches the user.
+
+:func:`quiet_command` is what an equivtool command calls first: it also hides
+the deprecation warnings TF1 code raises by the dozen (``layer.apply``,
+``tf.layers.flatten``...), and marks the environment (:data:`ENV`) so that the
+command's worker processes start as quietly. A user's own program that imports
+equivtool keeps TensorFlow's logging and warnings as it set them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,18 @@ _BENIGN = re.compile(
     r"All log messages before absl::InitializeLog|oneDNN custom operations are on|"
     r"Could not find cuda drivers|cpu_feature_guard|rebuild TensorFlow with the appropriate|"
     r"^To enable the following instructions|failed call to cuInit|TF-TRT Warning")
+
+
+ENV = "EQUIVTOOL_QUIET"  # set by an equivtool command; its worker processes inherit it
+_DEPRECATIONS = r".*(is deprecated and will be removed|will be removed in a future version)"
+
+
+def quiet_command() -> None:
+    """Start an equivtool command (or one of its workers) without TensorFlow's start-up chatter."""
+    import warnings
+    os.environ[ENV] = "1"
+    warnings.filterwarnings("ignore", message=_DEPRECATIONS, category=UserWarning)
+    import_tensorflow_quietly()
 
 
 def import_tensorflow_quietly() -> None:

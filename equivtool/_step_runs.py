@@ -352,7 +352,8 @@ def _localization_call(e: "_Engine", training: bool):
     from equivtool.localize._capture import call_layer
     half = e.tf2_half
     with half.tool.scope():
-        return call_layer(half.layer, e.options.inputs, training, e.options.tf_function)
+        return call_layer(half.layer, e.options.inputs, training, e.options.tf_function,
+                          e.options.graph_rewrites)
 
 
 # --------------------------------------------------------------------------
@@ -539,7 +540,7 @@ def _random_fresh_tf1(e: "_Engine", mode: str, training: bool) -> dict:
     _refuse_strategy(e)
     o = e.options
     tf1 = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
-                  disable_arithmetic_optimization=o.disable_arithmetic_optimization,
+                  graph_rewrites=o.graph_rewrites,
                   random_tool=DeterministicRandomTestTool(seed=o.seed, mode=mode))
     keep = False
     try:
@@ -562,7 +563,8 @@ def _random_fresh_tf2(e: "_Engine", _, mode: str, training: bool) -> dict:
     o = e.options
     with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope(), tf2_aligned(o):
         layer = e.new_layer()
-        tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False)
+        tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False,
+                      graph_rewrites=o.graph_rewrites)
         outputs, regularization, _, _ = tf2.forward(o.inputs, training=training)
     return {"outputs": outputs, "regularization": regularization}
 

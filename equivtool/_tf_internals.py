@@ -30,8 +30,12 @@ SYMBOLS: dict[str, str] = {
     "tensor_util": "tensorflow.python.framework.tensor_util",
     # variables: creates_variables_once keeps the method's signature visible to Keras
     "tf_decorator": "tensorflow.python.util.tf_decorator",
-    # runners: Grappler's arithmetic optimizer switched off in the TF1 session
+    # _execution: Grappler's numerics-changing passes switched off (TF1 session, TF2 function calls)
     "RewriterConfig": "tensorflow.core.protobuf.rewriter_config_pb2:RewriterConfig",
+    # _execution: each thread's function-call options and the run metadata of function calls
+    "EagerContext": "tensorflow.python.eager.context:Context",
+    # _execution: whether oneDNN is on (the report header, doctor)
+    "util_port": "tensorflow.python.util._pywrap_util_port",
     # determinism: sessions found in the audited state, datasets' graphs, op recording; localize: op taps
     "BaseSession": "tensorflow.python.client.session:BaseSession",
     "GraphDef": "tensorflow.core.framework.graph_pb2:GraphDef",
@@ -59,6 +63,9 @@ ATTRIBUTES: dict[str, tuple] = {
     "tensor_util": ("constant_value",),
     "tf_decorator": ("make_decorator",),
     "RewriterConfig": ("OFF",),
+    "EagerContext": ("function_call_options", "enable_run_metadata", "export_run_metadata",
+                     "disable_run_metadata"),
+    "util_port": ("IsMklEnabled",),
     "op_callbacks": ("add_op_callback", "remove_op_callback"),
     "ExternalStatePolicy": ("IGNORE",),
     "nn": _XENT_NAMES,

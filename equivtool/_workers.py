@@ -538,6 +538,9 @@ def _serve(conn: Connection) -> None:
 
 def _main() -> None:
     conn = Connection(int(os.environ.pop(_FD_ENV)))
+    if os.environ.get("EQUIVTOOL_QUIET"):  # a worker of an equivtool command: as quiet as the command
+        from equivtool._quiet import quiet_command
+        quiet_command()
     try:
         _serve(conn)
     finally:

@@ -245,6 +245,23 @@ def doctor_devices() -> tuple[bool, str]:
                   f"cuDNN {build.get('cudnn_version', 'none')})")
 
 
+def doctor_machine() -> tuple[bool, str]:
+    """What a verdict depends on: the CPU, its instruction sets, oneDNN, threads."""
+    from equivtool import _execution
+    cpu, threads = _execution.cpu(), _execution.threads()
+    return True, (f"{cpu['model']} ({', '.join(cpu['isa']) or 'no AVX2'}"
+                  + (f"; ONEDNN_MAX_CPU_ISA={cpu['onednn_max_cpu_isa']}" if "onednn_max_cpu_isa" in cpu else "")
+                  + f"), oneDNN {'on' if _execution.onednn_enabled() else 'off'}, "
+                  f"threads intra-op {threads['intra_op']}, inter-op {threads['inter_op']}"
+                  + (" (TensorFlow's default)" if threads["default"] else ""))
+
+
+def doctor_rewrites() -> tuple[bool, str]:
+    from equivtool import _execution
+    return True, ("as_written (default) turns off " + ", ".join(_execution.turned_off("as_written"))
+                  + " in TF1 sessions and TF2 function graphs")
+
+
 def doctor_xent_op() -> tuple[bool, str]:
     from equivtool.ops import op_status
     status = op_status()
@@ -285,6 +302,8 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("tf-slim repairs", _repairs_of("tf-slim", "none (tf-slim is not installed)")),
     ("shim", doctor_shim),
     ("devices", doctor_devices),
+    ("machine", doctor_machine),
+    ("graph rewrites", doctor_rewrites),
     ("xent op", doctor_xent_op),
     ("xent op CUDA", doctor_xent_cuda),
     ("random tool", _live_check("check_random_tool")),
@@ -342,7 +361,7 @@ def cmd_check(args) -> int:
         try:
             report = check_equivalence(
                 tf1_fn, tf2_factory, inputs, steps=steps, modes=modes, tf_function=args.tf_function,
-                seed=seed, progress=print_progress(start), localize=args.localize, workers=args.workers,
+                graph_rewrites=args.graph_rewrites, seed=seed, progress=print_progress(start), localize=args.localize, workers=args.workers,
                 meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
@@ -372,6 +391,8 @@ def localize_command(args, report) -> str:
         words += ["--mode", ",".join(modes)]
     if args.tf_function:
         words.append("--tf-function")
+    if args.graph_rewrites != "as_written":
+        words += ["--graph-rewrites", args.graph_rewrites]
     words.append("--localize")
     return " ".join(shlex.quote(w) for w in words)
 
@@ -501,6 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--steps", default=None, help="comma-separated steps (default: all but optimizer/checkpoint)")
     check.add_argument("--mode", default=None, help="comma-separated random-tool modes")
     check.add_argument("--tf-function", action="store_true", help="call the TF2 layer inside tf.function")
+    check.add_argument("--graph-rewrites", choices=("as_written", "tensorflow_default"), default="as_written",
+                       help="as_written (default): Grappler's numerics-changing passes off on both sides, "
+                            "so the verdict does not depend on the CPU; tensorflow_default: prove the "
+                            "fused graphs TensorFlow deploys")
     check.add_argument("--localize", action="store_true",
                        help="for failing forward-pass steps, find the first TF op whose output differs")
     check.add_argument("--workers", type=int, default=1,
@@ -533,13 +558,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv=None) -> int:
-    import warnings
-    warnings.filterwarnings("ignore", message=r".*(is deprecated and will be removed|will be removed in a future version)",
-                            category=UserWarning)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] and argv[0] not in ("-h", "--help"):
-        from equivtool._quiet import import_tensorflow_quietly
-        import_tensorflow_quietly()
+        from equivtool._quiet import quiet_command
+        quiet_command()
     if argv[:1] == ["demo"]:  # everything after "demo" belongs to the demo's own parser
         rest = argv[1:]
         rest = rest[1:] if rest[:1] == ["--"] else rest

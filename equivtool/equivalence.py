@@ -51,12 +51,13 @@ import gc
 import os
 import tempfile
 import time
+import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from equivtool import steps as _steps
+from equivtool import _execution, steps as _steps
 from equivtool._errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool._pair import TF1Half, TF2Half
 from equivtool._step_runs import notes_on_error
@@ -174,7 +175,7 @@ class _Options:
     checkpoint: Any
     renamer: Callable[[str], str]
     tf_function: bool
-    disable_arithmetic_optimization: bool
+    graph_rewrites: str               # "as_written" | "tensorflow_default" (equivtool._execution)
     seed: int
     progress: Callable[[StepResult], None] | None
     meta: Mapping
@@ -191,8 +192,8 @@ class _Options:
     @classmethod
     def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
               optimizers, train_steps, checkpoint, rename, tf_function,
-              disable_arithmetic_optimization, seed, progress, meta, strategy, localize=False,
-              workers=1) -> "_Options":
+              graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
+              workers=1, disable_arithmetic_optimization=None) -> "_Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -210,7 +211,8 @@ class _Options:
         if "random" in selected and not selected_modes:
             raise ValueError(f"modes: the random step needs at least one mode from {list(MODES)}")
         _check_training(train_steps, optimizers, loss_fn)
-        _check_run_options(tf_function, disable_arithmetic_optimization, seed, progress, strategy)
+        _check_run_options(tf_function, seed, progress, strategy)
+        graph_rewrites = _graph_rewrites(graph_rewrites, disable_arithmetic_optimization)
         _check_checkpoint(checkpoint)
         if not isinstance(localize, bool):
             raise TypeError(f"localize: expected True or False, got {localize!r}")
@@ -220,7 +222,7 @@ class _Options:
                    tolerances=_StepTolerances(tolerance, step_tolerances), loss_fn=loss_fn,
                    optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
                    renamer=_make_renamer(as_rename(rename)), tf_function=bool(tf_function),
-                   disable_arithmetic_optimization=bool(disable_arithmetic_optimization), seed=int(seed),
+                   graph_rewrites=graph_rewrites, seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, workers=int(workers), aligned=aligned_weights(rename))
         if options.workers > 1:
@@ -243,11 +245,28 @@ def _check_training(train_steps, optimizers, loss_fn) -> None:
         raise TypeError(f"loss_fn: expected a callable loss_fn(outputs, regularization_loss), got {loss_fn!r}")
 
 
-def _check_run_options(tf_function, disable_arithmetic_optimization, seed, progress, strategy) -> None:
-    for name, value in (("tf_function", tf_function),
-                        ("disable_arithmetic_optimization", disable_arithmetic_optimization)):
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected True or False, got {value!r}")
+def _graph_rewrites(graph_rewrites, disable_arithmetic_optimization) -> str:
+    """``graph_rewrites``, checked; the deprecated ``disable_arithmetic_optimization``
+    (``True``: as written, ``False``: TensorFlow's defaults) still works, with a warning."""
+    _execution.check_graph_rewrites(graph_rewrites)
+    if disable_arithmetic_optimization is None:
+        return graph_rewrites
+    if not isinstance(disable_arithmetic_optimization, (bool, np.bool_)):
+        raise TypeError(f"disable_arithmetic_optimization: expected True or False, "
+                        f"got {disable_arithmetic_optimization!r}")
+    implied = "as_written" if disable_arithmetic_optimization else "tensorflow_default"
+    if graph_rewrites != "as_written" and graph_rewrites != implied:
+        raise ValueError(f"disable_arithmetic_optimization={bool(disable_arithmetic_optimization)} "
+                         f"contradicts graph_rewrites={graph_rewrites!r}: pass graph_rewrites alone")
+    warnings.warn(f"disable_arithmetic_optimization is deprecated: pass graph_rewrites={implied!r} "
+                  "(every numerics-changing Grappler pass, not only the arithmetic optimizer, is "
+                  "off by default)", DeprecationWarning, stacklevel=4)
+    return implied
+
+
+def _check_run_options(tf_function, seed, progress, strategy) -> None:
+    if not isinstance(tf_function, (bool, np.bool_)):
+        raise TypeError(f"tf_function: expected True or False, got {tf_function!r}")
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed: expected an int (the random tool's global seed), got {seed!r}")
     if not -2 ** 63 <= int(seed) < 2 ** 63:
@@ -519,13 +538,14 @@ def check_equivalence(
     checkpoint: str | os.PathLike | bool | None = None,
     rename=None,
     tf_function: bool = False,
-    disable_arithmetic_optimization: bool = True,
+    graph_rewrites: str = "as_written",
     seed: int = 42,
     progress: Callable[[StepResult], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
     localize: bool = False,
     workers: int = 1,
+    disable_arithmetic_optimization: bool | None = None,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -562,8 +582,15 @@ def check_equivalence(
       rename: rules mapping TF2 and TF1 variable names to one key (see
         :func:`equivtool.compare_variables`).
       tf_function: call the TF2 layer inside ``tf.function`` instead of eagerly.
-      disable_arithmetic_optimization: turn Grappler's arithmetic optimizer off
-        in the TF1 session, as the guide suggests for tighter matches.
+      graph_rewrites: ``"as_written"`` (default): every graph a side runs (the
+        TF1 session, and the TF2 layer's ``tf.function`` graphs) runs with the
+        Grappler passes that can change a float result switched off (the
+        remapper's fused kernels, the arithmetic optimizer, constant folding,
+        layout and mixed-precision rewrites), so each side computes the ops the
+        user wrote and the verdict does not depend on the CPU.
+        ``"tensorflow_default"``: TensorFlow's defaults on both sides, to prove the
+        deployed, fused graphs against each other; the report then says the
+        verdict may depend on the CPU. See :mod:`equivtool._execution`.
       seed: the random tool's seed.
       progress: called with each :class:`StepResult` as soon as it is known.
       meta: extra information stored in the report (model name, ...).
@@ -590,13 +617,15 @@ def check_equivalence(
         (lambdas too); one that cannot is refused before any work. With
         ``localize=True``, a ``strategy`` or a layer instance the check runs
         in one process, and the report's header says why.
+      disable_arithmetic_optimization: deprecated; ``True`` is
+        ``graph_rewrites="as_written"``, ``False`` is ``"tensorflow_default"``.
     """
     options = _Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
         step_tolerances=step_tolerances, loss_fn=loss_fn, optimizers=optimizers, train_steps=train_steps,
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
-        disable_arithmetic_optimization=disable_arithmetic_optimization, seed=seed, progress=progress,
-        meta=meta, strategy=strategy, localize=localize, workers=workers)
+        graph_rewrites=graph_rewrites, seed=seed, progress=progress, meta=meta, strategy=strategy,
+        localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization)
     engine = _Engine(options)
     results = engine.run()
     header = _header(options)
@@ -613,7 +642,9 @@ def _header(options: _Options) -> dict:
         "steps": list(options.steps),
         "modes": list(options.modes),
         "tf_function": options.tf_function,
-        "disable_arithmetic_optimization": options.disable_arithmetic_optimization,
+        "graph_rewrites": options.graph_rewrites,
+        # what the verdict depends on: CPU, oneDNN, rewrites off on each side, threads
+        "platform": _execution.platform(options.graph_rewrites, options.tf_function),
         "seed": options.seed,
         "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(options.inputs)],
         "strategy": None if strategy is None else

@@ -385,7 +385,37 @@ class EquivalenceReport:
         return "\n".join(_render.text_table(header, rows, "<<>>", free_last=True))
 
     def _meta_items(self) -> list:
-        return [f"{k}: {_shorten(_fmt_meta_value(v), 80)}" for k, v in self.meta.items()]
+        return [f"{k}: {_shorten(_fmt_meta_value(v), 80)}" for k, v in self.meta.items() if k != "platform"]
+
+    def platform_lines(self) -> list:
+        """What the verdict depends on (the header's ``platform``), a line each."""
+        platform = self.meta.get("platform")
+        if not isinstance(platform, Mapping):
+            return []
+        cpu, threads = platform.get("cpu") or {}, platform.get("threads") or {}
+        machine = [str(cpu.get("model", "unknown CPU"))]
+        if cpu.get("isa"):
+            machine.append(", ".join(cpu["isa"]))
+        if "onednn" in platform:
+            machine.append(f"oneDNN {'on' if platform['onednn'] else 'off'}")
+        if threads:
+            machine.append(f"threads: intra-op {threads.get('intra_op')}, inter-op {threads.get('inter_op')}"
+                           + (" (TensorFlow's default)" if threads.get("default") else ""))
+        lines = ["  machine: " + " · ".join(machine)]
+        if "graph_rewrites" in platform:
+            off = platform.get("rewrites_off") or {}
+
+            def side(value) -> str:
+                if isinstance(value, str):
+                    return value
+                return ", ".join(value) if value else "none"
+            tf1, tf2 = side(off.get("tf1")), side(off.get("tf2"))
+            where = (f"off in the TF1 session and the TF2 function graphs: {tf1}" if tf1 == tf2 else
+                     f"off in the TF1 session: {tf1} · TF2: {tf2}")
+            lines.append(f"  graph rewrites: {platform['graph_rewrites']} · {where}")
+        if platform.get("depends_on_cpu"):
+            lines.append(f"  note: {platform['depends_on_cpu']}")
+        return lines
 
     def meta_lines(self, width: int = 100) -> list:
         """The metadata as ``key: value`` items, packed into indented lines of at most ``width``."""
@@ -401,8 +431,10 @@ class EquivalenceReport:
         return lines
 
     def __str__(self) -> str:
-        parts = ["Equivalence report"] + (self.meta_lines() if self.meta else [])
+        parts = ["Equivalence report"] + (self.meta_lines() if self.meta else []) + self.platform_lines()
         parts += [self.table(), self.verdict()]
+        if isinstance(self.meta.get("platform"), Mapping) and self.meta["platform"].get("depends_on_cpu"):
+            parts.append("  (TensorFlow's graph rewrites were on: this verdict may differ on another CPU)")
         for s in self.steps:
             if s.failed or s.inconclusive:
                 parts += ["", s.details()]

@@ -24,8 +24,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import tensorflow as tf
-from equivtool import _tf_internals
-from equivtool._env import _minor
+from equivtool import _execution, _tf_internals
+from equivtool._execution import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
 from equivtool._tf1_graph import align_pass_keys, loop_random_ops
 from equivtool._tree import dense_gradient, flatten_tensors, pack_like, to_numpy
 
@@ -143,29 +143,12 @@ def default_loss(outputs, regularization_loss):
     return loss
 
 
-def remapper_aborts_on_layer_norm(version: str | None = None) -> bool:
-    """Whether Grappler's remapper kills the process on a TF1 layer norm.
-
-    TensorFlow 2.16's remapper (with oneDNN, the default on x86-64 Linux) takes
-    a layer norm written out of ``tf.nn.moments``, ``rsqrt`` and graph variables
-    (BERT's, in TF1 code) for its oneDNN layer-norm fusion and aborts in
-    protobuf (``CHECK failed: ... key not found: value``): a segmentation fault
-    at the first ``session.run``, in any TF1 session. 2.17 and later run the
-    same graph. Found by ``./dev matrix`` (2.16.2); a crash cannot be probed in
-    the process it kills, so this one is known by version.
-    """
-    return _minor(version or tf.__version__) == (2, 16)
-
-
-def session_config(disable_arithmetic_optimization: bool) -> tf.compat.v1.ConfigProto:
-    """The TF1 side's session options: arithmetic rewrites off (the guide's advice, so
-    TF1 computes what was written), and the remapper off where it crashes."""
-    config = tf.compat.v1.ConfigProto()
-    if disable_arithmetic_optimization:
-        config.graph_options.rewrite_options.arithmetic_optimization = _tf_internals.RewriterConfig.OFF
-    if remapper_aborts_on_layer_norm():
-        config.graph_options.rewrite_options.remapping = _tf_internals.RewriterConfig.OFF
-    return config
+def session_config(graph_rewrites: str = "as_written") -> tf.compat.v1.ConfigProto:
+    """The TF1 side's session options: under ``"as_written"`` every Grappler pass
+    that can change a float result is off, so the session computes what was
+    written (see :mod:`equivtool._execution`); the remapper is off on TensorFlow
+    2.16 whatever is asked, since there it crashes."""
+    return _execution.rewrite_config(graph_rewrites)
 
 
 # --------------------------------------------------------------------------
@@ -201,7 +184,7 @@ class TF1Side:
     """
 
     def __init__(self, tf1_fn: Callable, inputs, *, renamer: Callable[[str], str],
-                 loss_fn: Callable | None, disable_arithmetic_optimization: bool = True,
+                 loss_fn: Callable | None, graph_rewrites: str = "as_written",
                  random_tool=None):
         self.tf1_fn = tf1_fn
         self.renamer = renamer
@@ -215,7 +198,7 @@ class TF1Side:
                 tf.compat.v1.placeholder(tf.as_dtype(np.asarray(leaf).dtype), np.shape(leaf),
                                          name=f"equivtool_input_{i}")
                 for i, leaf in enumerate(flatten_tensors(inputs))])
-        self._config = session_config(disable_arithmetic_optimization)
+        self._config = session_config(graph_rewrites)
         self.session = tf.compat.v1.Session(graph=self.graph, config=self._config)
         self._initialized = False
         self.variables: list = []
@@ -400,8 +383,9 @@ class TF2Side:
     """
 
     def __init__(self, layer, *, renamer: Callable[[str], str], loss_fn: Callable | None,
-                 use_tf_function: bool = False, strategy=None):
+                 use_tf_function: bool = False, strategy=None, graph_rewrites: str = "as_written"):
         self.layer = layer
+        self.graph_rewrites = graph_rewrites
         self.renamer = renamer
         self.loss_fn = loss_fn or default_loss
         self.use_tf_function = use_tf_function
@@ -411,7 +395,7 @@ class TF2Side:
 
     @classmethod
     def create(cls, make_layer: Callable, inputs, *, renamer: Callable[[str], str], loss_fn: Callable | None,
-               use_tf_function: bool = False, strategy=None) -> "TF2Side":
+               use_tf_function: bool = False, strategy=None, graph_rewrites: str = "as_written") -> "TF2Side":
         """Create the layer with ``make_layer()``; under a strategy, inside its
         scope, with a first (cross-replica) call that creates the variables."""
         with strategy_scope(strategy):
@@ -419,7 +403,7 @@ class TF2Side:
             if strategy is not None:
                 layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=False)
         return cls(layer, renamer=renamer, loss_fn=loss_fn, use_tf_function=use_tf_function,
-                   strategy=strategy)
+                   strategy=strategy, graph_rewrites=graph_rewrites)
 
     # -- one replica's work ---------------------------------------------------
 
@@ -456,6 +440,11 @@ class TF2Side:
     # -- calls --------------------------------------------------------------
 
     def _run(self, inputs, training, with_gradients, optimizer=None, fresh=False):
+        # Function graphs run with the same rewrites off as the TF1 session.
+        with _execution.function_rewrites(self.graph_rewrites):
+            return self._run_here(inputs, training, with_gradients, optimizer, fresh)
+
+    def _run_here(self, inputs, training, with_gradients, optimizer, fresh):
         inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
         step = self._step_function(training, with_gradients, optimizer, fresh)
         if self.strategy is None:

@@ -399,3 +399,35 @@ def test_cli_reports_replace_a_symlink_at_the_destination_and_never_write_throug
     assert json.loads((tmp_path / "a.json").read_text())["passed"] is True
     assert not (tmp_path / "a.html").is_symlink() and "<html" in (tmp_path / "a.html").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "a.json", "victim.txt"]  # no temporaries
+
+
+def test_check_with_workers_prints_the_report_not_tensorflows_start_up():
+    """The command and its worker process start quietly (no oneDNN/CUDA-stub notices,
+    no cuInit error, no TF1 deprecation warnings); what the verdict depends on stays
+    in the report's header."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "EQUIVTOOL_QUIET")}
+    env["PYTHONPATH"] = REPO
+    result = subprocess.run(
+        [sys.executable, "-m", "equivtool.cli", "check", "small_models:slim_net", "small_models:SlimNetShim",
+         "--input-shape", "2,8,8,3", "--steps", "parity,fixed_weights", "--workers", "2"],
+        cwd=TESTS, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for noise in ("oneDNN custom operations", "cuda drivers", "cuInit", "is deprecated", "cpu_feature_guard"):
+        assert noise not in result.stderr, result.stderr
+        assert noise not in result.stdout
+    assert "machine: " in result.stdout and "oneDNN o" in result.stdout
+    assert "graph rewrites: as_written" in result.stdout
+
+
+def test_a_users_program_keeps_tensorflows_warnings():
+    code = ("import os, warnings, equivtool, tensorflow as tf\n"
+            "assert 'EQUIVTOOL_QUIET' not in os.environ\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    warnings.simplefilter('default')\n"
+            "    warnings.warn('`layer.apply` is deprecated and will be removed in a future version.', UserWarning)\n"
+            "print(len(seen))\n")
+    env = {k: v for k, v in os.environ.items() if k != "EQUIVTOOL_QUIET"}
+    env.update(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1"

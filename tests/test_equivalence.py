@@ -316,7 +316,8 @@ def _tf1_never_built(inputs, training):
     ({"seed": "42"}, TypeError, "seed"),
     ({"seed": 2 ** 64}, ValueError, "seed"),
     ({"tf_function": "yes"}, TypeError, "tf_function"),
-    ({"disable_arithmetic_optimization": None}, TypeError, "disable_arithmetic_optimization"),
+    ({"disable_arithmetic_optimization": "yes"}, TypeError, "disable_arithmetic_optimization"),
+    ({"graph_rewrites": "fused"}, ValueError, "graph_rewrites"),
     ({"checkpoint": 3}, TypeError, "checkpoint"),
     ({"checkpoint": "/nonexistent/model.ckpt"}, ValueError, "checkpoint"),
 ])
@@ -368,7 +369,7 @@ def test_the_engine_reads_one_frozen_options_object():
     options = _Options.build(slim_net, SlimNetShim, X, steps=None, modes=equivtool.MODES, tolerance=None,
                              step_tolerances=None, loss_fn=None, optimizers=SGD, train_steps=2,
                              checkpoint=None, rename=None, tf_function=False,
-                             disable_arithmetic_optimization=True, seed=np.int64(7), progress=None,
+                             graph_rewrites="as_written", seed=np.int64(7), progress=None,
                              meta={"model": "small"}, strategy=None)
     assert options.steps == equivtool.DEFAULT_STEPS + ("optimizer",)
     assert options.seed == 7 and type(options.seed) is int
@@ -430,10 +431,11 @@ def test_a_tf1_layer_norm_runs_on_every_tensorflow():
     assert proc.stdout.split()[-1:] == ["passed"], proc.stdout
 
 
-def test_the_remapper_is_switched_off_only_where_it_aborts():
+def test_the_remapper_is_switched_off_where_it_aborts_even_with_tensorflow_defaults():
     assert runners.remapper_aborts_on_layer_norm("2.16.2") and runners.remapper_aborts_on_layer_norm("2.16.0")
     assert not any(runners.remapper_aborts_on_layer_norm(v) for v in ("2.15.1", "2.17.1", "2.20.0", "2.21.0"))
-    remapping = runners.session_config(True).graph_options.rewrite_options.remapping
-    off = remapping == runners._tf_internals.RewriterConfig.OFF
-    assert off == runners.remapper_aborts_on_layer_norm()  # on this TensorFlow
-    assert runners.session_config(False).graph_options.rewrite_options.arithmetic_optimization == 0  # default
+    off = runners._tf_internals.RewriterConfig.OFF
+    assert runners.session_config("as_written").graph_options.rewrite_options.remapping == off
+    default = runners.session_config("tensorflow_default").graph_options.rewrite_options
+    assert (default.remapping == off) == runners.remapper_aborts_on_layer_norm()  # on this TensorFlow
+    assert default.arithmetic_optimization == 0  # TensorFlow's default

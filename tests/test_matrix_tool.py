@@ -25,7 +25,8 @@ skipped="3" tests="20"><testcase classname="tests.test_a" name="test_ok"/>
 
 
 def _result(version, **extra):
-    base = {"version": version, "date": "2026-11-23", "suite_scope": "full", "install": "ok", "install_s": 55,
+    base = {"version": version, "date": "2026-11-23", "cpu": "AMD EPYC (AVX-512)", "suite_scope": "full",
+            "install": "ok", "install_s": 55,
             "versions": {"tensorflow": f"{version}.1", "tf-keras": f"{version}.0", "numpy": "1.26.4"},
             "doctor": "ok", "suite": {"tests": 20, "passed": 14, "failures": 2, "errors": 1, "skipped": 3,
                                       "rc": 1, "seconds": 600},
@@ -56,14 +57,19 @@ def test_junit_counts_and_failed_tests(tmp_path):
     assert matrix._junit_counts(str(tmp_path / "missing.xml")) is None  # no report: no counts, not zero
 
 
+def test_row_names_the_cpu_it_ran_on():
+    assert matrix._cpu()  # this machine's model name (with AVX-512/AMX where it has them)
+    assert "| Intel(R) Xeon(R) (AVX-512, AMX) |" in matrix._row(_result("2.16", cpu="Intel(R) Xeon(R) (AVX-512, AMX)"))
+
+
 def test_row_says_what_failed():
     row = matrix._row(_result("2.16"))
-    assert row.startswith("| 2.16.1 | 2.16.0 | 1.26.4 | ok, 55 s | ok |")
+    assert row.startswith("| 2.16.1 | 2.16.0 | 1.26.4 | AMD EPYC (AVX-512) | ok, 55 s | ok |")
     assert "full suite: 14 passed, 2 failed, 1 errors, 3 skipped (600 s)" in row
     assert row.endswith("| EQUIVALENT, 81 s | 2026-11-23 |")
     failed_install = matrix._row({"version": "2.16", "install": "FAILS: 'Adaptive' is not a member",
                                   "date": "d"})
-    assert "| FAILS: 'Adaptive' is not a member | not run | not run | not run |" in failed_install
+    assert "| ? | FAILS: 'Adaptive' is not a member | not run | not run | not run |" in failed_install
     compat = matrix._row(_result("2.18", suite_scope="compat"))
     assert "op + seeding + equivalence tests: 14 passed" in compat
 

@@ -191,7 +191,7 @@ def run_version(version: str, suite: str, demo: bool) -> dict:
     home = os.path.join(MATRIX_DIR, version)
     os.makedirs(home, exist_ok=True)
     log = _Log(os.path.join(home, "log.txt"), version)
-    result: dict = {"version": version, "python": platform.python_version(), "commit": _commit(),
+    result: dict = {"version": version, "python": platform.python_version(), "commit": _commit(), "cpu": _cpu(),
                     "date": datetime.date.today().isoformat(), "suite_scope": suite, "ok": False}
     python = os.path.join(home, "bin", "python")
     try:
@@ -284,6 +284,25 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
+def _cpu() -> str:
+    """The CPU's model name and the vector extensions oneDNN can use: its fused kernels round
+    differently across them, so every row names its CPU."""
+    model, flags = platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    isa = [name for flag, name in (("avx512f", "AVX-512"), ("amx_bf16", "AMX")) if flag in flags]
+    return f"{model} ({', '.join(isa)})" if isa else model
+
+
 def _row(result: dict) -> str:
     v = result.get("versions") or {}
     tf = v.get("tensorflow") or f"{result['version']}.?"
@@ -307,12 +326,12 @@ def _row(result: dict) -> str:
     demo = result.get("demo")
     demo_cell = f"{demo['verdict']}, {demo['seconds']} s" if demo else "not run"
     when = f"{result.get('date', '')} ({result['commit']})" if result.get("commit") else result.get("date", "")
-    return f"| {stack} | {install} | {doctor} | {suite_cell} | {demo_cell} | {when} |"
+    return f"| {stack} | {result.get('cpu', '?')} | {install} | {doctor} | {suite_cell} | {demo_cell} | {when} |"
 
 
-HEADER = ("| TensorFlow | tf-keras | numpy | install (`pip install --no-build-isolation -e .`, op build) "
+HEADER = ("| TensorFlow | tf-keras | numpy | CPU | install (`pip install --no-build-isolation -e .`, op build) "
           "| `equivtool doctor` | tests | demo (`--image-size 107`) | date (commit) |\n"
-          "|---|---|---|---|---|---|---|---|")
+          "|---|---|---|---|---|---|---|---|---|")
 
 
 def write_table(results: list[dict]) -> None:

@@ -65,7 +65,7 @@ def _resume_tf1(e) -> dict:
     from equivtool.checkpoints.convert import checkpoint_path
     path = checkpoint_path(o.checkpoint, "checkpoint")
     side = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
-                   disable_arithmetic_optimization=o.disable_arithmetic_optimization,
+                   graph_rewrites=o.graph_rewrites,
                    random_tool=DeterministicRandomTestTool(seed=o.seed, mode="constant"))
     try:
         training = side.build_training(make_tf1, True)
@@ -119,7 +119,8 @@ def _resume_tf2(e, _) -> dict:
             writer = e.factory()
             writer(tf.nest.map_structure(tf.convert_to_tensor, o.inputs), training=False)
     with tool.scope():
-        side = TF2Side(e.new_layer(), renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=o.tf_function)
+        side = TF2Side(e.new_layer(), renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=o.tf_function,
+                       graph_rewrites=o.graph_rewrites)
         side.forward(o.inputs, training=False)
     conversion, _, _ = convert(o.checkpoint, None, o.inputs, target, rename=o.renamer, optimizer=make_tf2,
                                overwrite=True, layer=writer or side.layer)

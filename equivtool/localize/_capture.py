@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
+from equivtool import _execution
 from equivtool._tf_internals import op_callbacks  # private TF: the hook tfdbg v2 is built on
 
 from equivtool.comparison import Tolerance, compare, resolve_tolerance
@@ -526,12 +527,14 @@ def _sortable(x: float) -> float:
     return float("inf") if x != x else x
 
 
-def call_layer(layer, inputs, training: bool, use_tf_function: bool):
+def call_layer(layer, inputs, training: bool, use_tf_function: bool, graph_rewrites: str = "as_written"):
     """The TF2 layer's forward pass alone (no losses), eagerly or in a new ``tf.function``
-    (a new trace, which the taps see being built)."""
+    (a new trace, which the taps see being built; run with ``graph_rewrites``'
+    passes off, as the step's own call)."""
     inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
     if use_tf_function:
-        return tf.function(lambda x: layer(x, training=training))(inputs)
+        with _execution.function_rewrites(graph_rewrites):
+            return tf.function(lambda x: layer(x, training=training))(inputs)
     return layer(inputs, training=training)
 
 
