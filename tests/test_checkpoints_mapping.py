@@ -76,3 +76,21 @@ def test_bad_arguments_are_named():
         equivtool.map_variables(cm.slim_net, 3, cm.images())
     with pytest.raises(ValueError, match="inputs"):
         equivtool.map_variables(cm.slim_net, cm.NativeNet, np.zeros([0, 6, 6, 3], np.float32))
+
+
+def test_scope_similarity_decides_before_creation_order():
+    # Same shape, role and count; created in other orders: the layer names agree.
+    tf1 = _set(("net/fc_b/weights", [8, 8], True), ("net/fc_a/weights", [8, 8], True),
+               ("net/fc_c/weights", [8, 8], True), ("net/x/weights", [8, 8], True))
+    tf2 = _set(("model/fc_a_1/kernel", [8, 8], True), ("model/fc_b/kernel", [8, 8], True),
+               ("model/dense/kernel", [8, 8], True), ("model/fc_c/kernel", [8, 8], True))
+    mapping = propose(tf1, tf2)
+    assert mapping.pairs["net/fc_a/weights"] == "model/fc_a_1/kernel"
+    assert mapping.pairs["net/fc_b/weights"] == "model/fc_b/kernel"
+    assert mapping.pairs["net/fc_c/weights"] == "model/fc_c/kernel"
+    assert mapping.pairs["net/x/weights"] == "model/dense/kernel"  # the one left
+    assert mapping.by_order == ()  # nothing was decided by order alone
+    # Without scope evidence, creation order decides, and says so.
+    order = propose(_set(("a/p/w", [2], True), ("a/q/w", [2], True)),
+                    _set(("b/r/w", [2], True), ("b/s/w", [2], True)))
+    assert order.pairs == {"a/p/w": "b/r/w", "a/q/w": "b/s/w"} and order.by_order == ("a/p/w", "a/q/w")

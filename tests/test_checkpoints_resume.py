@@ -49,6 +49,10 @@ def test_slim_model_trained_with_adam_resumes_identically(adam_ckpt, mapping, tf
     assert {"step_1/variables/net/bn1/moving_mean", "step_1/optimizer/beta1_power"} <= names
     assert all(leaf.status == "passed" for leaf in leaves.values())
     assert any("iterations=5" in note for note in result.notes)
+    if not tf_function:  # the report lists what was mapped and converted, in JSON too
+        import json
+        data = next(s for s in json.loads(report.to_json())["steps"] if s["name"] == "resume")
+        assert "net/conv1/weights/Adam_1" in data["data"]["conversion"]
 
 
 def test_resume_is_enabled_by_checkpoint_and_optimizers_together(adam_ckpt, mapping):

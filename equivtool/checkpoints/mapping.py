@@ -11,10 +11,12 @@ variable, in this order, and never guesses silently:
    (the last name component, with synonyms: ``weights``/``kernel``,
    ``biases``/``bias``, ``gamma``/``scale``...); when one TF1 and one TF2
    variable share a signature and role, they are a pair;
-3. when several share one, they are paired in creation order and the pairs
-   are listed in :attr:`VariableMapping.by_order` (a swap of two same-shape
-   layers is then caught by ``check_equivalence``, whose fixed weights depend
-   on the name);
+3. when several share one, a variable whose innermost scope (the layer's
+   name, without Keras' ``_N`` numbering) is that of exactly one candidate is
+   paired with it (scope similarity: ``net/fc2/weights`` with
+   ``model/fc2/kernel``); the rest are paired in creation order and listed in
+   :attr:`VariableMapping.by_order` (a swap of two same-shape layers is then
+   caught by ``check_equivalence``, whose fixed weights depend on the name);
 4. when the counts differ, every candidate is listed in
    :attr:`VariableMapping.ambiguous` and none is paired.
 
@@ -54,6 +56,24 @@ _ROLE_OF = {name: group[0] for group in _ROLES for name in group}
 def _role(name: str) -> str:
     leaf = name.rsplit("/", 1)[-1]
     return _ROLE_OF.get(leaf, leaf)
+
+
+def _layer_scope(name: str) -> str:
+    """The innermost scope, without Keras' per-process ``_N`` numbering, lower case."""
+    parts = name.split("/")
+    return _UNIQUIFIED.match(parts[-2]).group(1).lower() if len(parts) > 1 else ""
+
+
+def _pair_by_scope(tf1_names: list, tf2_names: list) -> dict:
+    """The pairs whose innermost scope names one layer on both sides and no other
+    (``net/fc2/weights`` and ``model/fc2/kernel``): scope similarity decides
+    before creation order does."""
+    tf2_by_scope: dict = {}
+    for name in tf2_names:
+        tf2_by_scope.setdefault(_layer_scope(name), []).append(name)
+    tf1_scopes = [_layer_scope(name) for name in tf1_names]
+    return {name: tf2_by_scope[scope][0] for name, scope in zip(tf1_names, tf1_scopes)
+            if scope and len(tf2_by_scope.get(scope, ())) == 1 and tf1_scopes.count(scope) == 1}
 
 
 def _signature(info: VariableInfo) -> tuple:
@@ -217,9 +237,13 @@ def propose(tf1: VariableSet, tf2: VariableSet) -> VariableMapping:
             if not tf1_names or not tf2_names:
                 continue
             if len(tf1_names) == len(tf2_names) and (len(key) > 3 or len(tf1_names) == 1):
-                pairs.update(zip(tf1_names, tf2_names))
-                if len(tf1_names) > 1:
-                    by_order.extend(tf1_names)
+                by_scope = _pair_by_scope(tf1_names, tf2_names) if len(tf1_names) > 1 else {}
+                pairs.update(by_scope)
+                rest_tf1 = [n for n in tf1_names if n not in by_scope]
+                rest_tf2 = [n for n in tf2_names if n not in by_scope.values()]
+                pairs.update(zip(rest_tf1, rest_tf2))
+                if len(rest_tf1) > 1:
+                    by_order.extend(rest_tf1)
             else:
                 shape, dtype, trainable = key[:3]
                 role = f"{key[3]} " if len(key) > 3 else ""
