@@ -159,3 +159,12 @@ NATIVE_RENAME = [
 
 def keras_adam():
     return tf.keras.optimizers.Adam(0.01, epsilon=1e-8)
+
+
+EMBEDDING_RENAME = [(r"^emb(?:_\d+)?/embedding(?:_\d+)?/embeddings$", "emb/table"),
+                    (r"^emb(?:_\d+)?/dense(?:_\d+)?/kernel$", "emb/out/weights"),
+                    (r"^emb(?:_\d+)?/dense(?:_\d+)?/bias$", "emb/out/biases")]
+
+
+def keras_adagrad():
+    return tf.keras.optimizers.Adagrad(0.1, epsilon=0.0)

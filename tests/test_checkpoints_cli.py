@@ -3,6 +3,7 @@
 import os
 
 import equivtool
+import numpy as np
 import tensorflow as tf
 
 from equivtool import cli
@@ -42,3 +43,21 @@ def test_bad_input_is_exit_2_one_line_and_writes_nothing(tmp_path, capsys):
                     ) == cli.EXIT_USAGE
     assert "--rename: module 'tests.checkpoint_models' has no attribute 'NOPE'" in capsys.readouterr().err
     assert not [n for n in os.listdir(tmp_path) if n.startswith("tf2")]
+
+
+def test_token_id_inputs_build_an_embedding_model(tmp_path, capsys):
+    path = cm.train_tf1(cm.embedding_net, cm.token_ids(), lambda: tf.compat.v1.train.AdagradOptimizer(0.1), 2,
+                        str(tmp_path / "model"))
+    out = str(tmp_path / "tf2")
+    argv = ["convert-checkpoint", path, "tests.checkpoint_models:NativeEmbedding", out, "--input-shape", "2,5",
+            "--input-dtype", "int32", "--rename", "tests.checkpoint_models:EMBEDDING_RENAME",
+            "--optimizer", "tests.checkpoint_models:keras_adagrad"]
+    assert cli.main(argv) == cli.EXIT_OK
+    assert "3 model variables, 3 slots, iterations=2" in capsys.readouterr().out
+    tf1, tf2 = tf.train.load_checkpoint(path), tf.train.load_checkpoint(out)
+    stored = dict(tf.train.list_variables(out))
+    table = [name for name in stored if name.startswith("model/table/") and name.endswith("VARIABLE_VALUE")]
+    assert len(table) == 1
+    np.testing.assert_array_equal(tf2.get_tensor(table[0]), tf1.get_tensor("emb/table"))
+    assert cli.main(argv[:-4] + ["--input-dtype", "int8"]) == cli.EXIT_USAGE  # argparse names the choices
+    assert "--input-dtype" in capsys.readouterr().err

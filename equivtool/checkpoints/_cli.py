@@ -29,7 +29,10 @@ def cmd_convert_checkpoint(args) -> int:
 
     shape = cli.parse_shape(args.input_shape)
     import numpy as np
-    inputs = np.random.RandomState(0).standard_normal(shape).astype(np.float32)
+    if args.input_dtype == "float32":
+        inputs = np.random.RandomState(0).standard_normal(shape).astype(np.float32)
+    else:  # token ids: zeros are a valid id for every vocabulary
+        inputs = np.zeros(shape, args.input_dtype)
     with cli.importable_cwd():
         factory = cli.load_target(args.tf2_factory, "MODULE:FACTORY")
         optimizer = cli.load_target(args.optimizer, "--optimizer") if args.optimizer else None
@@ -51,6 +54,8 @@ def add_parser(sub) -> None:
     parser.add_argument("output", metavar="OUTPUT", help="prefix of the TF2 checkpoint to write")
     parser.add_argument("--input-shape", required=True,
                         help="e.g. 1,224,224,3: a float32 input the layer is built with")
+    parser.add_argument("--input-dtype", default="float32", choices=("float32", "int32", "int64"),
+                        help="the input's dtype (int32/int64: token ids, all 0) (default float32)")
     parser.add_argument("--optimizer", default=None, metavar="MODULE:FACTORY",
                         help="zero-argument factory of the tf-keras optimizer whose slots are filled")
     parser.add_argument("--rename", default=None, metavar="MODULE:OBJ",
