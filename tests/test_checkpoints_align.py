@@ -59,3 +59,28 @@ def test_readme_native_path_runs_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rename = [" in result.stdout and "Verdict: EQUIVALENT (1 passed)" in result.stdout
     assert sorted(os.listdir(tmp_path)) == ["tf1", "tf2_model.data-00000-of-00001", "tf2_model.index"]
+
+
+class _FailsInTraining(cm.NativeNet):
+    def call(self, inputs, training=None):
+        if training:
+            raise RuntimeError("planted: the training pass fails")
+        return super().call(inputs, training=training)
+
+
+def test_alignment_leaves_no_variable_creator_behind_when_a_step_fails(mapping):
+    import numpy as np
+    import tensorflow as tf
+    report = equivtool.check_equivalence(cm.slim_net, _FailsInTraining, cm.images(), rename=mapping,
+                                         steps=["random"], modes=("constant", "num_random_ops"))
+    assert report.step("random/constant/training").status == "error"
+    assert report.step("random/num_random_ops/training").status == "error"
+    # A variable made now, under a mapped name, keeps its own value (no aligning creator left) ...
+    kernel = tf.Variable(tf.ones([3, 3, 3, 4]), name="net/conv2d/kernel")
+    np.testing.assert_array_equal(kernel.numpy(), np.ones([3, 3, 3, 4]))
+    # ... in a TF1 graph too.
+    with tf.Graph().as_default():
+        weights = tf.compat.v1.get_variable("net/conv1/weights", [2], initializer=tf.compat.v1.ones_initializer())
+        with tf.compat.v1.Session() as session:
+            session.run(weights.initializer)
+            np.testing.assert_array_equal(session.run(weights), [1.0, 1.0])
