@@ -25,6 +25,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from equivtool._tf_internals import save_slice_info
 from equivtool.checkpoints.convert import convert
 from equivtool.comparison import compare
 from equivtool.report import StepResult
@@ -49,7 +50,7 @@ def _full_values(variables, values, renamer) -> dict:
     under its full name (as the checkpoint stores it)."""
     out = {}
     for variable, value in zip(variables, values):
-        info = getattr(variable, "_save_slice_info", None)
+        info = save_slice_info(variable)
         if info is None:
             out[variable_key(variable.name, renamer)] = value
             continue
@@ -73,8 +74,8 @@ def _resume_tf1(e) -> dict:
         with side.graph.as_default():
             everything = tf.compat.v1.global_variables()
             stored = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-            absent = sorted({getattr(v, "_save_slice_info", None).full_name
-                             if getattr(v, "_save_slice_info", None) else v.op.name for v in everything} - set(stored))
+            absent = sorted({save_slice_info(v).full_name if save_slice_info(v) else v.op.name
+                             for v in everything} - set(stored))
             if absent:
                 raise ValueError(f"checkpoint: {path!r} lacks {absent}, which the TF1 training graph "
                                  f"({type(optimizer).__name__}) has: was it written by this model and optimizer?")

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from equivtool._tf_internals import save_slice_info
 from equivtool._tree import flatten_tensors
 from equivtool.variables import VariableInfo, VariableSet
 
@@ -290,7 +291,7 @@ def tf1_graph_variables(tf1_fn: Callable, inputs, training: bool = False) -> Var
         infos = OrderedDict()
         for variable in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
             info = VariableInfo.of(variable)
-            slice_info = getattr(variable, "_save_slice_info", None)
+            slice_info = save_slice_info(variable)
             name, shape = info.name, info.shape
             if slice_info is not None:
                 name, shape = slice_info.full_name, tuple(slice_info.full_shape)
