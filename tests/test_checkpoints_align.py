@@ -84,3 +84,18 @@ def test_alignment_leaves_no_variable_creator_behind_when_a_step_fails(mapping):
         with tf.compat.v1.Session() as session:
             session.run(weights.initializer)
             np.testing.assert_array_equal(session.run(weights), [1.0, 1.0])
+
+
+def test_optimizer_steps_from_aligned_weights_and_a_bn_momentum_fault(mapping):
+    import tensorflow as tf
+    optimizers = (lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+                  lambda: tf.keras.optimizers.Adam(0.01, epsilon=1e-8))
+    good = equivtool.check_equivalence(cm.slim_net, cm.NativeNet, cm.images(), rename=mapping,
+                                       optimizers=optimizers, steps=["optimizer"], train_steps=2)
+    assert good.passed, str(good)
+    # Keras' default batch-norm momentum (0.99) against slim's decay (0.9 here): the moving statistics part.
+    bad = equivtool.check_equivalence(cm.slim_net, lambda: cm.NativeNet(momentum=0.99), cm.images(),
+                                      rename=mapping, optimizers=optimizers, steps=["optimizer"], train_steps=2)
+    failed = {leaf.name for leaf in bad.step("optimizer").leaves if leaf.failed}
+    assert "step_1/variables/net/bn1/moving_mean" in failed, str(bad)
+    assert "step_1/loss" not in failed  # the first loss is computed before any update
