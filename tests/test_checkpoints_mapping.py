@@ -5,7 +5,6 @@ import re
 import equivtool
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from equivtool.checkpoints.mapping import mapping_rules, propose
 from equivtool.variables import VariableInfo, VariableSet

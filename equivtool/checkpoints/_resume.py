@@ -25,8 +25,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from equivtool._step_runs import SplitStep
 from equivtool._tf_internals import save_slice_info
-from equivtool.checkpoints.convert import convert
+from equivtool.checkpoints.convert import checkpoint_path, convert
 from equivtool.comparison import compare
 from equivtool.report import StepResult
 from equivtool.runners import TF1Side, TF2Side, strip_output_index, variable_key
@@ -63,7 +64,6 @@ def _full_values(variables, values, renamer) -> dict:
 def _resume_tf1(e) -> dict:
     make_tf1, _ = _needs(e)
     o = e.options
-    from equivtool.checkpoints.convert import checkpoint_path
     path = checkpoint_path(o.checkpoint, "checkpoint")
     side = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
                    graph_rewrites=o.graph_rewrites,
@@ -191,9 +191,4 @@ def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
                                              "losses": losses, "conversion": tf2["conversion"]})
 
 
-def _make_step():
-    from equivtool._step_runs import SplitStep
-    return SplitStep(_resume_tf1, _resume_tf2, _resume_judge)
-
-
-resume = _make_step()
+resume = SplitStep(_resume_tf1, _resume_tf2, _resume_judge)
