@@ -22,6 +22,8 @@ def test_converts_with_committed_rules_and_refuses_to_overwrite(tmp_path, capsys
     assert cli.main(argv) == cli.EXIT_OK
     printed = capsys.readouterr().out
     assert "8 model variables, 12 slots, iterations=2" in printed and "net/conv1/weights/Adam_1" in printed
+    assert "hyperparameters (check them against the TF1 run's): learning_rate=0.01" in printed
+    assert "epsilon=1e-08" in printed
     assert os.path.exists(out + ".index")
     assert cli.main(argv) == cli.EXIT_USAGE
     err = capsys.readouterr().err

@@ -250,6 +250,13 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
             notes.append("no global_step in the checkpoint: iterations set to 0")
         assignments.append((opt.iterations, iterations))
         notes += list(layout.notes)
+        config = opt.get_config()
+        keys = ("learning_rate", "beta_1", "beta_2", "epsilon", "momentum", "nesterov", "rho", "centered",
+                "initial_accumulator_value")
+        shown = [f"{k}={float(config[k]):.6g}" if isinstance(config[k], (float, np.floating)) else
+                 f"{k}={config[k]}" for k in keys if k in config]
+        notes.append(f"the tf-keras {kind}'s hyperparameters (check them against the TF1 run's): "
+                     + ", ".join(shown))
         if global_step is not None and family != "Adam":
             notes.append(f"iterations = global_step = {global_step}")
     for variable, value in assignments:
