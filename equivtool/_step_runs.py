@@ -581,7 +581,7 @@ def _random_fresh_judge(e: "_Engine", tf1: dict, tf2: dict, mode: str, training:
 
         def fresh_call():  # the same first call of a fresh layer under a fresh tool
             from equivtool.localize._capture import call_layer
-            with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
+            with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope(), tf2_aligned(o):
                 return call_layer(e.new_layer(), o.inputs, training, False)
         return e.localized(result, side, forward.outputs, fresh_call)
     finally:

@@ -99,3 +99,13 @@ def test_optimizer_steps_from_aligned_weights_and_a_bn_momentum_fault(mapping):
     failed = {leaf.name for leaf in bad.step("optimizer").leaves if leaf.failed}
     assert "step_1/variables/net/bn1/moving_mean" in failed, str(bad)
     assert "step_1/loss" not in failed  # the first loss is computed before any update
+
+
+def test_localization_of_a_native_rewrite_runs_from_aligned_weights(mapping):
+    # A dropout-rate fault: localized, the first op that differs is in the dropout, not the first conv.
+    report = equivtool.check_equivalence(cm.slim_net, lambda: cm.NativeNet(rate=0.5), cm.images(), rename=mapping,
+                                         steps=["random"], modes=("num_random_ops",), localize=True)
+    result = report.step("random/num_random_ops/training")
+    assert result.status == "failed"
+    where = result.data["localization"]
+    assert where.tf1_op == "net/dropout/dropout_1/Mul", str(where)  # the convolution before it matches
