@@ -486,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> tuple:
     """The variants, after checking every option; raises ValueError naming the option."""
-    from equivtool.steps import STEPS  # the step registry; does not load TensorFlow
+    from equivtool.engine.registry import STEPS  # the step registry; does not load TensorFlow
 
     for option, value, low in (("--image-size", args.image_size, MIN_IMAGE_SIZE), ("--batch-size", args.batch_size, 1),
                                ("--repeats", args.repeats, 1)):

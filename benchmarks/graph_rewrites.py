@@ -3,7 +3,7 @@
 For each model, the TF1 inference graph runs with fixed weights (the
 ``fixed_weights`` step's values) in one session per configuration:
 
-- ``as_written``: every pass of ``equivtool._execution.NUMERIC_PASSES`` off
+- ``as_written``: every pass of ``equivtool._platform.execution.NUMERIC_PASSES`` off
   (equivtool's default);
 - ``+PASS``: as written, with that one pass back at TensorFlow's default;
 - ``tensorflow_default``: TensorFlow's defaults (every pass on).
@@ -16,7 +16,8 @@ It also lists the fused kernels each configuration executed.
     python benchmarks/graph_rewrites.py [NET ...] [--md]
 
 NETs: the tf_slim.nets zoo names (examples/slim_zoo), ``irv2`` (Inception-ResNet-v2
-at 75 px) and ``mnist`` (examples/mnist_convnet). Default: all.
+at 107 px), ``mnist`` (examples/mnist_convnet) and ``algebra`` (hand-written
+elementwise algebra with constants, then a dense layer). Default: all.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ import equivtool  # noqa: E402,F401  (environment fix first)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from equivtool import _execution, runners  # noqa: E402
-from equivtool._tf_internals import RewriterConfig  # noqa: E402
+from equivtool._platform import execution as _execution  # noqa: E402
+from equivtool.engine.sides import runners  # noqa: E402
+from equivtool._platform.tf_internals import RewriterConfig  # noqa: E402
 
 
 def _zoo(name):
@@ -50,7 +52,7 @@ def _irv2():
     import functools
     from examples.inception_resnet_v2.keras_shim import make_shim, tf1_forward
     from examples.inception_resnet_v2.parity import model_kwargs
-    images = np.random.RandomState(0).uniform(-1, 1, (1, 75, 75, 3)).astype(np.float32)
+    images = np.random.RandomState(0).uniform(-1, 1, (1, 107, 107, 3)).astype(np.float32)
     return (functools.partial(tf1_forward, num_classes=10, **model_kwargs()),
             functools.partial(make_shim, 10, **model_kwargs()), images)
 
@@ -61,11 +63,34 @@ def _mnist():
     return tf1_forward, make_model, synthetic_batch(8, 0)[0]
 
 
+def _algebra():
+    """Elementwise algebra of the kind TF1 code writes by hand (normalising by constants,
+    scaling twice, summing terms): the patterns the arithmetic optimizer and constant
+    folding rewrite."""
+    import tf_slim as slim
+
+    def tf1_fn(inputs, training):
+        scale = tf.constant(0.1) * tf.constant(7.0)          # a product of constants
+        net = inputs / 3.0                                   # division by a constant
+        net = net * 0.37 * 5.3                               # a chain of constant factors
+        net = net * net + 2.0 * net + net                    # a common factor
+        net = slim.fully_connected(net, 16, activation_fn=tf.nn.tanh, scope="fc")
+        return {"net": net * scale, "sum": tf.add_n([net, net * 2.0, net / 7.0])}
+
+    class Layer(tf.keras.layers.Layer):
+        @tf.compat.v1.keras.utils.track_tf1_style_variables
+        def call(self, inputs, training=None):
+            return tf1_fn(inputs, bool(training))
+    inputs = np.random.RandomState(0).uniform(-3, 3, (64, 32)).astype(np.float32)
+    return tf1_fn, Layer, inputs
+
+
 def models() -> dict:
     from examples.slim_zoo.zoo import ZOO
     found = {name: (lambda name=name: _zoo(name)) for name in ZOO}
     found["irv2"] = _irv2
     found["mnist"] = _mnist
+    found["algebra"] = _algebra
     return found
 
 

@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import equivtool  # noqa: E402  (the environment fix, before TensorFlow)
 import numpy as np  # noqa: E402
 
-from equivtool.runners import TF1Side, TF2Side  # noqa: E402
+from equivtool.engine.sides.runners import TF1Side  # noqa: E402
+from equivtool.engine.sides.tf2_layer import TF2Side  # noqa: E402
 from equivtool.seeding import DeterministicRandomTestTool  # noqa: E402
 from equivtool.variables import _make_renamer  # noqa: E402
 
@@ -72,7 +73,7 @@ def _tf2(make_layer, inputs, passes):
 
 
 def _max_diff(a, b) -> float:
-    from equivtool._tree import flatten_tensors
+    from equivtool._base.tree import flatten_tensors
     left, right = flatten_tensors(a), flatten_tensors(b)
     if len(left) != len(right):
         return float("nan")

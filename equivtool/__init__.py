@@ -1,7 +1,7 @@
 """equivtool: prove that a TF1 model migrated to TF2 computes the same numbers.
 
 Importing equivtool applies one documented environment fix (see
-``equivtool._env``): it selects legacy Keras (``TF_USE_LEGACY_KERAS=1``) when
+``equivtool._platform.env``): it selects legacy Keras (``TF_USE_LEGACY_KERAS=1``) when
 TensorFlow is not imported yet, and lets tf-slim find tf-keras' moved legacy
 layer modules. Public names are loaded lazily, so ``import equivtool`` itself
 does not import TensorFlow.
@@ -9,9 +9,8 @@ does not import TensorFlow.
 
 from __future__ import annotations
 
-import importlib
-
-from equivtool import _env
+from equivtool._base.lazy import lazy_exports
+from equivtool._platform import env as _env
 
 _env.apply()
 
@@ -19,7 +18,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "EquivtoolEnvironmentError": "_env",
+    "EquivtoolEnvironmentError": "_platform.env",
     # step 1 and 2: variables
     "VariableCreationError": "variables",
     "assert_no_variable_creations": "variables",
@@ -47,9 +46,9 @@ _EXPORTS = {
     # the engine
     "check_equivalence": "equivalence",
     "slim_shim": "slim",
-    "STEPS": "steps",
-    "DEFAULT_STEPS": "steps",
-    "MODES": "steps",
+    "STEPS": "engine.registry",
+    "DEFAULT_STEPS": "engine.registry",
+    "MODES": "engine.registry",
     "Localization": "localize",
     # the native TF2 end state: mapping, checkpoint conversion
     "VariableMapping": "checkpoints.mapping",
@@ -63,15 +62,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'equivtool' has no attribute {name!r}")
-    module = importlib.import_module(f"equivtool.{module_name}")
-    value = getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -12,7 +12,7 @@ Exit codes (all commands):
   failed ``build-ops``. Always one line on stderr, never a traceback.
 
 Importing this module has no side effects; ``main`` silences TensorFlow's
-start-up notices (``equivtool._quiet``) before it imports TensorFlow.
+start-up notices (``equivtool._platform.quiet``) before it imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def check_output_path(path: Optional[str], argument: str) -> None:
     except OSError as exc:
         raise UsageError(f"{argument}: cannot write {path!r}: {exc.strerror or exc}") from None
     if argument == "--html":
-        from equivtool import _render
+        from equivtool._base import render as _render
         try:
             _render.matplotlib_figure()
         except ImportError as exc:
@@ -185,7 +185,7 @@ def check_output_path(path: Optional[str], argument: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _versions():
-    from equivtool import _env
+    from equivtool._platform import env as _env
     try:
         return _env.check_versions(), None
     except _env.EquivtoolEnvironmentError as exc:
@@ -203,14 +203,14 @@ def _version_check(attribute: str, missing: str = "") -> Callable[[], tuple[bool
 
 
 def doctor_legacy_keras() -> tuple[bool, str]:
-    from equivtool import _env
+    from equivtool._platform import env as _env
     if _env.legacy_keras_active():
         return True, "active (tf.keras is tf-keras)"
     return False, "NOT active: set TF_USE_LEGACY_KERAS=1 before importing TensorFlow"
 
 
 def doctor_slim_fix() -> tuple[bool, str]:
-    from equivtool import _env
+    from equivtool._platform import env as _env
     state = _env.slim_fix_state()
     if state == "broken":
         return False, "broken: tf_keras.legacy_tf_layers cannot be resolved, slim.batch_norm will fail"
@@ -218,9 +218,9 @@ def doctor_slim_fix() -> tuple[bool, str]:
 
 
 def _repairs_of(library: str, missing: str) -> Callable[[], tuple[bool, str]]:
-    """The repairs of one library by the import-time fix (equivtool._compat): what each did."""
+    """The repairs of one library by the import-time fix (equivtool._platform.compat): what each did."""
     def check() -> tuple[bool, str]:
-        from equivtool import _compat
+        from equivtool._platform import compat as _compat
         repairs = [r for r in _compat.repairs(import_libraries=True) if r.library == library]
         if not repairs:
             return True, missing
@@ -247,7 +247,7 @@ def doctor_devices() -> tuple[bool, str]:
 
 def doctor_machine() -> tuple[bool, str]:
     """What a verdict depends on: the CPU, its instruction sets, oneDNN, threads."""
-    from equivtool import _execution
+    from equivtool._platform import execution as _execution
     cpu, threads = _execution.cpu(), _execution.threads()
     return True, (f"{cpu['model']} ({', '.join(cpu['isa']) or 'no AVX2'}"
                   + (f"; ONEDNN_MAX_CPU_ISA={cpu['onednn_max_cpu_isa']}" if "onednn_max_cpu_isa" in cpu else "")
@@ -257,7 +257,7 @@ def doctor_machine() -> tuple[bool, str]:
 
 
 def doctor_rewrites() -> tuple[bool, str]:
-    from equivtool import _execution
+    from equivtool._platform import execution as _execution
     return True, ("as_written (default) turns off " + ", ".join(_execution.turned_off("as_written"))
                   + " in TF1 sessions and TF2 function graphs")
 
@@ -282,9 +282,9 @@ def doctor_xent_cuda() -> tuple[bool, str]:
 
 
 def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
-    """A live check of equivtool._selfcheck (the real code path, run tiny here)."""
+    """A live check of equivtool._platform.selfcheck (the real code path, run tiny here)."""
     def check() -> tuple[bool, str]:
-        from equivtool import _selfcheck
+        from equivtool._platform import selfcheck as _selfcheck
         result = getattr(_selfcheck, name)()
         return result.ok, ("ok: " if result.ok else "FAILS: ") + result.detail
     return check
@@ -338,8 +338,8 @@ def cmd_doctor(args) -> int:
 
 def cmd_check(args) -> int:
     from equivtool import check_equivalence
-    from equivtool._progress import print_progress, write_reports
-    from equivtool.steps import MODES, STEPS
+    from equivtool._base.progress import print_progress, write_reports
+    from equivtool.engine.registry import MODES, STEPS
 
     shape = parse_shape(args.input_shape)
     seed = check_seed(args.seed)
@@ -457,8 +457,8 @@ def audit_main(target: str, runs: int, json_path: Optional[str] = None, html_pat
     callable, needs arguments, raises when run) raises :class:`UsageError`
     (a ``ValueError``) with a one-line message: the CLI exits with code 2.
     """
-    from equivtool._progress import write_reports
-    from equivtool._stack import innermost_user_frame
+    from equivtool._base.progress import write_reports
+    from equivtool._base.stack import innermost_user_frame
     from equivtool.determinism import audit_determinism
 
     runs = _check_runs(runs)
@@ -548,8 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--verbose", action="store_true")
     build.set_defaults(run=cmd_build_ops)
 
-    from equivtool.checkpoints import _cli as convert_cli  # noqa: E402  (its own module; imports no TF)
-    convert_cli.add_parser(sub)
+    from equivtool.checkpoints import _cli as convert_cli  # its own module; imports no TF
+    convert_cli.add_parser(sub, sys.modules[__name__])
     return parser
 
 
@@ -560,7 +560,7 @@ def _one_line(exc: BaseException) -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] and argv[0] not in ("-h", "--help"):
-        from equivtool._quiet import quiet_command
+        from equivtool._platform.quiet import quiet_command
         quiet_command()
     if argv[:1] == ["demo"]:  # everything after "demo" belongs to the demo's own parser
         rest = argv[1:]

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from equivtool import _render
-from equivtool._render import STATUS_TEXT as _STATUS_TEXT
-from equivtool._render import escape as _e
-from equivtool._render import fmt_err as _fmt_err
-from equivtool._render import json_safe as _json_safe
-from equivtool._render import shorten as _shorten
+from equivtool._base import render as _render
+from equivtool._base.render import STATUS_TEXT as _STATUS_TEXT
+from equivtool._base.render import escape as _e
+from equivtool._base.render import fmt_err as _fmt_err
+from equivtool._base.render import json_safe as _json_safe
+from equivtool._base.render import shorten as _shorten
 from equivtool.comparison import Comparison, LeafComparison
 from equivtool.localize import result as _localize
 

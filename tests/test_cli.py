@@ -106,7 +106,7 @@ def test_quiet_import_drops_tensorflow_notices_but_keeps_other_stderr(tmp_path):
         "os.write(2, b'E0000 something.cc:1] a real problem\\n')\n"
         "get_logger = lambda: types.SimpleNamespace(setLevel=lambda level: None)\n"
         "config = types.SimpleNamespace(list_physical_devices=lambda: [])\n")
-    code = "from equivtool._quiet import import_tensorflow_quietly; import_tensorflow_quietly(); print('ok')"
+    code = "from equivtool._platform.quiet import import_tensorflow_quietly; import_tensorflow_quietly(); print('ok')"
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from equivtool._render import json_safe as _json_safe
+from equivtool._base.render import json_safe as _json_safe
 from equivtool.comparison import Comparison, LeafComparison, Tolerance, compare, resolve_tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -604,7 +604,7 @@ def test_largest_ulp_distance_counts_representable_values(dtype, steps):
 
 
 def test_ulp_distance_across_zero_counts_both_signs():
-    from equivtool._advice import ulp_distance
+    from equivtool.comparison._advice import ulp_distance
     tiny = np.array([np.nextafter(np.float32(0), np.float32(1))])
     assert ulp_distance(-tiny, tiny)[0] == 2
     assert ulp_distance(np.array([0.0], np.float32), -tiny)[0] == 1

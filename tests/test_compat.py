@@ -12,8 +12,8 @@ import numpy as np
 import tensorflow as tf
 import tf_slim as slim
 
-from equivtool import _compat
-from equivtool._compat import _tf_slim
+from equivtool._platform import compat as _compat
+from equivtool._platform.compat import _tf_slim
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,7 +67,7 @@ def test_tf_slim_imported_before_equivtool_is_repaired_at_once():
             "import tf_slim\n"
             "from tensorflow.python.framework import ops\n"
             "import equivtool\n"
-            "from equivtool import _compat\n"
+            "from equivtool._platform import compat as _compat\n"
             "print(sorted(r.state for r in _compat.repairs()))\n"
             "assert hasattr(ops, 'Tensor')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -89,7 +89,7 @@ def test_importing_tensorflow_and_tf_slim_repairs_each_and_leaves_the_runtime_un
     # once its runtime is initialised.
     code = (
         "import equivtool\n"
-        "from equivtool import _compat\n"
+        "from equivtool._platform import compat as _compat\n"
         "libraries = lambda: sorted({r.library for r in _compat.repairs()})\n"
         "print(libraries())\n"
         "import tensorflow as tf\n"

@@ -20,8 +20,8 @@ import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow.python.framework import graph_io
 
-from equivtool import _compat
-from equivtool._compat import _tensorflow
+from equivtool._platform import compat as _compat
+from equivtool._platform.compat import _tensorflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPAIR = "graphs written as text"

@@ -129,7 +129,7 @@ def test_a_variable_only_the_training_pass_creates_is_initialised():
 # the variables are moved between the TF1 graphs a chunk at a time.
 # --------------------------------------------------------------------------
 
-from equivtool import _step_runs as _runs_module  # noqa: E402
+from equivtool.engine import steps as _runs_module  # noqa: E402
 
 _ORIGINAL_SPLITS = {name: getattr(_runs_module, name) for name in ("random_constant", "gradients")}
 
@@ -139,7 +139,7 @@ def _recorded_captures(monkeypatch, steps):
     the random-mode and gradient steps captured, as flat NumPy arrays."""
     import dataclasses
 
-    from equivtool._tree import flatten_tensors
+    from equivtool._base.tree import flatten_tensors
 
     seen = {}
 
@@ -180,7 +180,7 @@ def test_a_fixed_weights_that_left_its_values_behind_would_be_caught(monkeypatch
     """The test above can fail: a planted fault that keeps the fixed values."""
     import contextlib
 
-    from equivtool import _pair
+    from equivtool.engine import pair as _pair
 
     alone = _recorded_captures(monkeypatch, ["random", "gradients"])
 
@@ -195,7 +195,7 @@ def test_a_fixed_weights_that_left_its_values_behind_would_be_caught(monkeypatch
 
 
 def test_the_tf1_graphs_exchange_values_a_chunk_at_a_time(monkeypatch):
-    from equivtool import runners
+    from equivtool.engine.sides import runners
 
     def build(training):
         side = runners.TF1Side(slim_net, np.ones(INPUT_SHAPE, np.float32), renamer=lambda n: n, loss_fn=None)
@@ -219,7 +219,7 @@ def test_the_tf1_graphs_exchange_values_a_chunk_at_a_time(monkeypatch):
 
 def test_a_copied_variables_initializer_is_not_run():
     """Its values would be overwritten; an initializer that cannot run shows it is skipped."""
-    from equivtool import runners
+    from equivtool.engine.sides import runners
 
     def fed_init(x, training):
         w = tf.compat.v1.get_variable("w", initializer=tf.compat.v1.placeholder_with_default(

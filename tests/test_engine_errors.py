@@ -6,7 +6,7 @@ import tensorflow as tf
 import tf_slim as slim
 
 import equivtool
-from equivtool._errors import one_line, unfiltered_tracebacks
+from equivtool._base.errors import one_line, unfiltered_tracebacks
 
 X = np.ones([2, 4], np.float32)
 IMAGE = np.ones([1, 5, 5, 2], np.float32)

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import equivtool
-from equivtool import _env
+from equivtool._platform import env as _env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,7 +7,8 @@ import pytest
 
 import equivtool
 import tensorflow as tf
-from equivtool import runners
+from equivtool.engine.sides import runners
+from equivtool._platform import tf_internals as _tfi
 from equivtool.testing import assert_equivalent
 
 from small_models import INPUT_SHAPE, SlimNetShim, slim_net
@@ -212,7 +213,7 @@ def test_fixed_values_depend_only_on_name_and_shape():
 def test_fixed_values_are_made_as_each_variable_is_assigned(monkeypatch):
     """Not a second copy of the model at once: a side assigning a chunk at a time
     holds one chunk of fixed values."""
-    from equivtool import _step_runs
+    from equivtool.engine import steps as _step_runs
 
     made = []
     monkeypatch.setattr(_step_runs, "fixed_value",
@@ -275,7 +276,10 @@ def test_only_the_runners_execute_tensorflow():
     import ast
     import inspect
 
-    from equivtool import _pair, _step_runs, equivalence, steps
+    from equivtool import equivalence
+    from equivtool.engine import pair as _pair
+    from equivtool.engine import steps as _step_runs
+    from equivtool.engine import registry as steps
     forbidden = {"session", "graph", "Session", "Saver", "minimize", "as_default", "variables_initializer"}
     # type checks of arguments, and the version in the report header
     allowed_tf = {"tf.distribute.Strategy", "tf.Module", "tf.distribute", "tf.__version__"}
@@ -365,7 +369,7 @@ def test_a_checkpoint_path_written_by_tf1_is_accepted_and_loaded(tmp_path):
 def test_the_engine_reads_one_frozen_options_object():
     import dataclasses
 
-    from equivtool.equivalence import _Options
+    from equivtool.engine.options import Options as _Options
     options = _Options.build(slim_net, SlimNetShim, X, steps=None, modes=equivtool.MODES, tolerance=None,
                              step_tolerances=None, loss_fn=None, optimizers=SGD, train_steps=2,
                              checkpoint=None, rename=None, tf_function=False,
@@ -434,7 +438,7 @@ def test_a_tf1_layer_norm_runs_on_every_tensorflow():
 def test_the_remapper_is_switched_off_where_it_aborts_even_with_tensorflow_defaults():
     assert runners.remapper_aborts_on_layer_norm("2.16.2") and runners.remapper_aborts_on_layer_norm("2.16.0")
     assert not any(runners.remapper_aborts_on_layer_norm(v) for v in ("2.15.1", "2.17.1", "2.20.0", "2.21.0"))
-    off = runners._tf_internals.RewriterConfig.OFF
+    off = _tfi.RewriterConfig.OFF
     assert runners.session_config("as_written").graph_options.rewrite_options.remapping == off
     default = runners.session_config("tensorflow_default").graph_options.rewrite_options
     assert (default.remapping == off) == runners.remapper_aborts_on_layer_norm()  # on this TensorFlow

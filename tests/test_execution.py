@@ -16,8 +16,9 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from equivtool import _execution, runners
-from equivtool._tf_internals import RewriterConfig, context
+from equivtool._platform import execution as _execution
+from equivtool.engine.sides import runners, tf2_layer
+from equivtool._platform.tf_internals import RewriterConfig, context
 from equivtool.variables import _make_renamer
 
 INPUTS = np.random.RandomState(0).uniform(-1, 1, (2, 8, 8, 3)).astype(np.float32)
@@ -61,7 +62,7 @@ def _tf1_kernels(config=None, graph_rewrites="as_written", fn=conv_bn_relu):
 
 
 def _tf2_kernels(graph_rewrites="as_written"):
-    side = runners.TF2Side(ConvBnRelu(), renamer=_make_renamer(None), loss_fn=None,
+    side = tf2_layer.TF2Side(ConvBnRelu(), renamer=_make_renamer(None), loss_fn=None,
                            use_tf_function=True, graph_rewrites=graph_rewrites)
     # A function graph is optimized, and recorded, when first instantiated: the first call.
     return _execution.function_kernels(lambda: side.forward(INPUTS, training=False))
@@ -187,7 +188,7 @@ def test_graph_rewrites_refused(value):
 
 
 def test_disable_arithmetic_optimization_is_deprecated():
-    from equivtool.equivalence import _graph_rewrites
+    from equivtool.engine.options import _graph_rewrites
     with pytest.warns(DeprecationWarning, match="graph_rewrites='tensorflow_default'"):
         assert _graph_rewrites("as_written", False) == "tensorflow_default"
     with pytest.warns(DeprecationWarning, match="graph_rewrites='as_written'"):

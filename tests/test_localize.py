@@ -20,7 +20,7 @@ import pytest
 import equivtool
 import tensorflow as tf
 import tf_slim
-from equivtool._tf_internals import op_callbacks
+from equivtool._platform.tf_internals import op_callbacks
 
 from equivtool import check_equivalence
 from equivtool.localize import Localization, OpError, as_localization, localize_forward
@@ -341,10 +341,13 @@ def test_cli_prints_the_localized_command():
                                                                         "failed", 0.0),
              StepResult("gradients", "t", "failed", 0.0))
     args = types.SimpleNamespace(localize=False, tf1_fn="m:tf1", tf2_factory="m:tf2", input_shape="2,8,8,3",
-                                 seed=42, tf_function=True)
+                                 seed=42, tf_function=True, graph_rewrites="as_written")
     command = localize_command(args, EquivalenceReport(steps))
     assert command == ("equivtool check m:tf1 m:tf2 --input-shape 2,8,8,3 --steps fixed_weights,random "
                        "--seed 42 --mode num_random_ops --tf-function --localize")
+    args.graph_rewrites = "tensorflow_default"  # the re-run keeps the rewrites the failing run had
+    assert "--tf-function --graph-rewrites tensorflow_default --localize" in localize_command(
+        args, EquivalenceReport(steps))
     args.localize = True
     assert localize_command(args, EquivalenceReport(steps)) == ""
 

@@ -93,7 +93,7 @@ def test_probe_sees_what_importing_equivtool_changes(tmp_path):
     ''')
     assert result.returncode == 0, result.stdout + result.stderr
     assert observed["legacy_keras"] == "1"
-    assert "equivtool._env._LegacyLayersAliasFinder" in observed["finders"]
+    assert "equivtool._platform.env._LegacyLayersAliasFinder" in observed["finders"]
     assert "equivtool" in observed["heavy"]
 
 

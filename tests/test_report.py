@@ -176,7 +176,7 @@ def test_json_and_html_are_written_atomically_through_a_temporary_file_in_the_sa
         assert not _os.path.exists(dst) or open(dst).read() == "old"  # destination untouched until the rename
         return real_replace(src, dst)
 
-    monkeypatch.setattr("equivtool._render.os.replace", spy)
+    monkeypatch.setattr("equivtool._base.render.os.replace", spy)
     report = _report(_passing_step(), _failing_step())
     for name, write in (("r.json", report.to_json), ("r.html", report.to_html)):
         target = tmp_path / name
@@ -193,7 +193,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     def boom(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr("equivtool._render.os.replace", boom)
+    monkeypatch.setattr("equivtool._base.render.os.replace", boom)
     with pytest.raises(OSError, match="disk full"):
         _report(_passing_step()).to_json(target)
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -1,4 +1,4 @@
-"""equivtool doctor's live check (equivtool._selfcheck): passes here, fails on each planted fault."""
+"""equivtool doctor's live check (equivtool._platform.selfcheck): passes here, fails on each planted fault."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import equivtool  # noqa: F401  (before TensorFlow)
 import pytest
 import tensorflow as tf
 
-from equivtool import _selfcheck, cli, ops, seeding
+from equivtool import cli, ops, seeding
+from equivtool._platform import selfcheck as _selfcheck
 
 
 def test_both_checks_pass_on_this_tensorflow():

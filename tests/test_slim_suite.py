@@ -1,6 +1,6 @@
 """tf-slim's own test suite, from the installed tf_slim wheel, after `import equivtool`.
 
-The measure of the tf-slim repairs (equivtool._compat): every test of these
+The measure of the tf-slim repairs (equivtool._platform.compat): every test of these
 modules passes except the ones listed in KNOWN, each with its reason: they
 assert a TF-internal op name or class, or a float32 result to 7 places.
 

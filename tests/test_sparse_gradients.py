@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from equivtool._tree import dense_gradient, to_numpy
+from equivtool._base.tree import dense_gradient, to_numpy
 from tests import sparse_models as sm
 
 SGD = (lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1), lambda: tf.keras.optimizers.SGD(0.1))

@@ -1,7 +1,7 @@
 """Every private TensorFlow / tf-keras symbol equivtool uses resolves in this TensorFlow.
 
 After a TensorFlow or tf-keras upgrade, a failure here names the symbol that
-moved; ``equivtool/_tf_internals.py`` is the one file to fix.
+moved; ``equivtool/_platform/tf_internals.py`` is the one file to fix.
 """
 
 import importlib
@@ -18,7 +18,7 @@ import pytest
 
 import equivtool  # noqa: F401  (before TensorFlow)
 import tensorflow as tf
-from equivtool import _tf_internals as tfi
+from equivtool._platform import tf_internals as tfi
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -46,7 +46,7 @@ def test_a_missing_symbol_is_named_in_the_error(monkeypatch):
 
 
 def test_importing_the_module_imports_nothing():
-    code = "import sys, equivtool._tf_internals; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
+    code = "import sys, equivtool._platform.tf_internals; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
     done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -101,7 +101,7 @@ def test_sessions_and_trackables_are_the_classes_equivtool_checks_for():
     assert isinstance(tfi.resolve("is_op_determinism_enabled")(), bool)
 
 
-# _tf_internals itself is where the symbols live.
+# _platform/tf_internals.py itself is where the symbols live.
 _NOT_YET_SWITCHED: set = set()
 _PRIVATE_ACCESS = ("from tensorflow.python", "import tensorflow.python", "from tensorflow.core",
                    "import tensorflow.core", "from tf_keras.src", "import tf_keras.src", "._SEED_GENERATOR",
@@ -131,7 +131,7 @@ def test_the_scan_finds_a_planted_private_access():
 @pytest.mark.parametrize("path", sorted((ROOT / "equivtool").rglob("*.py")),
                          ids=lambda p: str(p.relative_to(ROOT / "equivtool")))
 def test_modules_reach_private_symbols_only_through_tf_internals(path):
-    if path.name == "_tf_internals.py" or path.name in _NOT_YET_SWITCHED:
+    if path.relative_to(ROOT / "equivtool").as_posix() == "_platform/tf_internals.py" or path.name in _NOT_YET_SWITCHED:
         return
     found = private_accesses(path.read_text())
-    assert not found, f"{path.name}: use equivtool._tf_internals instead: {found}"
+    assert not found, f"{path.name}: use equivtool._platform.tf_internals instead: {found}"

@@ -1,4 +1,4 @@
-"""Structure helpers (equivtool._tree) and the two small TF1 mechanisms the runners share."""
+"""Structure helpers (equivtool._base.tree) and the two small TF1 mechanisms the runners share."""
 
 import collections
 import os
@@ -10,7 +10,8 @@ import pytest
 
 import equivtool  # noqa: F401  (before TensorFlow)
 import tensorflow as tf
-from equivtool import _tree, runners
+from equivtool._base import tree as _tree
+from equivtool.engine.sides import runners
 
 Pair = collections.namedtuple("Pair", "left right")
 
@@ -59,7 +60,7 @@ def test_is_namedtuple():
 
 def test_the_tree_module_imports_no_tensorflow():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = "import sys, equivtool._tree, equivtool.comparison; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
+    code = "import sys, equivtool._base.tree, equivtool.comparison; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
     done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=root),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

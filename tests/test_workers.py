@@ -73,7 +73,7 @@ def _worker_children() -> list:
                 cmdline = f.read()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == os.getpid() and b"equivtool._workers" in cmdline:
+        if ppid == os.getpid() and b"equivtool.engine.workers" in cmdline:
             found.append(int(pid))
     return found
 
@@ -94,7 +94,7 @@ def test_more_workers_spread_the_jobs_over_more_processes():
 def test_a_defect_in_the_thread_serving_the_workers_ends_the_check(monkeypatch):
     """A defect in the thread that hands out jobs and collects captures must
     reach the caller; the check neither hangs nor leaves a process behind."""
-    from equivtool import _workers
+    from equivtool.engine import workers as _workers
 
     def planted(self, worker, message):
         raise RuntimeError("planted: the serving thread broke")
@@ -215,7 +215,7 @@ def test_progress_is_called_in_run_order_with_workers():
     seen = []
     report = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=2, progress=seen.append,
                                          steps=["variables_once", "parity", "random"])
-    from equivtool import steps as _steps
+    from equivtool.engine import registry as _steps
     expected = [step.name for step in _steps.run_order(report.meta["steps"], report.meta["modes"])]
     assert [result.name for result in seen] == expected
 
@@ -272,7 +272,7 @@ def test_slim_shim_leaves_the_users_arg_scope_as_it_was():
 
 
 def test_library_functions_that_misname_themselves_travel_by_reference():
-    from equivtool import _send
+    from equivtool.engine import send as _send
     assert tf.nn.relu.__module__ == "tensorflow.python.ops.gen_nn_ops"  # what made plain cloudpickle fail
     assert _send.loads(_send.dumps(tf.nn.relu)) is tf.nn.relu
     assert _send.loads(_send.dumps({"act": tf.nn.relu}))["act"] is tf.nn.relu
@@ -295,7 +295,7 @@ def test_a_slim_shim_with_an_arg_scope_runs_in_workers():
 
 _ARG_SCOPE_PROBE = """
 import sys, equivtool, tensorflow as tf, tf_slim as slim
-from equivtool import _send
+from equivtool.engine import send as _send
 import cloudpickle
 scope = (_send.loads if sys.argv[1] == "send" else cloudpickle.loads)(open(sys.argv[2], "rb").read())
 with tf.Graph().as_default():
@@ -308,7 +308,7 @@ with tf.Graph().as_default():
 @pytest.mark.parametrize("how", ["send", "plain cloudpickle"])
 def test_an_arg_scope_still_applies_in_another_process(how, tmp_path):
     import cloudpickle
-    from equivtool import _send
+    from equivtool.engine import send as _send
     scope = tiny_arg_scope()
     path = tmp_path / "scope.pickle"
     path.write_bytes(_send.dumps(scope) if how == "send" else cloudpickle.dumps(scope))

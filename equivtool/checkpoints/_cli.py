@@ -1,18 +1,19 @@
 """``equivtool convert-checkpoint``: :func:`equivtool.convert_checkpoint` from the command line.
 
-Hooked into ``equivtool.cli`` by :func:`add_parser`; exit codes as ``check``:
+Hooked into ``equivtool.cli`` by :func:`add_parser`, which receives that
+module (its argument helpers and exit codes) rather than importing it, so the
+two import nothing from each other at module level. Exit codes as ``check``:
 0 written, 2 bad usage or a checkpoint that does not convert (one line on
 stderr naming the variable, slot or argument; nothing written).
 """
 
 from __future__ import annotations
 
+import functools
 import pkgutil
 
-from equivtool import cli
 
-
-def _load_object(spec: str, argument: str):
+def _load_object(cli, spec: str, argument: str):
     """The object ``MODULE:NAME`` names (any object: rename rules are a list)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -24,7 +25,7 @@ def _load_object(spec: str, argument: str):
         raise cli.UsageError(f"{argument}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-def cmd_convert_checkpoint(args) -> int:
+def cmd_convert_checkpoint(cli, args) -> int:
     from equivtool.checkpoints.convert import convert
 
     shape = cli.parse_shape(args.input_shape)
@@ -36,7 +37,7 @@ def cmd_convert_checkpoint(args) -> int:
     with cli.importable_cwd():
         factory = cli.load_target(args.tf2_factory, "MODULE:FACTORY")
         optimizer = cli.load_target(args.optimizer, "--optimizer") if args.optimizer else None
-        rename = _load_object(args.rename, "--rename") if args.rename else None
+        rename = _load_object(cli, args.rename, "--rename") if args.rename else None
         try:
             conversion, _, _ = convert(args.tf1_checkpoint, factory, inputs, args.output, rename=rename,
                                        optimizer=optimizer, overwrite=args.overwrite)
@@ -46,7 +47,7 @@ def cmd_convert_checkpoint(args) -> int:
     return cli.EXIT_OK
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, cli) -> None:
     parser = sub.add_parser("convert-checkpoint",
                             help="write a TF2 checkpoint (model and optimizer slots) from a TF1 one")
     parser.add_argument("tf1_checkpoint", metavar="TF1_CKPT", help="TF1 checkpoint prefix or folder")
@@ -61,4 +62,4 @@ def add_parser(sub) -> None:
     parser.add_argument("--rename", default=None, metavar="MODULE:OBJ",
                         help="rename rules (TF2 name -> TF1 name) or a VariableMapping")
     parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint at OUTPUT")
-    parser.set_defaults(run=cmd_convert_checkpoint)
+    parser.set_defaults(run=functools.partial(cmd_convert_checkpoint, cli))

@@ -25,14 +25,16 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from equivtool._step_runs import SplitStep
-from equivtool._tf_internals import save_slice_info
+from equivtool.engine.steps import SplitStep
+from equivtool._platform.tf_internals import save_slice_info
 from equivtool.checkpoints.convert import checkpoint_path, convert
 from equivtool.comparison import compare
 from equivtool.report import StepResult
-from equivtool.runners import TF1Side, TF2Side, strip_output_index, variable_key
+from equivtool._base.names import strip_output_index
+from equivtool.engine.sides.runners import TF1Side, variable_key
+from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
-from equivtool.steps import SkipStep, title
+from equivtool.engine.registry import SkipStep, title
 
 _SLOT_TRANSFORMS = {"copy": lambda value, lr: value, "times_minus_lr": lambda value, lr: -lr * value}
 

@@ -24,7 +24,8 @@ import tensorflow as tf
 
 from equivtool.checkpoints import _slots
 from equivtool.checkpoints.mapping import as_rename, check_inputs, make_layer
-from equivtool.runners import checkpoint_exists, strip_output_index
+from equivtool._base.names import strip_output_index
+from equivtool.engine.sides.runners import checkpoint_exists
 from equivtool.variables import _make_renamer
 
 __all__ = ["convert_checkpoint", "Conversion", "convert"]

@@ -34,8 +34,8 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from equivtool._tf_internals import save_slice_info
-from equivtool._tree import flatten_tensors
+from equivtool._base.tree import flatten_tensors
+from equivtool._platform.tf_internals import save_slice_info
 from equivtool.variables import VariableInfo, VariableSet
 
 __all__ = ["VariableMapping", "map_variables", "mapping_rules"]

@@ -17,7 +17,7 @@ from equivtool.determinism._capture import (_captured, _flatten_variables, _fn_n
                                             _object_location, _RandomState, _variables_of, _VariableStore)
 from equivtool.determinism._causes import _captured_dataset_causes, _dedupe, _op_causes, _OpRecorder
 from equivtool.determinism._report import DeterminismReport
-from equivtool._tree import flatten_tensors, sparse_paths, to_numpy
+from equivtool._base.tree import flatten_tensors, sparse_paths, to_numpy
 
 __all__ = ["audit_determinism"]
 

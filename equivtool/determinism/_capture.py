@@ -15,7 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool.determinism import _tf
-from equivtool.runners import load_by_initializer, strip_output_index
+from equivtool._base.names import strip_output_index
+from equivtool.engine.sides.runners import load_by_initializer
 
 
 def _object_location(fn: Callable) -> str:

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from equivtool._stack import innermost_user_frame, user_frame_location
+from equivtool._base.stack import innermost_user_frame, user_frame_location
 from equivtool.determinism import _tf
 from equivtool.determinism._report import Cause
 

@@ -9,9 +9,9 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
-from equivtool import _render
-from equivtool._render import escape as _e
-from equivtool._render import fmt_err as _fmt_err
+from equivtool._base import render as _render
+from equivtool._base.render import escape as _e
+from equivtool._base.render import fmt_err as _fmt_err
 from equivtool.comparison import Comparison, LeafComparison
 
 

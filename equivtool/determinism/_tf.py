@@ -1,6 +1,6 @@
 """The TensorFlow the determinism audit needs, as small functions.
 
-Every private symbol comes from :mod:`equivtool._tf_internals` (the one file
+Every private symbol comes from :mod:`equivtool._platform.tf_internals` (the one file
 a TensorFlow upgrade has to check); this module only gives the audit the
 few operations it performs on them.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from equivtool import _tf_internals as _tfi
-from equivtool._tf_internals import BaseSession, Trackable, is_op_determinism_enabled  # noqa: F401
+from equivtool._platform import tf_internals as _tfi
+from equivtool._platform.tf_internals import BaseSession, Trackable, is_op_determinism_enabled  # noqa: F401
 
 
 def executing_eagerly() -> bool:

@@ -18,7 +18,6 @@ import collections
 import os
 import re
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -26,9 +25,12 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
-from equivtool import _execution
-from equivtool._tf_internals import op_callbacks  # private TF: the hook tfdbg v2 is built on
+from equivtool._platform import execution as _execution
+from equivtool._platform.tf_internals import op_callbacks  # private TF: the hook tfdbg v2 is built on
 
+from equivtool._base import stack as _stack
+from equivtool._base.graph import ancestors
+from equivtool._base.stack import is_library_frame
 from equivtool.comparison import Tolerance, compare, resolve_tolerance
 from equivtool.localize.result import Localization, OpError
 
@@ -45,27 +47,10 @@ _LIST_LIMIT = 10
 _WINDOW = 64
 
 
-def _library_dirs() -> tuple:
-    dirs = []
-    for name in ("tensorflow", "tf_keras", "keras", "tf_slim", "equivtool", "numpy", "absl", "wrapt"):
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
-        if path:
-            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
-    for key in ("stdlib", "platstdlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            dirs.append(os.path.abspath(path) + os.sep)
-    return tuple(dirs)
-
-
 def _user_line(frames, library_dirs) -> str:
     """The innermost ``(filename, lineno, name)`` frame outside the libraries."""
     for filename, lineno, name in reversed(frames):
-        if "__autograph_generated_file" in filename:
-            continue
-        path = os.path.abspath(filename)
-        if not path.startswith(library_dirs) and not filename.startswith("<"):
+        if not filename.startswith("<") and not is_library_frame(filename, library_dirs=library_dirs):
             return f"{filename}:{lineno} in {name}"
     return "<unknown>"
 
@@ -128,13 +113,7 @@ class _TF1Op:
 def _tf1_ops(graph, outputs) -> tuple:
     """The compared ops among the ancestors of ``outputs``, in creation order,
     and the count of those inside v1 control flow (not fetchable)."""
-    wanted, stack = set(), [t.op for t in tf.nest.flatten(outputs) if hasattr(t, "op")]
-    while stack:
-        op = stack.pop()
-        if op in wanted:
-            continue
-        wanted.add(op)
-        stack.extend(t.op for t in op.inputs)
+    wanted = ancestors(t.op for t in tf.nest.flatten(outputs) if hasattr(t, "op"))
     result, in_loops = [], 0
     for op in graph.get_operations():  # creation order: a topological order
         if op not in wanted or op.type in _SKIPPED_TYPES:
@@ -432,7 +411,7 @@ def localize_forward(tf1_graph, tf1_outputs, tf1_run: Callable[[list], list], tf
     if in_loops:
         notes.append(f"{in_loops} TF1 ops inside v1 control flow (while_loop/cond) cannot be fetched and were "
                      "not compared")
-    library_dirs = _library_dirs()
+    library_dirs = _stack.find_library_dirs()
     with tempfile.TemporaryDirectory(prefix="equivtool-localize-") as spill_dir:
         tap = _Tap(lockstep, roots, spill_dir)
         op_callbacks.add_op_callback(tap)
@@ -478,14 +457,7 @@ def _forward_records(records: list) -> list:
     graphs = {}
     for record in records:
         graphs.setdefault(record.graph_op.graph, None)
-    wanted = set()
-    for graph in graphs:
-        stack = [t.op for t in getattr(graph, "outputs", ())]
-        while stack:
-            op = stack.pop()
-            if op not in wanted:
-                wanted.add(op)
-                stack.extend(t.op for t in op.inputs)
+    wanted = ancestors(t.op for graph in graphs for t in getattr(graph, "outputs", ()))
     return [r for r in records if r.graph_op in wanted]
 
 
@@ -547,7 +519,7 @@ _STATEFUL_RANDOM = ("RandomUniform", "RandomStandardNormal", "TruncatedNormal", 
 
 
 def tf1_runner(tf1_side, outputs) -> Callable[[list], list]:
-    """``run(tensors) -> values`` for a :class:`~equivtool.runners.TF1Side` pass.
+    """``run(tensors) -> values`` for a :class:`~equivtool.engine.sides.runners.TF1Side` pass.
 
     A stateful random op moves along its stream on every ``Session.run``; when
     the pass has one (dropout in training mode), each run gets a new session
@@ -555,13 +527,8 @@ def tf1_runner(tf1_side, outputs) -> Callable[[list], list]:
     the step's own single run did. The step's session is left untouched.
     """
     graph = tf1_side.graph
-    ancestors, stack = set(), [t.op for t in tf.nest.flatten(outputs) if hasattr(t, "op")]
-    while stack:
-        op = stack.pop()
-        if op not in ancestors:
-            ancestors.add(op)
-            stack.extend(t.op for t in op.inputs)
-    stateful = any(op.type in _STATEFUL_RANDOM for op in ancestors)
+    upstream = ancestors(t.op for t in tf.nest.flatten(outputs) if hasattr(t, "op"))
+    stateful = any(op.type in _STATEFUL_RANDOM for op in upstream)
     feed = tf1_side.feed()
     if not stateful:
         return lambda tensors: tf1_side.session.run(tensors, feed_dict=feed)

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from equivtool._render import finished_png
-from equivtool._render import fmt_err as _fmt_err
+from equivtool._base.render import finished_png, log_error_axes
+from equivtool._base.render import fmt_err as _fmt_err
 from equivtool.comparison import LeafComparison
 
 __all__ = ["Localization", "OpError", "LOCALIZATION_STATUSES", "as_localization"]
@@ -177,22 +177,12 @@ def as_localization(value: Any) -> Optional[Localization]:
 def path_plot_png(localization: Localization, title: str = "") -> str:
     """Max abs error per op along the path from the input to the divergent op, as base64 PNG."""
     import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     path = localization.path
-    x = np.arange(len(path))
     errors = np.array([p.max_abs for p in path], dtype=float)
     atol = np.array([p.atol for p in path], dtype=float)
-    finite = errors[np.isfinite(errors) & (errors > 0)]
-    floor = min([*finite, *atol[atol > 0], 1e-8]) / 10.0
-    shown = np.where(np.isfinite(errors) & (errors > 0), errors, floor)
+    fig, ax, x, shown, _ = log_error_axes(errors, atol, 0.22)
     ok = np.array([p.ok for p in path], dtype=bool)
-    fig = Figure(figsize=(min(max(6.0, 0.22 * len(path) + 2.0), 24.0), 4.0), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.set_yscale("log")
-    ax.plot(x, shown, color="#999", linewidth=0.8, zorder=1)
     if ok.any():
         ax.scatter(x[ok], shown[ok], color="#176f2c", s=16, zorder=3, label="within tolerance")
     if (~ok).any():
@@ -202,11 +192,8 @@ def path_plot_png(localization: Localization, title: str = "") -> str:
     ax.set_ylabel("max |TF2 - TF1|")
     ax.set_xlabel("op on the path from the input, in execution order")
     ax.set_title(title or f"path to the first divergent op: {localization.tf1_op}", fontsize=9)
-    if len(path) <= 60:
-        ax.set_xticks(x)
-        ax.set_xticklabels([p.name.rsplit("/", 2)[-2] + "/" + p.name.rsplit("/", 1)[-1]
-                            if p.name.count("/") >= 2 else p.name for p in path], rotation=90, fontsize=6)
-    return finished_png(fig, ax)
+    return finished_png(fig, ax, [p.name.rsplit("/", 2)[-2] + "/" + p.name.rsplit("/", 1)[-1]
+                                  if p.name.count("/") >= 2 else p.name for p in path])
 
 
 # --------------------------------------------------------------------------

@@ -15,8 +15,7 @@ library.
 
 from __future__ import annotations
 
-import importlib
-
+from equivtool._base.lazy import lazy_exports
 
 _EXPORTS = {
     "sparse_softmax_cross_entropy_with_logits": "xent",
@@ -33,14 +32,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'equivtool.ops' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"equivtool.ops.{module_name}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

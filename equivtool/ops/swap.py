@@ -88,7 +88,7 @@ def _dense_v1(labels=None, logits=None, dim=-1, name=None, axis=None):
 
 def _routes() -> list[tuple[ModuleType, str, Callable, Callable]]:
     """(module, attribute, TensorFlow's original, replacement) for every route."""
-    from equivtool._tf_internals import nn, nn_ops
+    from equivtool._platform.tf_internals import nn, nn_ops
 
     v1, v2, public = tf.compat.v1.nn, tf.compat.v2.nn, tf.nn
     sparse_v1 = nn_ops.sparse_softmax_cross_entropy_with_logits
@@ -146,7 +146,7 @@ def traced_functions_holding_tf_xent() -> list[str]:
     """Names of the functions registered with TensorFlow's eager context whose
     graphs hold TensorFlow's cross-entropy op (``tf.function`` traces, Keras
     train/test/predict functions). Each function is inspected once."""
-    from equivtool._tf_internals import context
+    from equivtool._platform.tf_internals import context
 
     ctx = context.context()
     with _scan_lock:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from equivtool._tf_internals import ops as _tf_ops
+from equivtool._platform.tf_internals import ops as _tf_ops
 
 from equivtool.ops._load import load_library
 
@@ -82,7 +82,7 @@ def _in_xla_context() -> bool:
     """Whether the graph being built is compiled by XLA (jit_compile=True)."""
     if tf.executing_eagerly():
         return False
-    from equivtool._tf_internals import control_flow_util
+    from equivtool._platform.tf_internals import control_flow_util
 
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 

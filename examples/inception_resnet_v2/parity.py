@@ -18,11 +18,11 @@ import time
 import equivtool  # noqa: F401  (must come before tensorflow)
 import numpy as np
 
-from equivtool._progress import print_progress, write_reports
+from equivtool._base.progress import print_progress, write_reports
 from .keras_shim import make_shim, tf1_forward
 
 MIN_IMAGE_SIZE = 107
-DEFAULT_STEPS = equivtool.DEFAULT_STEPS  # the library's default selection (equivtool.steps)
+DEFAULT_STEPS = equivtool.DEFAULT_STEPS  # the library's default selection (equivtool.engine.registry)
 
 
 # The two sides overlap on two cores; more workers help only with more cores.

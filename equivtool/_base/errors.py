@@ -1,0 +1,110 @@
+"""Errors raised by the user's model, reported so that they point at the cause.
+
+TensorFlow and tf-keras shorten tracebacks by default (``tf.debugging``'s
+traceback filtering): the frames of TensorFlow, Keras and everything they call
+are cut, and with them tf-slim's frames and often the user's own failing line.
+A step runs with filtering off (:func:`unfiltered_tracebacks`), and its error
+is summed up in one line naming the innermost frame of the user's code
+(:func:`one_line`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import traceback
+from typing import Iterator, Optional
+
+from equivtool._base.stack import innermost_user_frame, is_library_frame
+
+# A frame line of TensorFlow's "in user code:" error messages (autograph).
+_FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+_KERAS_WRAPPER = re.compile(r"^Exception encountered when calling layer .*$")
+_LONG_MESSAGE = 200
+
+
+@contextlib.contextmanager
+def unfiltered_tracebacks() -> Iterator[None]:
+    """Turn TensorFlow's and tf-keras' traceback filtering off for the block.
+
+    The setting is per thread; the thread's own setting is put back on every
+    exit path.
+    """
+    import tensorflow as tf
+
+    was_enabled = tf.debugging.is_traceback_filtering_enabled()
+    tf.debugging.disable_traceback_filtering()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            tf.debugging.enable_traceback_filtering()
+        else:
+            tf.debugging.disable_traceback_filtering()
+
+
+def _chain(exc: BaseException) -> list:
+    """``exc`` and the exceptions it was raised from or during, innermost cause last."""
+    seen, chain = set(), []
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return chain
+
+
+def user_location(exc: BaseException) -> Optional[str]:
+    """``"path:line in function"`` of the innermost frame of the user's code behind ``exc``.
+
+    Looks at the traceback of ``exc`` and of the exceptions it was raised from,
+    then at the frames TensorFlow lists in an "in user code:" message (code
+    that autograph converted runs from generated files, not the user's).
+    """
+    for item in _chain(exc):
+        location = innermost_user_frame(traceback.extract_tb(item.__traceback__))
+        if location:
+            return location
+    for item in _chain(exc):
+        frames = [m for m in map(_FRAME_LINE.match, str(item).splitlines()) if m]
+        for match in reversed(frames):
+            if not is_library_frame(match["file"]):
+                return f"{match['file']}:{match['line']} in {match['func']}"
+    return None
+
+
+def _summary(exc: BaseException) -> str:
+    """The informative first line of an exception's message.
+
+    Skips the frame listing of autograph's "in user code:" messages and the
+    "Exception encountered when calling layer" line tf-keras puts first.
+    """
+    lines = [line.strip() for line in str(exc).splitlines()]
+    name = type(exc).__name__
+    if lines and lines[0] == "in user code:":
+        # The message proper follows the frame listing, as "Name: text".
+        starts = [i for i, line in enumerate(lines) if line.startswith(name + ":")]
+        if starts:
+            lines = [lines[starts[-1]][len(name) + 1:].strip()] + lines[starts[-1] + 1:]
+    text = [line for line in lines if line]
+    if text and _KERAS_WRAPPER.match(text[0]) and len(text) > 1:
+        text = text[1:]
+    return text[0] if text else ""
+
+
+def one_line(exc: BaseException) -> str:
+    """``"Name: first line of the message (at path:line in function)"``."""
+    summary = _summary(exc)
+    if len(summary) > _LONG_MESSAGE:  # its first sentence; the traceback keeps the rest
+        sentence = re.match(r"(.+?[.!?])(\s|$)", summary)
+        if sentence is not None:
+            summary = sentence.group(1)
+    if len(summary) > _LONG_MESSAGE:
+        summary = summary[:_LONG_MESSAGE - 3] + "..."
+    head = f"{type(exc).__name__}: {summary}" if summary else type(exc).__name__
+    location = user_location(exc)
+    return head if location is None else f"{head} (at {location})"
+
+
+def full_traceback(exc: BaseException) -> str:
+    """The whole traceback of ``exc``, chained exceptions included."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

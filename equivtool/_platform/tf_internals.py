@@ -1,0 +1,170 @@
+"""Every private TensorFlow and tf-keras symbol equivtool uses, reached through this one module.
+
+equivtool patches and reads a few things no public API offers (the op-seed
+function the random tool replaces, the eager context's seed and generator,
+tf-keras' seed source, op callbacks, a dataset's graph...). They can move or
+vanish in any TensorFlow release, so they are all named here, and
+``tests/test_tf_internals.py`` resolves every one: after an upgrade, that test
+says what broke and this is the one file to fix.
+
+Symbols (:data:`SYMBOLS`) are ``"module:attribute"`` references resolved with
+:func:`pkgutil.resolve_name` on first access (``from equivtool._platform.tf_internals
+import context``), so importing this module imports nothing. Private
+*attributes* of public objects are reached through the small functions below.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+from typing import Any
+
+#: name -> ``"module"`` or ``"module:attribute"``, and who uses it.
+SYMBOLS: dict[str, str] = {
+    # seeding (the random tool), determinism (the audit)
+    "context": "tensorflow.python.eager.context",
+    # seeding: the graph whose seed a scope saves and restores; equivtool.ops: gradient registration
+    "ops": "tensorflow.python.framework.ops",
+    # seeding: get_seed is replaced during a random-tool scope (a module attribute, patched in place)
+    "random_seed": "tensorflow.python.framework.random_seed",
+    # seeding: static shapes of random ops in the trace
+    "tensor_util": "tensorflow.python.framework.tensor_util",
+    # variables: creates_variables_once keeps the method's signature visible to Keras
+    "tf_decorator": "tensorflow.python.util.tf_decorator",
+    # _platform/execution.py: Grappler's numerics-changing passes switched off (TF1 session, TF2 function calls)
+    "RewriterConfig": "tensorflow.core.protobuf.rewriter_config_pb2:RewriterConfig",
+    # _platform/execution.py: each thread's function-call options and the run metadata of function calls
+    "EagerContext": "tensorflow.python.eager.context:Context",
+    # _platform/execution.py: whether oneDNN is on (the report header, doctor)
+    "util_port": "tensorflow.python.util._pywrap_util_port",
+    # determinism: sessions found in the audited state, datasets' graphs, op recording; localize: op taps
+    "BaseSession": "tensorflow.python.client.session:BaseSession",
+    "GraphDef": "tensorflow.core.framework.graph_pb2:GraphDef",
+    # _compat: write_graph as text, repaired on TensorFlow 2.16-2.20 with protobuf 7
+    "graph_io": "tensorflow.python.framework.graph_io",
+    "op_callbacks": "tensorflow.python.framework.op_callbacks",
+    "is_op_determinism_enabled": "tensorflow.python.framework.config:is_op_determinism_enabled",
+    "ExternalStatePolicy": "tensorflow.python.data.ops.options:ExternalStatePolicy",
+    "Trackable": "tensorflow:__internal__.tracking.Trackable",
+    # equivtool.ops: the swap's routes; whether a graph is compiled by XLA
+    "nn": "tensorflow.python.ops.nn",
+    "control_flow_util": "tensorflow.python.ops.control_flow_util",
+    "nn_ops": "tensorflow.python.ops.nn_ops",
+}
+
+_XENT_NAMES = ("sparse_softmax_cross_entropy_with_logits", "sparse_softmax_cross_entropy_with_logits_v2",
+               "softmax_cross_entropy_with_logits", "softmax_cross_entropy_with_logits_v2")
+
+#: Attributes equivtool reads on the symbols above (the test checks each one).
+ATTRIBUTES: dict[str, tuple] = {
+    "context": ("context", "executing_eagerly", "set_global_seed"),
+    "control_flow_util": ("GraphOrParentsInXlaContext",),
+    "ops": ("get_default_graph", "RegisterGradient"),
+    "random_seed": ("get_seed", "set_seed"),
+    "tensor_util": ("constant_value",),
+    "tf_decorator": ("make_decorator",),
+    "RewriterConfig": ("OFF",),
+    "EagerContext": ("function_call_options", "enable_run_metadata", "export_run_metadata",
+                     "disable_run_metadata"),
+    "util_port": ("IsMklEnabled",),
+    "op_callbacks": ("add_op_callback", "remove_op_callback"),
+    "ExternalStatePolicy": ("IGNORE",),
+    "nn": _XENT_NAMES,
+    "nn_ops": _XENT_NAMES + ("softmax_cross_entropy_with_logits_v2_helper",),
+}
+
+#: tf-keras' seed source, patched by the random tool (optional: absent without tf-keras).
+KERAS_BACKEND = "tf_keras.src.backend"
+#: Where tf-keras moved the legacy layers tf-slim imports (equivtool._platform.env aliases the old name).
+KERAS_LEGACY_TF_LAYERS = "tf_keras.src.legacy_tf_layers"
+
+
+def __getattr__(name: str) -> Any:
+    target = SYMBOLS.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = pkgutil.resolve_name(target)
+    globals()[name] = value
+    return value
+
+
+def resolve(name: str) -> Any:
+    """The symbol registered as ``name``; the error names it and where it was looked for."""
+    try:
+        return __getattr__(name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ImportError(f"TensorFlow internal {name!r} ({SYMBOLS.get(name)}) is not available in this "
+                          f"TensorFlow version: {exc}") from exc
+
+
+# --------------------------------------------------------------------------
+# Private attributes of public objects
+# --------------------------------------------------------------------------
+
+def save_slice_info(variable):
+    """A TF1 partitioned variable part's ``(full_name, full_shape, var_offset,
+    var_shape)`` holder (``Variable._save_slice_info``), or None for a whole
+    variable. checkpoints: a partition is mapped, compared and converted whole."""
+    return getattr(variable, "_save_slice_info", None)
+
+
+def eager_global_seed():
+    """The eager context's global seed (``tf.random.set_seed``'s value, or None)."""
+    return resolve("context").context()._seed
+
+
+def eager_rng(default=None):
+    """The eager context's Python ``random.Random`` that draws op seeds, or ``default``."""
+    return getattr(resolve("context").context(), "_rng", default)
+
+
+def set_eager_rng(rng) -> None:
+    resolve("context").context()._rng = rng
+
+
+def keras_seed_generator():
+    """tf-keras' seed-source holder (``backend._SEED_GENERATOR``), or None without tf-keras."""
+    try:
+        backend = pkgutil.resolve_name(KERAS_BACKEND)
+    except ImportError:
+        return None
+    return getattr(backend, "_SEED_GENERATOR", None)
+
+
+def variable_creator_slots(graph) -> dict:
+    """The calling thread's slot dict of ``graph``'s thread-local variable-creator stack.
+
+    The stack (``"_variable_creator_stack"``, ``(priority, creator)`` pairs) is
+    what ``tf.variable_creator_scope`` edits. ``Graph._thread_local`` is a
+    ``threading.local``, so its ``__dict__`` is this thread's own dict: kept,
+    it lets another thread restore the stack this thread sees.
+    """
+    graph._variable_creator_stack  # creates this thread's empty stack if missing
+    return graph._thread_local.__dict__
+
+
+def serialized_dataset_graph(dataset):
+    """A ``tf.data.Dataset``'s graph as a serialized ``GraphDef`` (external state ignored)."""
+    policy = resolve("ExternalStatePolicy").IGNORE
+    return dataset._as_serialized_graph(external_state_policy=policy)
+
+
+def iterator_dataset(iterator):
+    """The dataset an ``iter(dataset)`` iterator reads, or None for other objects."""
+    return getattr(iterator, "_dataset", None)
+
+
+def tensor_equality_enabled() -> bool:
+    """Whether TF2's element-wise ``==`` for tensors and variables is on
+    (``tf.compat.v1.enable/disable_tensor_equality`` set it). Unknown on a
+    TensorFlow without the switch: then True, the TF2 default."""
+    import tensorflow as tf
+    return bool(getattr(tf.Tensor, "_USE_EQUALITY", True))
+
+
+def build_legacy_optimizer(optimizer, variables) -> bool:
+    """Create a legacy Keras optimizer's slot variables now; False if it has no such method."""
+    create = getattr(optimizer, "_create_all_weights", None)
+    if create is None:
+        return False
+    create(variables)
+    return True

@@ -1,0 +1,286 @@
+"""``check_equivalence``'s arguments, checked and normalised before any work starts.
+
+:class:`Options` is one frozen object; :meth:`Options.build` raises an error
+that names the argument and the expected form, and refuses arguments that
+cannot be sent to a worker process (:mod:`equivtool.engine.send`) up front.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from equivtool._base.tree import flatten_tensors
+from equivtool._platform import execution as _execution
+from equivtool.comparison import Tolerance
+from equivtool.engine import registry as _steps
+from equivtool.engine import send as _send
+from equivtool.engine.registry import MODES, STEPS
+from equivtool.engine.sides.runners import checkpoint_exists
+from equivtool.report import StepResult
+from equivtool.variables import _make_renamer
+from equivtool.checkpoints.mapping import aligned_weights, as_rename
+
+
+def _check_inputs(inputs) -> dict:
+    """Refuse inputs that cannot be compared; return the header notes for the report
+    (``non_finite_inputs`` when a leaf holds NaN or infinity)."""
+    leaves = flatten_tensors(inputs)
+    if not leaves:
+        raise ValueError("inputs: expected an array (or a nested structure of arrays), got an empty structure")
+    non_finite = []
+    for i, leaf in enumerate(leaves):
+        array = np.asarray(leaf)
+        if array.dtype == object:
+            raise TypeError(f"inputs: expected numeric arrays, got a leaf of type {type(leaf).__name__}")
+        if array.size == 0:
+            raise ValueError(
+                f"inputs: leaf {i} has shape {list(array.shape)}, with no elements: both sides would "
+                "return empty outputs and nothing could be compared; pass at least one example")
+        if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
+            counts = [(int(np.isnan(array).sum()), "NaN"), (int(np.isposinf(array).sum()), "+inf"),
+                      (int(np.isneginf(array).sum()), "-inf")]
+            found = ", ".join(f"{n} {what}" for n, what in counts if n)
+            non_finite.append(f"leaf {i} (shape {list(array.shape)}): {found} of {array.size}")
+    return {"non_finite_inputs": "; ".join(non_finite)} if non_finite else {}
+
+
+def _check_tolerance_spec(spec, argument: str) -> None:
+    if isinstance(spec, Tolerance):
+        return
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"{argument}: expected an equivtool.Tolerance or a {{output name or pattern: Tolerance}} "
+                        f"mapping, got {type(spec).__name__}")
+    for key, value in spec.items():
+        if not isinstance(key, str) or not isinstance(value, Tolerance):
+            raise TypeError(f"{argument}: expected {{output name or pattern (str): Tolerance}}, got the item "
+                            f"{key!r}: {type(value).__name__}; write Tolerance(rtol=..., atol=...)")
+
+
+def _step_keys() -> set:
+    """What a ``step_tolerances`` key may be: a step, a sub-step, or a prefix of one."""
+    keys = set(STEPS)
+    for name in _steps.SUB_STEPS:
+        parts = name.split("/")
+        keys.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+    return keys
+
+
+class _StepTolerances:
+    """``tolerance`` for every step, overridden per step by ``step_tolerances``."""
+
+    def __init__(self, default, per_step: Mapping | None):
+        self.default = Tolerance() if default is None else default
+        _check_tolerance_spec(self.default, "tolerance")
+        if per_step is not None and not isinstance(per_step, Mapping):
+            raise TypeError("step_tolerances: expected a mapping {step name: Tolerance, {output: Tolerance} "
+                            f"or a function of the optimizer step}}, got {type(per_step).__name__}")
+        self.per_step = dict(per_step or {})
+        known = _step_keys()
+        for key, spec in self.per_step.items():
+            if key not in known:
+                raise ValueError(f"step_tolerances: unknown step {key!r}; expected one of {list(STEPS)} or "
+                                 "a sub-step such as 'random/constant/training'")
+            if not (callable(spec) and not isinstance(spec, (Tolerance, Mapping))):
+                _check_tolerance_spec(spec, f"step_tolerances[{key!r}]")
+
+    def get(self, step: str, index: int | None = None):
+        spec = None
+        parts = step.split("/")
+        for depth in range(len(parts), 0, -1):
+            key = "/".join(parts[:depth])
+            if key in self.per_step:
+                spec = self.per_step[key]
+                break
+        if spec is None:
+            spec = self.default
+        if callable(spec) and not isinstance(spec, (Tolerance, Mapping)):
+            spec = spec(index if index is not None else 0)
+        return spec
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """``check_equivalence``'s arguments, checked and normalised, as the engine reads them."""
+
+    tf1_fn: Callable
+    tf2_layer: Any                    # a layer instance or a zero-argument factory
+    inputs: Any
+    steps: tuple
+    modes: tuple
+    tolerances: _StepTolerances
+    loss_fn: Callable | None
+    optimizers: tuple | None
+    train_steps: int
+    checkpoint: Any
+    renamer: Callable[[str], str]
+    tf_function: bool
+    graph_rewrites: str               # "as_written" | "tensorflow_default" (equivtool._platform.execution)
+    seed: int
+    progress: Callable[[StepResult], None] | None
+    meta: Mapping
+    strategy: Any
+    localize: bool = False
+    workers: int = 1
+    in_process: str | None = None     # why workers > 1 still runs in one process
+    aligned: str | None = None        # rename=VariableMapping: how both sides' weights are aligned
+
+    @property
+    def want_gradients(self) -> bool:
+        return "gradients" in self.steps
+
+    @classmethod
+    def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
+              optimizers, train_steps, checkpoint, rename, tf_function,
+              graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
+              workers=1, disable_arithmetic_optimization=None) -> "Options":
+        """Check every argument (raising an error that names it and the expected
+        form) before any work starts."""
+        if not callable(tf1_fn):
+            raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}")
+        if not callable(tf2_layer):
+            raise TypeError("tf2_layer: expected a Keras layer or a zero-argument factory returning one, "
+                            f"got {type(tf2_layer).__name__}")
+        input_notes = _check_inputs(inputs)
+        enabled = [name for name, given in (("optimizers", optimizers is not None),
+                                            ("checkpoint", bool(checkpoint)),
+                                            ("resume", optimizers is not None
+                                             and isinstance(checkpoint, (str, os.PathLike)))) if given]
+        selected = _steps.select_steps(steps, enabled)
+        selected_modes = _steps.select_modes(modes)
+        if "random" in selected and not selected_modes:
+            raise ValueError(f"modes: the random step needs at least one mode from {list(MODES)}")
+        _check_training(train_steps, optimizers, loss_fn)
+        _check_run_options(tf_function, seed, progress, strategy)
+        graph_rewrites = _graph_rewrites(graph_rewrites, disable_arithmetic_optimization)
+        _check_checkpoint(checkpoint)
+        if not isinstance(localize, bool):
+            raise TypeError(f"localize: expected True or False, got {localize!r}")
+        if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
+            raise ValueError(f"workers: expected an int >= 1 (processes running the two sides), got {workers!r}")
+        options = cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
+                   tolerances=_StepTolerances(tolerance, step_tolerances), loss_fn=loss_fn,
+                   optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
+                   renamer=_make_renamer(as_rename(rename)), tf_function=bool(tf_function),
+                   graph_rewrites=graph_rewrites, seed=int(seed),
+                   progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
+                   localize=localize, workers=int(workers), aligned=aligned_weights(rename))
+        if options.workers > 1:
+            reason = in_process_reason(options)
+            if reason is None:
+                check_sendable(options)
+            options = dataclasses.replace(options, in_process=reason)
+        return options
+
+
+def _check_training(train_steps, optimizers, loss_fn) -> None:
+    if isinstance(train_steps, bool) or not isinstance(train_steps, int) or train_steps < 1:
+        raise ValueError(f"train_steps: expected an int >= 1, got {train_steps!r}")
+    if optimizers is not None and not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2
+                                       and all(callable(o) for o in optimizers)):
+        raise TypeError("optimizers: expected a pair (make_tf1_optimizer, make_tf2_optimizer) of "
+                        "zero-argument callables")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn: expected a callable loss_fn(outputs, regularization_loss), got {loss_fn!r}")
+
+
+def _graph_rewrites(graph_rewrites, disable_arithmetic_optimization) -> str:
+    """``graph_rewrites``, checked; the deprecated ``disable_arithmetic_optimization``
+    (``True``: as written, ``False``: TensorFlow's defaults) still works, with a warning."""
+    _execution.check_graph_rewrites(graph_rewrites)
+    if disable_arithmetic_optimization is None:
+        return graph_rewrites
+    if not isinstance(disable_arithmetic_optimization, (bool, np.bool_)):
+        raise TypeError(f"disable_arithmetic_optimization: expected True or False, "
+                        f"got {disable_arithmetic_optimization!r}")
+    implied = "as_written" if disable_arithmetic_optimization else "tensorflow_default"
+    if graph_rewrites != "as_written" and graph_rewrites != implied:
+        raise ValueError(f"disable_arithmetic_optimization={bool(disable_arithmetic_optimization)} "
+                         f"contradicts graph_rewrites={graph_rewrites!r}: pass graph_rewrites alone")
+    warnings.warn(f"disable_arithmetic_optimization is deprecated: pass graph_rewrites={implied!r} "
+                  "(every numerics-changing Grappler pass, not only the arithmetic optimizer, is "
+                  "off by default)", DeprecationWarning, stacklevel=4)
+    return implied
+
+
+def _check_run_options(tf_function, seed, progress, strategy) -> None:
+    if not isinstance(tf_function, (bool, np.bool_)):
+        raise TypeError(f"tf_function: expected True or False, got {tf_function!r}")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed: expected an int (the random tool's global seed), got {seed!r}")
+    if not -2 ** 63 <= int(seed) < 2 ** 63:
+        raise ValueError(f"seed: expected an int that fits in 64 bits (-2**63 <= seed < 2**63), got {seed}")
+    if progress is not None and not callable(progress):
+        raise TypeError("progress: expected a callable progress(step_result) called after each step, "
+                        f"got {type(progress).__name__}")
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(f"strategy: expected a tf.distribute.Strategy, got {type(strategy).__name__}")
+
+
+def _check_checkpoint(checkpoint) -> None:
+    if checkpoint is None or isinstance(checkpoint, bool):
+        return
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError("checkpoint: expected a TF1 checkpoint path (str or os.PathLike), True to have "
+                        f"the TF1 side write one, or None; got {type(checkpoint).__name__}")
+    if not checkpoint_exists(checkpoint):
+        raise ValueError(f"checkpoint: no TF1 checkpoint at {os.fspath(checkpoint)!r}; expected the prefix "
+                         "Saver.save returned (e.g. 'model.ckpt', next to 'model.ckpt.index')")
+
+
+def _check_meta(meta) -> dict:
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta: expected a mapping {{name (str): value}} to show in the report's header, "
+                        f"got {type(meta).__name__}")
+    bad = [key for key in meta if not isinstance(key, str)]
+    if bad:
+        raise TypeError(f"meta: expected str keys (they are the report header's labels), got {bad[0]!r}")
+    return dict(meta)
+
+
+# --------------------------------------------------------------------------
+# What may not run in workers, and what cannot be sent
+# --------------------------------------------------------------------------
+
+def in_process_reason(options: Options) -> str | None:
+    """Why the check must run in one process whatever ``workers`` says, or None."""
+    if options.localize:
+        return "localize=True captures both sides' ops in one process"
+    if options.strategy is not None:
+        return "a distribution strategy's devices belong to this process"
+    if isinstance(options.tf2_layer, tf.Module):
+        return "tf2_layer is a layer instance, which cannot be sent to another process (pass a factory)"
+    return None
+
+
+def _for_workers(options: Options) -> Options:
+    return dataclasses.replace(options, progress=None)
+
+
+def check_sendable(options: Options) -> bytes:
+    """The options as the workers receive them; a TypeError naming the argument
+    that cannot be sent to another process."""
+    try:
+        return _send.dumps(_for_workers(options))
+    except Exception as whole:
+        failure = whole  # find which argument it was
+    checked = (("tf1_fn", options.tf1_fn), ("tf2_layer", options.tf2_layer), ("inputs", options.inputs),
+               ("loss_fn", options.loss_fn), ("optimizers", options.optimizers),
+               ("tolerance or step_tolerances", options.tolerances), ("rename", options.renamer),
+               ("meta", options.meta), ("checkpoint", options.checkpoint))
+    for name, value in checked:
+        try:
+            _send.dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"{name}: cannot be sent to a worker process with workers>1 ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); pass module-level functions or picklable objects, or workers=1") from None
+    raise TypeError(f"the check's arguments cannot be sent to a worker process with workers>1 "
+                    f"({type(failure).__name__}: {str(failure)[:200]}); pass workers=1") from None

@@ -1,0 +1,228 @@
+"""The TF2 layer side: the user's Keras layer, called eagerly, inside
+``tf.function`` (with the same graph rewrites off as the TF1 session), or under
+a ``tf.distribute`` strategy. Its captures are NumPy values keyed by normalised
+variable names, as the TF1 side's (:mod:`equivtool.engine.sides.runners`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Callable, Mapping
+
+import numpy as np
+import tensorflow as tf
+from equivtool._platform import execution as _execution
+from equivtool._platform import tf_internals as _tf_internals
+from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, to_numpy
+from equivtool.engine.sides import CAPABILITIES, Side
+from equivtool.engine.sides.runners import default_loss, variable_key
+
+# --------------------------------------------------------------------------
+# TF2 side
+# --------------------------------------------------------------------------
+
+class TF2Side(Side):
+    """The user's TF2 layer, called eagerly, inside ``tf.function``, or under a
+    ``tf.distribute`` strategy.
+
+    With a strategy the batch is split evenly across replicas (in replica
+    order), outputs are gathered back into one batch, and gradients are summed
+    across replicas from per-replica losses scaled by ``1 / replicas``: for a
+    loss that is a mean over the batch (the default loss is), that is the
+    gradient of the single-device loss.
+    """
+
+    KIND = "TF2 layer"
+    CAPABILITIES = frozenset(CAPABILITIES)
+
+    def __init__(self, layer, *, renamer: Callable[[str], str], loss_fn: Callable | None,
+                 use_tf_function: bool = False, strategy=None, graph_rewrites: str = "as_written"):
+        self.layer = layer
+        self.graph_rewrites = graph_rewrites
+        self.renamer = renamer
+        self.loss_fn = loss_fn or default_loss
+        self.use_tf_function = use_tf_function
+        self.strategy = strategy
+        self._functions: dict = {}
+        self.sparse_gradients: tuple = ()  # keys whose last gradient was tf.IndexedSlices
+
+    @classmethod
+    def create(cls, make_layer: Callable, inputs, *, renamer: Callable[[str], str], loss_fn: Callable | None,
+               use_tf_function: bool = False, strategy=None, graph_rewrites: str = "as_written") -> "TF2Side":
+        """Create the layer with ``make_layer()``; under a strategy, inside its
+        scope, with a first (cross-replica) call that creates the variables."""
+        with strategy_scope(strategy):
+            layer = make_layer()
+            if strategy is not None:
+                layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=False)
+        return cls(layer, renamer=renamer, loss_fn=loss_fn, use_tf_function=use_tf_function,
+                   strategy=strategy, graph_rewrites=graph_rewrites)
+
+    # -- one replica's work ---------------------------------------------------
+
+    def _replica_step(self, inputs, training: bool, with_gradients: bool, optimizer=None,
+                      loss_scale: float = 1.0):
+        layer = self.layer
+        with tf.GradientTape() as tape:
+            outputs = layer(inputs, training=training)
+            losses = layer.losses
+            regularization = tf.add_n(losses) if losses else tf.constant(0.0)
+            loss = scaled = None
+            if with_gradients:
+                loss = self.loss_fn(outputs, regularization if losses else None)
+                scaled = loss * loss_scale if loss_scale != 1.0 else loss
+        gradients = None
+        if with_gradients:
+            trainable = layer.trainable_variables
+            gradients = tape.gradient(scaled, trainable)
+            if optimizer is not None:
+                optimizer.apply_gradients([(g, v) for g, v in zip(gradients, trainable) if g is not None])
+        return outputs, regularization, loss, gradients
+
+    def _step_function(self, training, with_gradients, optimizer, fresh: bool):
+        """The replica step, wrapped in ``tf.function`` when asked (cached unless ``fresh``)."""
+        def step(x, scale):
+            return self._replica_step(x, training, with_gradients, optimizer, scale)
+        if not self.use_tf_function:
+            return step
+        key = _function_key(training, with_gradients, optimizer)
+        if fresh or key not in self._functions:
+            self._functions[key] = tf.function(step)
+        return self._functions[key]
+
+    # -- calls --------------------------------------------------------------
+
+    def _run(self, inputs, training, with_gradients, optimizer=None, fresh=False):
+        # Function graphs run with the same rewrites off as the TF1 session.
+        with _execution.function_rewrites(self.graph_rewrites):
+            return self._run_here(inputs, training, with_gradients, optimizer, fresh)
+
+    def _run_here(self, inputs, training, with_gradients, optimizer, fresh):
+        inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+        step = self._step_function(training, with_gradients, optimizer, fresh)
+        if self.strategy is None:
+            return step(inputs, 1.0)
+        strategy = self.strategy
+        replicas = strategy.num_replicas_in_sync
+        split = split_batch(inputs, replicas)
+        distributed = strategy.experimental_distribute_values_from_function(
+            lambda ctx: split[ctx.replica_id_in_sync_group])
+        outputs, regularization, loss, gradients = strategy.run(step, args=(distributed, 1.0 / replicas))
+        outputs = tf.nest.map_structure(lambda t: _gather(strategy, t), outputs)
+        regularization = strategy.experimental_local_results(regularization)[0]
+        if with_gradients:
+            loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None) / replicas
+            if optimizer is None:
+                gradients = [None if g is None else strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None)
+                             for g in gradients]
+        return outputs, regularization, loss, gradients
+
+    def forward(self, inputs, training: bool, with_gradients: bool = False):
+        """Return ``(outputs, regularization, loss, gradients_by_key)`` as NumPy."""
+        try:
+            outputs, regularization, loss, gradients = self._run(inputs, training, with_gradients)
+        except Exception:
+            # A tf.function whose first (variable-creating) trace failed returns
+            # None when called again: drop it, so the next call traces anew and
+            # raises its own error.
+            self._functions.pop(_function_key(training, with_gradients, None), None)
+            raise
+        gradients_by_key = None
+        if with_gradients:
+            gradients_by_key, sparse = {}, []
+            for v, g in zip(self.layer.trainable_variables, gradients):
+                if g is not None:
+                    key = variable_key(v.name, self.renamer)
+                    gradients_by_key[key], was_sparse = dense_gradient(g, v.shape)
+                    if was_sparse:
+                        sparse.append(key)
+            self.sparse_gradients = tuple(sparse)
+            loss = float(loss.numpy())
+        return to_numpy(outputs), float(regularization.numpy()), loss, gradients_by_key
+
+    def train_step(self, inputs, optimizer, training: bool = True) -> float:
+        """One optimizer step; with ``tf.function``, a new trace (so random ops start over)."""
+        _, _, loss, _ = self._run(inputs, training, True, optimizer=optimizer, fresh=True)
+        return float(loss.numpy())
+
+    def keys(self) -> list[str]:
+        return [variable_key(v.name, self.renamer) for v in self.layer.variables]
+
+    def read_variables(self) -> dict:
+        return {variable_key(v.name, self.renamer): v.numpy() for v in self.layer.variables}
+
+    def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
+        for variable in self.layer.variables:
+            key = variable_key(variable.name, self.renamer)
+            if key in values_by_key:
+                variable.assign(values_by_key[key])
+
+    def make_optimizer(self, factory: Callable):
+        """``factory()`` (under the strategy's scope), with its slot variables
+        created now: made inside a traced step they would make it trace twice."""
+        with strategy_scope(self.strategy):
+            optimizer = factory()
+            _build_optimizer(optimizer, self.layer.trainable_variables)
+        return optimizer
+
+    def load_checkpoint(self, path: str | os.PathLike, names: Mapping[str, str]) -> tuple[int, list]:
+        """Assign every variable found in the TF1 checkpoint at ``path``, looked up
+        as ``names[key]`` (default: the key itself); returns ``(loaded, absent names)``."""
+        reader = tf.train.load_checkpoint(os.fspath(path))
+        loaded, absent = 0, []
+        for variable in self.layer.variables:
+            key = variable_key(variable.name, self.renamer)
+            name = names.get(key, key)
+            if reader.has_tensor(name):
+                variable.assign(reader.get_tensor(name))
+                loaded += 1
+            else:
+                absent.append(name)
+        return loaded, absent
+
+
+def strategy_scope(strategy):
+    """``strategy.scope()``, or nothing without a strategy."""
+    return contextlib.nullcontext() if strategy is None else strategy.scope()
+
+
+def _build_optimizer(optimizer, variables) -> None:
+    """Create a Keras optimizer's slot variables now (new and legacy optimizers)."""
+    if hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
+        optimizer.build(variables)
+    else:
+        _tf_internals.build_legacy_optimizer(optimizer, variables)
+
+
+def _function_key(training: bool, with_gradients: bool, optimizer) -> tuple:
+    return (training, with_gradients, id(optimizer))
+
+
+def split_batch(inputs, parts: int) -> list:
+    """Split every input leaf into ``parts`` equal consecutive slices along axis 0."""
+    leaves = flatten_tensors(inputs)
+    batch = int(leaves[0].shape[0]) if leaves[0].shape.rank else 0
+    if batch % parts or batch == 0:
+        raise ValueError(
+            f"inputs: a batch of {batch} cannot be split evenly across {parts} replicas; use a "
+            f"batch size that is a multiple of {parts}")
+    size = batch // parts
+    return [pack_like(inputs, [leaf[i * size:(i + 1) * size] for leaf in leaves]) for i in range(parts)]
+
+
+def _gather(strategy, value):
+    first = strategy.experimental_local_results(value)[0]
+    if first.shape.rank == 0:  # a per-replica scalar cannot be concatenated; take replica 0's
+        return first
+    return strategy.gather(value, axis=0)
+
+
+def snapshot_layer(layer) -> list:
+    """The layer's variables and their current values (for restoring later)."""
+    return [(v, v.numpy()) for v in layer.variables]
+
+
+def restore_snapshot(snapshot: list) -> None:
+    for variable, value in snapshot:
+        variable.assign(value)

@@ -1,0 +1,483 @@
+"""``workers=N``: the sides of the steps spread over N processes, this one included.
+
+The TF1 side and the TF2 side of a step are independent until their captures
+are judged (see :mod:`equivtool.engine.steps`), and so are the step groups: the
+constant-mode pair (its TF1 half, its TF2 half) and every ``num_random_ops``
+comparison (its TF1 graph, its TF2 layer). Each of those *jobs* runs either
+in this process, on its main thread as with ``workers=1`` (it starts the
+first and longest job, the pair's TF1 half, at once), or in one of N-1 worker
+processes; this process also judges. With 2 cores the two sides overlap; with
+more, independent steps run at the same time. Running jobs here too saves one
+interpreter holding TensorFlow (about 600 MB) and the wait for it to start.
+
+What crosses a process: the check's options, once per worker (pickled with
+cloudpickle, so lambdas and functions defined in ``__main__`` travel by value;
+importable ones by reference, with the parent's ``sys.path``), and each side's
+capture coming back (NumPy arrays, names, flags). A side that raises comes
+back as the same one-line message and full traceback an in-process run
+reports. A worker that dies is reported on every side it had not finished;
+nothing waits on it.
+
+Workers are plain ``python -m equivtool.engine.workers`` processes (not
+``multiprocessing``'s spawn, which re-imports the user's ``__main__`` and so
+re-runs a script without an ``if __name__ == "__main__"`` guard), connected by
+a socket pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Callable
+
+from equivtool.engine import send as _send
+
+if TYPE_CHECKING:  # pragma: no cover
+    from equivtool.engine.run import Engine
+
+_FD_ENV = "EQUIVTOOL_WORKER_FD"
+
+
+# --------------------------------------------------------------------------
+# The parent: jobs, workers, judging
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Job:
+    side: str                 # "tf1" or "tf2"
+    steps: list               # [Step], run in this order
+    release_after: bool = True  # drop the pair afterwards (fresh steps build their own models)
+    on_pair_worker: bool = False  # must run where the pair's TF2 half lives (it needs that state)
+    inputs: dict = dataclasses.field(default_factory=dict)  # step name -> the TF1 capture it needs
+
+
+class _Slot:
+    """Somewhere a job runs: this process (:class:`_Here`) or a worker process (:class:`_Worker`)."""
+
+    pid: int
+    job: "_Job | None" = None
+    dead: str | None = None
+    reserved = False          # holds the pair's TF2 half for a step still to come
+
+    def __init__(self):
+        self.pending: set = set()   # (step name, side) this slot still owes
+
+    def take(self, job: _Job) -> None:
+        self.job = job
+        self.pending = {(step.name, job.side) for step in job.steps}
+
+
+class _Here(_Slot):
+    """The parent itself: it runs jobs on its main thread, as ``workers=1`` does, so
+    that ``workers=N`` means N processes in all (one interpreter fewer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pid = os.getpid()
+
+
+class _Worker(_Slot):
+    def __init__(self):
+        super().__init__()
+        parent, child = socket.socketpair()
+        env = dict(os.environ, **{_FD_ENV: str(child.fileno())})
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process has already said what TensorFlow says at start
+        # The worker imports this very equivtool (a checkout can shadow an installed one).
+        home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        self.process = subprocess.Popen([sys.executable, "-m", "equivtool.engine.workers"], env=env,
+                                        pass_fds=(child.fileno(),))
+        child.close()
+        self.pid = self.process.pid
+        self.conn = Connection(parent.detach())
+
+    def setup(self, payload: bytes, workdir: str | None) -> None:
+        """The options; sent once every worker is starting, so that their imports overlap
+        (a large payload waits until the worker reads it)."""
+        self.conn.send(("setup", list(sys.path), payload, workdir))
+
+    def start(self, job: _Job) -> None:
+        self.take(job)
+        self.conn.send(("run", job.side, [step.name for step in job.steps], job.inputs, job.release_after))
+
+    def died(self) -> str:
+        try:
+            code = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        try:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+        self.dead = f"the worker process (pid {self.process.pid}) died ({how})"
+        self.job, self.reserved = None, False
+        return self.dead
+
+    def stop(self, force: bool) -> None:
+        if self.process.poll() is None and not force:
+            try:
+                self.conn.send(("exit",))
+                self.process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.conn.close()
+
+
+# A side's outcome: ("ok", capture, seconds) | ("skip", reason, seconds) | ("error", message, traceback, seconds).
+
+def _died(message: str) -> tuple:
+    """The outcome of a side a dead worker owed."""
+    return ("error", f"WorkerDied: {message}", "", 0.0)
+
+
+def _seconds(*outcomes) -> float:
+    return max([o[-1] for o in outcomes if o is not None] or [0.0])
+
+
+class _Parallel:
+    """Schedules the jobs on this process and the workers and judges each step once
+    both sides are in.
+
+    The main thread runs jobs here (the first one, the longest, at once, while
+    the workers start) and judges; a second thread, which runs no TensorFlow,
+    hands jobs to the workers and collects what they send. Both take jobs from
+    one queue under one lock, so whichever is free first takes the next.
+    """
+
+    def __init__(self, engine: "Engine", workers: int):
+        from equivtool.engine import registry as _steps
+        self.engine = engine
+        self.order = _steps.run_order(engine.options.steps, engine.options.modes)
+        shared = [step for step in self.order if step.shared]
+        # Their TF2 side needs the TF1 capture (a checkpoint file), on the pair's TF2 worker.
+        self.later = {step.name: step for step in shared if step.runner().tf2_needs_tf1}
+        self.queue: list[_Job] = []
+        if shared:
+            self.queue += [_Job("tf1", shared),
+                           _Job("tf2", [s for s in shared if s.name not in self.later],
+                                release_after=not self.later)]
+        for step in self.order:
+            if not step.shared:
+                self.queue += [_Job("tf1", [step]), _Job("tf2", [step])]
+        self.captures: dict = {}      # (step name, side) -> its outcome
+        self.layer_names: set = set()  # the TF2 layers' names the workers saw
+        self.count = min(workers, len(self.queue))  # processes in all, this one included
+        self.pair_worker: _Slot | None = None
+        self.jobs: list = []          # what each finished job ran, where, and for how long
+        self.lock = threading.Condition()  # guards the queue, the captures and the slots
+        self.stopping = False
+        self.failure: BaseException | None = None  # what stopped the thread serving the workers
+
+    # -- the main thread ---------------------------------------------------
+
+    def run(self) -> None:
+        engine = self.engine
+        from equivtool.engine.options import check_sendable
+        payload = check_sendable(engine.options)
+        here = _Here()
+        workers = [_Worker() for _ in range(self.count - 1)]
+        workdir = engine.workdir() if self.later else None  # where the TF1 side writes what the TF2 side loads
+        wake_out, self._wake_in = socket.socketpair()
+        self._wake_in.setblocking(False)  # a full buffer already means "look again"
+        server = threading.Thread(target=self._serve_workers, args=(workers, wake_out),
+                                  name="equivtool-workers", daemon=True)
+        emitted, failed = 0, True
+        try:
+            for worker in workers:
+                try:
+                    worker.setup(payload, workdir)
+                except OSError:  # it did not even start
+                    worker.died()
+            with self.lock:
+                first = self._claim(here)  # the longest job, started before the workers have
+            server.start()
+            if first is not None:
+                self._run_here(here, first)
+            while True:
+                emitted = self._emit(emitted)
+                if emitted >= len(self.order):
+                    break
+                with self.lock:
+                    if self.failure is not None:
+                        raise self.failure
+                    self._dispatch(workers)
+                    job = self._claim(here)
+                    if job is None and not any(w.job is not None for w in workers):
+                        # nothing more can come: what is left was owed by dead workers
+                        self._fail_unowned(workers)
+                    elif job is None:
+                        self._wake()
+                        self.lock.wait()
+                        continue
+                if job is None:
+                    emitted = self._emit(emitted)
+                    break
+                self._wake()  # the server waits on the workers it gave jobs to
+                self._run_here(here, job)
+            self._drain(workers)
+            if self.failure is not None:
+                raise self.failure
+            failed = False
+        finally:
+            with self.lock:
+                self.stopping = True
+            self._wake()
+            if server.is_alive():
+                server.join(timeout=30)
+            for worker in workers:
+                worker.stop(force=failed)
+            wake_out.close()
+            self._wake_in.close()
+
+    def _wake(self) -> None:
+        """Have the server look at the queue and its workers again."""
+        try:
+            self._wake_in.send(b"x")
+        except OSError:
+            pass
+
+    def _claim(self, here: _Here) -> "_Job | None":
+        """The next job this process may run (under the lock), taken off the queue."""
+        for job in self.queue:
+            if (self.pair_worker is here) if job.on_pair_worker else not here.reserved:
+                self.queue.remove(job)
+                if job.on_pair_worker:
+                    here.reserved = False
+                here.take(job)
+                return job
+        return None
+
+    def _run_here(self, here: _Here, job: _Job) -> None:
+        def captured(step, outcome):
+            with self.lock:
+                self._captured(here, step.name, job.side, outcome)
+
+        seconds = _run_job(self.engine, job.side, job.steps, job.inputs, job.release_after, captured)
+        with self.lock:
+            self._done(here, seconds)
+
+    def _drain(self, workers, timeout: float = 30.0) -> None:
+        """Every step is judged: wait for the workers' last "done" (their job times)."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while any(w.job is not None for w in workers) and self.failure is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.lock.wait(left)
+
+    def _fail_unowned(self, workers) -> None:
+        reason = "; ".join(w.dead for w in workers if w.dead) or "no worker process was left"
+        for step in self.order:
+            for side in ("tf1", "tf2"):
+                self.captures.setdefault((step.name, side), _died(f"not run: {reason}"))
+
+    def _emit(self, emitted: int) -> int:
+        """Judge and record the steps, in run order, whose sides are both in (or
+        whose TF1 side did not succeed: an in-process run would stop there)."""
+        while emitted < len(self.order):
+            step = self.order[emitted]
+            with self.lock:
+                self.engine.layer_names.update(self.layer_names)
+                tf1 = self.captures.get((step.name, "tf1"))
+                tf2 = self.captures.get((step.name, "tf2"))
+            if tf1 is None or (tf1[0] == "ok" and tf2 is None):
+                break
+            self.engine.record(self._judge(step, tf1, tf2))
+            emitted += 1
+        return emitted
+
+    def _judge(self, step, tf1, tf2):
+        from equivtool.engine.run import judge
+        return judge(self.engine, step, tf1, tf2, _seconds(tf1, tf2))
+
+    # -- both threads, under the lock ---------------------------------------
+
+    def _dispatch(self, workers) -> None:
+        """Give free workers the jobs they may run (a job for the pair's TF2 half
+        waits for the slot holding it)."""
+        for job in list(self.queue):
+            if job.on_pair_worker:
+                target = self.pair_worker
+                if not isinstance(target, _Worker) or target.job is not None:
+                    continue
+                if target.dead:
+                    self.queue.remove(job)
+                    for step in job.steps:
+                        self.captures[(step.name, job.side)] = _died(target.dead)
+                    self.lock.notify_all()
+                    continue
+                target.reserved = False
+            else:
+                target = next((w for w in workers if w.job is None and not w.dead and not w.reserved), None)
+                if target is None:
+                    continue
+            self.queue.remove(job)
+            try:
+                target.start(job)
+            except OSError:
+                dead = target.died()
+                for step in job.steps:
+                    self.captures[(step.name, job.side)] = _died(dead)
+                self.lock.notify_all()
+
+    def _captured(self, slot: _Slot, name: str, side: str, outcome: tuple) -> None:
+        self.captures[(name, side)] = outcome
+        slot.pending.discard((name, side))
+        if side == "tf1" and name in self.later:
+            # On success the pair's TF2 half loads what the TF1 side wrote; otherwise it is released.
+            ok = outcome[0] == "ok"
+            self.queue.append(_Job("tf2", [self.later[name]] if ok else [], on_pair_worker=True,
+                                   inputs={name: outcome[1]} if ok else {}))
+        self.lock.notify_all()
+
+    def _done(self, slot: _Slot, seconds: float) -> None:
+        job, slot.job = slot.job, None
+        if job is not None and job.steps:
+            self.jobs.append({"side": job.side, "steps": [step.name for step in job.steps],
+                              "worker": slot.pid, "seconds": round(seconds, 2)})
+        if job is not None and job.side == "tf2" and not job.release_after:
+            self.pair_worker, slot.reserved = slot, True
+        self.lock.notify_all()
+
+    # -- the thread serving the workers --------------------------------------
+
+    def _serve_workers(self, workers, wake) -> None:
+        try:
+            while True:
+                with self.lock:
+                    if self.stopping:
+                        return
+                    self._dispatch(workers)
+                    busy = [w for w in workers if w.job is not None]
+                for ready in wait([w.conn for w in busy] + [wake]):
+                    if ready is wake:
+                        wake.recv(4096)
+                        continue
+                    worker = next(w for w in busy if w.conn is ready)
+                    try:
+                        message = worker.conn.recv()
+                    except (EOFError, OSError):
+                        message = None
+                    with self.lock:
+                        self._receive(worker, message)
+        except BaseException as exc:  # a defect here must not hang the check
+            with self.lock:
+                self.failure = exc
+                self.lock.notify_all()
+
+    def _receive(self, worker: _Worker, message) -> None:
+        if message is None:  # the worker is gone
+            dead = worker.died()
+            for name, side in worker.pending:
+                self.captures[(name, side)] = _died(f"{dead} while running the {side.upper()} side of this step")
+            worker.pending = set()
+            self.lock.notify_all()
+        elif message[0] == "capture":
+            _, name, side, outcome, layer_names = message
+            self.layer_names.update(layer_names)  # the engine's, on the main thread (see _emit)
+            self._captured(worker, name, side, outcome)
+        elif message[0] == "done":
+            self._done(worker, message[1])
+
+
+def run_parallel(engine: "Engine", workers: int) -> list:
+    """Run every selected step with its sides in up to ``workers`` processes, this
+    one included; results are recorded on ``engine`` (in run order, as soon as
+    both sides are in). Returns the jobs run: ``[{"side", "steps", "worker" (pid),
+    "seconds"}]``, in the order they ended."""
+    parallel = _Parallel(engine, workers)
+    parallel.run()
+    return parallel.jobs
+
+
+# --------------------------------------------------------------------------
+# The worker
+# --------------------------------------------------------------------------
+
+def _run_side(engine: "Engine", step, side: str, tf1_capture) -> tuple:
+    """One side's outcome, as it crosses a process: without the capture's in-process keys."""
+    from equivtool.engine.run import run_side
+    outcome = run_side(engine, step, side, tf1_capture)
+    if outcome[0] == "ok":
+        outcome = ("ok", {k: v for k, v in outcome[1].items() if not k.startswith("_")}, outcome[2])
+    return outcome
+
+
+def _run_job(engine: "Engine", side: str, steps: list, inputs: dict, release_after: bool,
+             captured: Callable) -> float:
+    """One job's steps, one side each, in this process (a worker's, or the parent's
+    own); ``captured(step, outcome)`` after each. Returns the job's seconds."""
+    started = time.perf_counter()
+    for step in steps:
+        captured(step, _run_side(engine, step, side, inputs.get(step.name)))
+    if release_after:
+        engine.release_pair()
+    return time.perf_counter() - started
+
+
+def _serve(conn: Connection) -> None:
+    engine, broken = None, None   # broken: the outcome of every side when the options could not be read
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        kind = message[0]
+        if kind == "setup":
+            _, path, payload, workdir = message
+            sys.path[:0] = [entry for entry in path if entry not in sys.path]
+            importlib.import_module("equivtool")  # the environment fix, before TensorFlow
+            from equivtool._base.errors import full_traceback, one_line
+            from equivtool.engine.run import Engine
+            try:
+                engine = Engine(_send.loads(payload), workdir=workdir)
+            except Exception as exc:  # e.g. a function whose module this process cannot import
+                broken = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
+                          full_traceback(exc), 0.0)
+        elif kind == "run":
+            from equivtool.engine import registry as _steps
+            _, side, names, inputs, release_after = message
+            steps = [_steps.get_step(name) for name in names]
+
+            def send(step, outcome):
+                names_seen = engine.layer_names if engine is not None else ()
+                conn.send(("capture", step.name, side, outcome,
+                           sorted(n for n in names_seen if isinstance(n, str))))
+
+            if broken:
+                for step in steps:
+                    send(step, broken)
+                seconds = 0.0
+            else:
+                seconds = _run_job(engine, side, steps, inputs, release_after, send)
+            conn.send(("done", seconds))
+        elif kind == "exit":
+            return
+
+
+def _main() -> None:
+    conn = Connection(int(os.environ.pop(_FD_ENV)))
+    if os.environ.get("EQUIVTOOL_QUIET"):  # a worker of an equivtool command: as quiet as the command
+        from equivtool._platform.quiet import quiet_command
+        quiet_command()
+    try:
+        _serve(conn)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    _main()
