@@ -3,10 +3,10 @@ TensorFlow installed in the running interpreter (install with
 ``--no-build-isolation``); the recipe lives in ``equivtool/ops/_build.py`` so
 that ``equivtool build-ops`` uses the very same one.
 
-The distribution ships the ``equivtool`` package, its op sources
-(``equivtool/ops/kernels``, package data) and the repository's ``examples/``
-as ``equivtool.examples``, so that ``equivtool demo`` runs from an installed
-package. In a source checkout the same files import as ``examples.*`` (the
+The distribution ships the ``equivtool`` package, its op sources (the
+repository's top-level ``custom_ops/``, installed as ``equivtool/ops/kernels``
+package data) and the repository's ``examples/`` as ``equivtool.examples``,
+so that ``equivtool demo`` runs from an installed package. In a source checkout the same files import as ``examples.*`` (the
 tests, notebooks and benchmarks do); the examples import each other
 relatively so that both names work."""
 
@@ -40,8 +40,9 @@ class BuildTensorFlowOps(build_ext):
 setup(
     packages=find_packages(include=["equivtool", "equivtool.*"])
     + ["equivtool.examples"]
-    + [f"equivtool.examples.{name}" for name in find_packages(where="examples")],
-    package_dir={"equivtool.examples": "examples"},
+    + [f"equivtool.examples.{name}" for name in find_packages(where="examples")]
+    + ["equivtool.ops.kernels"],
+    package_dir={"equivtool.examples": "examples", "equivtool.ops.kernels": "custom_ops"},
     ext_modules=[Extension("equivtool.ops._xent_ops", sources=[])],
     cmdclass={"build_ext": BuildTensorFlowOps},
 )

@@ -56,6 +56,10 @@ _EXPORTS = {
     "convert_checkpoint": "checkpoints.convert",
     # reproducibility
     "audit_determinism": "determinism",
+    # exported models and golden records
+    "compare_models": "exported",
+    "load_side": "exported",
+    "ModelLoadError": "exported",
     "DeterminismReport": "determinism",
 }
 

@@ -277,8 +277,24 @@ def doctor_xent_cuda() -> tuple[bool, str]:
     from equivtool.ops._build import cuda_contents, cuda_report
     status = op_status()
     if not (status.get("built") and not status.get("error") and status.get("cuda")):
-        return True, "no CUDA kernels in this library"
+        return True, "no CUDA kernels compiled into this library (see: xent op GPU)"
     return not cuda_contents(status["path"]).undefined_cuda, cuda_report(status["path"])
+
+
+def doctor_xent_gpu() -> tuple[bool, str]:
+    """Where the op's GPU kernels come from (nvcc ahead of time, NVRTC at run time,
+    none and why), which NVRTC, the architectures cached, the driver version."""
+    from equivtool.ops import op_status
+    from equivtool.ops._gpu import describe
+    from equivtool.ops._load import read_stamp
+    status = op_status()
+    if not status.get("built") or status.get("error"):
+        return True, "op library not usable (see: xent op)"
+    now, stamp = status.get("gpu_kernels"), read_stamp(status["path"]) or {}
+    if stamp.get("cuda") == "1":
+        return True, describe(status["path"], stamp)
+    head = f"none ({now.reason})" if now is not None and now.source == "none" else str(now)
+    return True, f"now: {head}; {describe(status['path'], stamp)}"
 
 
 def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
@@ -306,6 +322,7 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("graph rewrites", doctor_rewrites),
     ("xent op", doctor_xent_op),
     ("xent op CUDA", doctor_xent_cuda),
+    ("xent op GPU", doctor_xent_gpu),
     ("random tool", _live_check("check_random_tool")),
     ("xent op live", _live_check("check_op")),
 ]
@@ -341,18 +358,26 @@ def cmd_check(args) -> int:
     from equivtool._base.progress import print_progress, write_reports
     from equivtool.engine.registry import MODES, STEPS
 
-    shape = parse_shape(args.input_shape)
     seed = check_seed(args.seed)
     steps = split_names(args.steps, STEPS, "--steps")
     modes = split_names(args.mode, MODES, "--mode") or MODES
     check_output_path(args.json, "--json")
     check_output_path(args.html, "--html")
-    import numpy as np
-    try:
-        inputs = np.random.RandomState(seed).standard_normal(shape).astype(np.float32)
-    except (MemoryError, ValueError) as exc:
-        raise UsageError(f"--input-shape: cannot allocate an input of shape {shape}: "
-                         f"{type(exc).__name__}: {exc}") from None
+    outputs = [p for text in args.outputs for p in text.split(",") if p] if args.outputs else None
+    if args.input_shape and not (args.inputs or args.input):
+        shape = parse_shape(args.input_shape)
+        import numpy as np
+        try:
+            inputs = np.random.RandomState(seed).standard_normal(shape).astype(np.float32)
+        except (MemoryError, ValueError) as exc:
+            raise UsageError(f"--input-shape: cannot allocate an input of shape {shape}: "
+                             f"{type(exc).__name__}: {exc}") from None
+    else:
+        from equivtool._base.cli_inputs import InputError, cli_inputs
+        try:
+            inputs, shape = cli_inputs(args.input_shape, args.inputs, args.input, seed, MAX_INPUT_ELEMENTS)
+        except InputError as exc:
+            raise UsageError(str(exc)) from None
     with importable_cwd():
         tf1_fn = load_target(args.tf1_fn, "TF1_FN")
         tf2_factory = load_target(args.tf2_factory, "TF2_FACTORY")
@@ -361,8 +386,8 @@ def cmd_check(args) -> int:
         try:
             report = check_equivalence(
                 tf1_fn, tf2_factory, inputs, steps=steps, modes=modes, tf_function=args.tf_function,
-                graph_rewrites=args.graph_rewrites, seed=seed, progress=print_progress(start), localize=args.localize, workers=args.workers,
-                meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
+                graph_rewrites=args.graph_rewrites, seed=seed, progress=print_progress(start), localize=args.localize,
+                workers=args.workers, outputs=outputs, meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
     print()
@@ -384,7 +409,7 @@ def localize_command(args, report) -> str:
     if not failed:
         return ""
     steps = ",".join(dict.fromkeys(name.split("/", 1)[0] for name in failed))
-    words = ["equivtool", "check", args.tf1_fn, args.tf2_factory, "--input-shape", args.input_shape,
+    words = ["equivtool", "check", args.tf1_fn, args.tf2_factory, *_input_words(args),
              "--steps", steps, "--seed", str(args.seed)]
     modes = sorted({name.split("/")[1] for name in failed if name.startswith("random/")})
     if modes:
@@ -393,8 +418,18 @@ def localize_command(args, report) -> str:
         words.append("--tf-function")
     if args.graph_rewrites != "as_written":
         words += ["--graph-rewrites", args.graph_rewrites]
+    words += [word for text in getattr(args, "outputs", None) or () for word in ("--outputs", text)]
     words.append("--localize")
     return " ".join(shlex.quote(w) for w in words)
+
+
+def _input_words(args) -> list:
+    """The inputs options of this run, to repeat them."""
+    if getattr(args, "inputs", None):
+        return ["--inputs", args.inputs]
+    if getattr(args, "input", None):
+        return [word for spec in args.input for word in ("--input", spec)]
+    return ["--input-shape", args.input_shape]
 
 
 def cmd_demo(args) -> int:
@@ -518,7 +553,14 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="run check_equivalence on MODULE:TF1_FN and MODULE:TF2_FACTORY")
     check.add_argument("tf1_fn", metavar="MODULE:TF1_FN", help="tf1_fn(inputs, training) -> outputs")
     check.add_argument("tf2_factory", metavar="MODULE:TF2_FACTORY", help="zero-argument factory of the TF2 layer")
-    check.add_argument("--input-shape", required=True, help="e.g. 1,299,299,3 (float32, standard normal)")
+    check.add_argument("--input-shape", default=None, help="e.g. 1,299,299,3 (float32, standard normal)")
+    check.add_argument("--inputs", default=None, metavar="FILE.npz",
+                       help="inputs from np.savez: keys arr_0..arr_N give a list, other keys a dict")
+    check.add_argument("--input", action="append", default=None, metavar="NAME:SHAPE:DTYPE[:LO,HI]",
+                       help="one generated input of a dict (repeatable), e.g. input_ids:2,128:int32:0,30522")
+    check.add_argument("--outputs", action="append", default=None, metavar="PATTERNS",
+                       help="compare only these output leaves: comma-separated patterns, '!' excludes "
+                            "(e.g. '!*/depthwise_output'); repeatable")
     check.add_argument("--steps", default=None, help="comma-separated steps (default: all but optimizer/checkpoint)")
     check.add_argument("--mode", default=None, help="comma-separated random-tool modes")
     check.add_argument("--tf-function", action="store_true", help="call the TF2 layer inside tf.function")
@@ -547,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build-ops", help="(re)build the cross-entropy op against the installed TensorFlow")
     build.add_argument("--verbose", action="store_true")
     build.set_defaults(run=cmd_build_ops)
+    from equivtool.exported import _cli as exported_cli  # compare, record-script
+    exported_cli.add_parsers(sub, check_output_path)
 
     from equivtool.checkpoints import _cli as convert_cli  # its own module; imports no TF
     convert_cli.add_parser(sub, sys.modules[__name__])

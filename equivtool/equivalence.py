@@ -59,6 +59,7 @@ from equivtool.engine import registry as _steps
 from equivtool.engine.options import Options
 from equivtool.engine.run import Engine
 from equivtool.report import EquivalenceReport, StepResult
+from equivtool.seeding._traced import execution_note
 
 __all__ = ["check_equivalence", "STEPS", "MODES", "DEFAULT_STEPS"]
 
@@ -91,6 +92,7 @@ def check_equivalence(
     localize: bool = False,
     workers: int = 1,
     disable_arithmetic_optimization: bool | None = None,
+    outputs: str | Sequence[str] | None = None,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -164,13 +166,18 @@ def check_equivalence(
         in one process, and the report's header says why.
       disable_arithmetic_optimization: deprecated; ``True`` is
         ``graph_rewrites="as_written"``, ``False`` is ``"tensorflow_default"``.
+      outputs: which output leaves to compare, as patterns matched against
+        the leaf names of the report (``end_points/<key>``, ``outputs``); a
+        pattern starting with ``!`` excludes (``"!end_points/*depthwise_output"``).
+        Applied to both sides before comparing. See :mod:`equivtool.engine.output_filter`.
     """
     options = Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
         step_tolerances=step_tolerances, loss_fn=loss_fn, optimizers=optimizers, train_steps=train_steps,
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         graph_rewrites=graph_rewrites, seed=seed, progress=progress, meta=meta, strategy=strategy,
-        localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization)
+        localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization,
+        outputs=outputs)
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None:
@@ -190,6 +197,7 @@ def _header(options: Options) -> dict:
         "steps": list(options.steps),
         "modes": list(options.modes),
         "tf_function": options.tf_function,
+        "execution": execution_note(options.tf_function, strategy is not None, options.localize),
         "graph_rewrites": options.graph_rewrites,
         # what the verdict depends on: CPU, oneDNN, rewrites off on each side, threads
         "platform": _execution.platform(options.graph_rewrites, options.tf_function),
@@ -198,6 +206,7 @@ def _header(options: Options) -> dict:
         "strategy": None if strategy is None else
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
         **({"localize": True} if options.localize else {}),
+        **({"outputs": list(options.outputs)} if options.outputs else {}),
         **({"weights": options.aligned} if options.aligned else {}),
         **({"workers": options.workers if options.in_process is None else
             f"1 (asked for {options.workers}: {options.in_process})"} if options.workers > 1 else {}),

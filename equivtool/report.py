@@ -120,8 +120,13 @@ class StepResult:
             status, default = "failed", _failure_message(failures, len(leaves))
         elif pending or not leaves:
             status, default = "inconclusive", _inconclusive_message(pending, len(leaves))
+        elif all(leaf.below_atol for leaf in leaves):
+            status, default = "inconclusive", _below_atol_message(leaves)
         else:
             status, default = "passed", ""
+        below = sum(leaf.below_atol for leaf in leaves)
+        if below:
+            data = {**(data or {}), "below_atol_leaves": below}
         return cls(name, title, status, seconds, comparisons, message or default, tuple(notes), data or {})
 
     @classmethod
@@ -303,6 +308,53 @@ def _inconclusive_message(pending: Sequence[LeafComparison], total: int) -> str:
     return f"{first.name}: {first.inconclusive_reason}; {len(pending)} of {total} leaves compared nothing"
 
 
+def _step_sections(steps: Sequence[StepResult]) -> list:
+    """The report text's sections: each failed or inconclusive step's details, and
+    each distinct error once (its message, with the user's frame, and the steps it
+    broke), where the first step it broke stands; the full tracebacks stay in the
+    JSON and HTML reports (``data["traceback"]``)."""
+    broken: dict = {}
+    for s in steps:
+        if s.status == "error":
+            broken.setdefault(s.message, []).append(s)
+    sections = []
+    for s in steps:
+        if s.status == "error":
+            group = broken.get(s.message)
+            if group is not None and group[0] is s:
+                sections.append(_error_section(group))
+        elif s.failed or s.inconclusive:
+            sections.append(s.details())
+    return sections
+
+
+def _table_message(step: StepResult, first_broken: Mapping) -> str:
+    """The table's last column; an error another step showed first points at that step."""
+    first = first_broken.get(step.message) if step.status == "error" else None
+    if first is not None and first is not step:
+        return f"the same error as {first.name}"
+    return step.summary_text()
+
+
+def _error_section(group: Sequence[StepResult]) -> str:
+    names = ", ".join(s.name for s in group)
+    lines = [f"== error in {len(group)} step{'s' if len(group) > 1 else ''}: {names} ==", group[0].message]
+    notes = dict.fromkeys(n for s in group for n in s.notes)
+    lines.extend(f"note: {n}" for n in notes)
+    if any(s.data.get("traceback") for s in group):
+        lines.append("full traceback: in the JSON report (steps[].data.traceback) and the HTML report")
+    return "\n".join(lines)
+
+
+def _below_atol_message(leaves: Sequence[LeafComparison]) -> str:
+    """Why a step whose every leaf is below ``atol`` is not a pass, and what to do."""
+    atol = max(leaf.tolerance.atol for leaf in leaves)
+    return (f"inconclusive: every value compared ({len(leaves)} of {len(leaves)} leaves, e.g. {leaves[0].name}) "
+            f"is below atol={atol:g} in magnitude on both sides, so no difference could show; make the "
+            "step meaningful with an rtol-only tolerance (Tolerance(rtol=..., atol=0)), larger inputs, "
+            "or fixed weights (the fixed_weights step)")
+
+
 # ---------------------------------------------------------------------------
 # EquivalenceReport
 # ---------------------------------------------------------------------------
@@ -356,7 +408,12 @@ class EquivalenceReport:
 
     # -- text --------------------------------------------------------------
 
-    def verdict(self) -> str:
+    @property
+    def verdict(self) -> _render.Verdict:
+        """The verdict line (a str; ``report.verdict()`` also works)."""
+        return _render.Verdict(self._verdict_text())
+
+    def _verdict_text(self) -> str:
         counts = {status: sum(s.status == status for s in self.steps) for status in STATUSES}
         tally = ", ".join(f"{counts[k]} {k}" for k in STATUSES if counts[k])
         if self.passed:
@@ -372,13 +429,17 @@ class EquivalenceReport:
     def table(self) -> str:
         """The fixed-width summary table."""
         header = ("step", "status", "time", "max abs err", "first divergence / message")
+        first_broken: dict = {}
+        for s in self.steps:
+            if s.status == "error":
+                first_broken.setdefault(s.message, s)
         rows = [
             (
                 s.name,
                 _STATUS_TEXT[s.status],
                 f"{s.seconds:.2f}s",
                 s.error_cell(),
-                _shorten(s.summary_text(), _MESSAGE_WIDTH),
+                _shorten(_table_message(s, first_broken), _MESSAGE_WIDTH),
             )
             for s in self.steps
         ]
@@ -435,9 +496,8 @@ class EquivalenceReport:
         parts += [self.table(), self.verdict()]
         if isinstance(self.meta.get("platform"), Mapping) and self.meta["platform"].get("depends_on_cpu"):
             parts.append("  (TensorFlow's graph rewrites were on: this verdict may differ on another CPU)")
-        for s in self.steps:
-            if s.failed or s.inconclusive:
-                parts += ["", s.details()]
+        for section in _step_sections(self.steps):
+            parts += ["", section]
         return "\n".join(parts)
 
     def raise_for_failure(self) -> "EquivalenceReport":

@@ -23,7 +23,7 @@
 # TensorFlow's own answer, under op determinism, has been to refuse (an
 # `UnimplementedError`) or to fall back to a composite of slower, unfused ops.
 #
-# **equivtool's op** (`equivtool/ops/kernels`) computes each row in an order fixed by the number
+# **equivtool's op** (`custom_ops/`) computes each row in an order fixed by the number
 # of classes alone: on the CPU rows are sharded over threads, each row reduced by one thread; on the GPU one thread block per row,
 # merging per-thread partial states in a fixed halving tree, with no atomics and no
 # cross-block reduction. Results are bitwise reproducible across runs, thread counts and

@@ -62,23 +62,21 @@ def test_tf_function_first_trace_failure_is_each_steps_own_error():
         assert step.message.endswith(f"(at {location})"), (name, step.message)
         assert "\n" not in step.message
         assert "NoneType" not in step.data["traceback"], name
-    # The num_random_ops steps call the layer eagerly, where it works.
-    assert report.step("random/num_random_ops/inference").status == "passed"
-
-
-def test_eager_note_of_num_random_ops_steps_survives_an_error():
-    report = equivtool.check_equivalence(dense_tf1, AlwaysFails, X, tf_function=True,
-                                         steps=["random"], modes=["num_random_ops"])
+    # The num_random_ops steps are traced too (issue 23): the same error, not an eager pass.
     for name in ("random/num_random_ops/inference", "random/num_random_ops/training"):
-        step = report.step(name)
-        assert step.status == "error" and "broken shim" in step.message
-        assert any(note.startswith("called eagerly") for note in step.notes), step.notes
+        assert report.step(name).status == "error", name
+        assert report.step(name).message.endswith(f"(at {location})")
+    assert report.meta["execution"].startswith("tf.function in every step")
 
 
-def test_eager_note_is_absent_without_tf_function():
-    report = equivtool.check_equivalence(dense_tf1, AlwaysFails, X, steps=["random"],
-                                         modes=["num_random_ops"])
-    assert report.step("random/num_random_ops/inference").notes == ()
+def test_header_says_how_every_step_ran():
+    traced = equivtool.check_equivalence(dense_tf1, AlwaysFails, X, tf_function=True,
+                                         steps=["random"], modes=["num_random_ops"])
+    assert traced.meta["execution"] == "tf.function in every step (num_random_ops steps included)"
+    assert "execution: tf.function in every step" in str(traced)
+    eager = equivtool.check_equivalence(dense_tf1, AlwaysFails, X, steps=["random"], modes=["num_random_ops"])
+    assert eager.meta["execution"].startswith("eager in every step (tf_function=False)")
+    assert eager.step("random/num_random_ops/inference").notes == ()
 
 
 def test_traceback_keeps_slim_and_user_frames_and_message_names_the_user_line():

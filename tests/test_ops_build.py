@@ -47,9 +47,14 @@ def test_op_library_error_is_a_runtime_error():
 
 def test_op_status_of_the_installed_library():
     status = ops.op_status()
-    assert set(status) == {"built", "path", "built_for_tf", "cuda", "error"}
+    assert set(status) == {"built", "path", "built_for_tf", "cuda", "gpu_kernels", "error"}
     assert status["built"] and status["error"] is None
     assert status["built_for_tf"] == tf.__version__
+    # where GPU kernels come from: nvcc's, or none here (no GPU visible)
+    kernels = status["gpu_kernels"]
+    assert kernels.source == ("aot" if status["cuda"] else "none"), kernels
+    if kernels.source == "none":
+        assert kernels.reason and kernels.reason in str(kernels)
 
 
 def test_op_status_reports_a_missing_library_without_raising(monkeypatch, tmp_path):
@@ -345,3 +350,22 @@ def test_doctor_prints_the_ops_cuda_line():
     assert ("xent op CUDA", cli.doctor_xent_cuda) in cli.DOCTOR_CHECKS
     ok, text = cli.doctor_xent_cuda()
     assert ok and text.startswith("CUDA ") and "SASS sm_80" in text
+
+
+def test_doctor_says_where_the_gpu_kernels_come_from(monkeypatch, tmp_path):
+    from equivtool import cli
+    from equivtool.ops import _gpu
+    assert ("xent op GPU", cli.doctor_xent_gpu) in cli.DOCTOR_CHECKS
+    ok, text = cli.doctor_xent_gpu()
+    assert ok
+    if ops.op_status()["cuda"]:
+        assert text == "compiled ahead of time by nvcc (in the library)"
+    # the run-time path's line: NVRTC, the cache's architectures, the driver
+    cache = tmp_path / "cache"
+    (cache / "kernels").mkdir(parents=True)
+    (cache / "kernels" / "xent-0123456789abcdef-float32-sm_89-nvrtc12.9.cubin").write_bytes(b"x")
+    monkeypatch.setenv("EQUIVTOOL_CACHE_DIR", str(cache))
+    monkeypatch.setenv("EQUIVTOOL_NVRTC", str(tmp_path / "absent" / "libnvrtc.so.12"))
+    line = _gpu.describe(ops.op_status()["path"], {"cuda": "0"})
+    assert line.startswith("run time (NVRTC, driver API): no NVRTC found; cached sm_89 in "), line
+    assert str(cache) in line and ("driver CUDA" in line or "no NVIDIA driver" in line), line

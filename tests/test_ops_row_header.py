@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "equivtool", "ops", "kernels")
+                       "custom_ops")
 
 _PROGRAM = r"""
 #include <cstdio>

@@ -1,4 +1,4 @@
-// A C ABI over the op's CUDA launchers (equivtool/ops/kernels/xent_kernels.h)
+// A C ABI over the op's CUDA launchers (custom_ops/xent_kernels.h)
 // for the standalone harness: no TensorFlow, driven from Python with ctypes
 // on PyTorch device buffers. Pointers are device pointers; `stream` is a
 // cudaStream_t. Each function returns NULL or the launcher's error string.

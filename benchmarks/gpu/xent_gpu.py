@@ -5,7 +5,7 @@ needed)::
 
     python benchmarks/gpu/xent_gpu.py all --out results/
 
-compiles ``equivtool/ops/kernels/xent_kernels.cu.cc`` with the op build's nvcc
+compiles ``custom_ops/xent_kernels.cu.cc`` with the op build's nvcc
 flags (``equivtool/ops/_build.py``) and the C ABI in ``xent_capi.cu`` into a
 small shared library, drives it through ctypes on PyTorch device buffers, and
 runs:
@@ -47,7 +47,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-KERNELS = os.path.join(REPO, "equivtool", "ops", "kernels")
+KERNELS = os.path.join(REPO, "custom_ops")
 CAPI = os.path.join(HERE, "xent_capi.cu")
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")

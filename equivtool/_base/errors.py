@@ -21,6 +21,14 @@ from equivtool._base.stack import innermost_user_frame, is_library_frame
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 _KERAS_WRAPPER = re.compile(r"^Exception encountered when calling layer .*$")
 _LONG_MESSAGE = 200
+# TensorFlow's error for a graph-only attribute read eagerly (Tensor.name, .graph, .op ...).
+_GRAPH_ONLY = re.compile(
+    r"\b(Tensor\.\w+|\w+) is (undefined|meaningless|not supported) when eager execution is enabled")
+GRAPH_MODE_HINT = "this code needs graph mode: pass tf_function=True (CLI: --tf-function)"
+# tf.function's error for a variable created on a retrace, as a scope renamed on every call gives.
+_SINGLETON = "tf.function only supports singleton tf.Variables created on the first call"
+SINGLETON_HINT = ("a variable scope that gets a new name on every call (variable_scope(None, default_name=...)) "
+                  "does this: pass an explicit scope, or reuse")
 
 
 @contextlib.contextmanager
@@ -102,7 +110,18 @@ def one_line(exc: BaseException) -> str:
         summary = summary[:_LONG_MESSAGE - 3] + "..."
     head = f"{type(exc).__name__}: {summary}" if summary else type(exc).__name__
     location = user_location(exc)
-    return head if location is None else f"{head} (at {location})"
+    line = head if location is None else f"{head} (at {location})"
+    if needs_graph_mode(exc):
+        line += f"; {GRAPH_MODE_HINT}"
+    elif any(_SINGLETON in str(item) for item in _chain(exc)):
+        line += f"; {SINGLETON_HINT}"
+    return line
+
+
+def needs_graph_mode(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is an eager read of a graph-only
+    attribute, such as ``Tensor.name``, ``Tensor.graph`` or ``Tensor.op``."""
+    return any(_GRAPH_ONLY.search(str(item)) for item in _chain(exc))
 
 
 def full_traceback(exc: BaseException) -> str:

@@ -49,6 +49,11 @@ SYMBOLS: dict[str, str] = {
     "nn": "tensorflow.python.ops.nn",
     "control_flow_util": "tensorflow.python.ops.control_flow_util",
     "nn_ops": "tensorflow.python.ops.nn_ops",
+    # exported: unregistered ops found before loading; a TF2 signature frozen into a graph
+    "op_def_registry": "tensorflow.python.framework.op_def_registry",
+    "convert_variables_to_constants_v2":
+        "tensorflow.python.framework.convert_to_constants:convert_variables_to_constants_v2",
+    "SavedModel": "tensorflow.core.protobuf.saved_model_pb2:SavedModel",
 }
 
 _XENT_NAMES = ("sparse_softmax_cross_entropy_with_logits", "sparse_softmax_cross_entropy_with_logits_v2",

@@ -273,6 +273,7 @@ class _Walker:
                                       stats["nan"] + stats["inf"])
         return LeafComparison(
             ok=ok and not reason, compared=compared, inconclusive_reason=reason, advice=advice,
+            below_atol=ok and not reason and _below_atol(e, a, tol, kind),
             size=int(close.size), mismatched=mismatched,
             fraction=mismatched / close.size if close.size else 0.0,
             max_abs=max_abs, max_rel=max_rel, first_mismatch=first,
@@ -281,6 +282,21 @@ class _Walker:
             inf_mismatch=stats["inf"] if stats and "inf" in stats else 0,
             note="; ".join(notes), **base,
         )
+
+
+def _below_atol(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> bool:
+    """Every finite value on both sides smaller than ``atol`` in magnitude: then
+    ``|actual - expected| <= atol`` holds almost whatever the two sides compute,
+    so the leaf could not have shown a difference."""
+    if kind not in (_FLOAT, _COMPLEX) or not tol.atol > 0:
+        return False
+    largest = 0.0
+    for side in (e, a):
+        values = np.abs(side.astype(np.complex128 if kind == _COMPLEX else np.float64))
+        values = values[np.isfinite(values)]
+        if values.size:
+            largest = max(largest, float(values.max()))
+    return largest < tol.atol
 
 
 def compare(

@@ -58,6 +58,10 @@ class LeafComparison:
     ones under ``Tolerance(allow_nonfinite=True)``). ``inconclusive_reason``
     is set, and ``ok`` False, when the leaf agreed but nothing that could
     differ was compared; ``status`` is "passed", "failed" or "inconclusive".
+    ``below_atol`` is True for a passing floating-point leaf whose every
+    value on both sides is smaller than ``atol`` in magnitude: within such a
+    tolerance it could not have shown a difference (a step made only of such
+    leaves is inconclusive, see :meth:`StepResult.from_comparisons`).
     ``advice`` (a leaf whose floating-point values differ) says what would
     have passed: the smallest ``atol`` (``rtol`` unchanged) and ``rtol``
     (``atol`` unchanged), error quantiles and the largest distance in ULPs.
@@ -90,6 +94,7 @@ class LeafComparison:
     compared: int = 0
     inconclusive_reason: str = ""
     advice: Optional[ToleranceAdvice] = None
+    below_atol: bool = False
 
     def __post_init__(self) -> None:
         if self.inconclusive_reason and self.ok:
@@ -215,6 +220,7 @@ class LeafComparison:
             "status": self.status,
             "compared": self.compared,
             "inconclusive_reason": self.inconclusive_reason,
+            "below_atol": self.below_atol,
             "advice": None if self.advice is None else self.advice.to_dict(),
         }
 
@@ -258,6 +264,7 @@ class LeafComparison:
             structure_mismatch=bool(d.get("structure_mismatch", False)),
             compared=int(d.get("compared", d.get("size", 0) if d.get("values_compared", True) else 0)),
             inconclusive_reason=d.get("inconclusive_reason", ""),
+            below_atol=bool(d.get("below_atol", False)),
             advice=None if not d.get("advice") else ToleranceAdvice.from_dict(d["advice"]),
         )
 

@@ -194,7 +194,12 @@ class DeterminismReport:
 
     # -- text ----------------------------------------------------------------
 
-    def verdict(self) -> str:
+    @property
+    def verdict(self) -> _render.Verdict:
+        """The verdict line (a str; ``report.verdict()`` also works)."""
+        return _render.Verdict(self._verdict_text())
+
+    def _verdict_text(self) -> str:
         n = len(self.leaf_names)
         if not self.reproducible:
             return (f"Verdict: NOT REPRODUCIBLE ({self.runs} runs; {len(self.differing)} of {n} "

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import tensorflow as tf
 
+from equivtool.engine import output_filter
 from equivtool._base.tree import flatten_tensors
 from equivtool._platform import execution as _execution
 from equivtool.comparison import Tolerance
@@ -128,6 +129,7 @@ class Options:
     localize: bool = False
     workers: int = 1
     in_process: str | None = None     # why workers > 1 still runs in one process
+    outputs: tuple = ()               # include / "!"exclude patterns of compared output leaves
     aligned: str | None = None        # rename=VariableMapping: how both sides' weights are aligned
 
     @property
@@ -138,7 +140,7 @@ class Options:
     def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
               optimizers, train_steps, checkpoint, rename, tf_function,
               graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
-              workers=1, disable_arithmetic_optimization=None) -> "Options":
+              workers=1, outputs=None, disable_arithmetic_optimization=None) -> "Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -147,6 +149,7 @@ class Options:
             raise TypeError("tf2_layer: expected a Keras layer or a zero-argument factory returning one, "
                             f"got {type(tf2_layer).__name__}")
         input_notes = _check_inputs(inputs)
+        output_patterns = output_filter.check_patterns(outputs)
         enabled = [name for name, given in (("optimizers", optimizers is not None),
                                             ("checkpoint", bool(checkpoint)),
                                             ("resume", optimizers is not None
@@ -169,7 +172,8 @@ class Options:
                    renamer=_make_renamer(as_rename(rename)), tf_function=bool(tf_function),
                    graph_rewrites=graph_rewrites, seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
-                   localize=localize, workers=int(workers), aligned=aligned_weights(rename))
+                   localize=localize, workers=int(workers), outputs=output_patterns,
+                   aligned=aligned_weights(rename))
         if options.workers > 1:
             reason = in_process_reason(options)
             if reason is None:

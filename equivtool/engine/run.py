@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool.comparison import compare
+from equivtool.engine import output_filter
 from equivtool.engine import registry as _steps
 from equivtool.engine.options import Options
 from equivtool.engine.outputs import align_output_keys, split_outputs
@@ -205,7 +206,13 @@ class Engine:
                     notes.append(f"end-point keys: the TF2 layer's own name scope {stripped!r} removed "
                                  "(the only difference from the TF1 keys)")
                 for sub_label, sub_expected, sub_actual in split_outputs(expected, actual):
-                    comparisons.append(compare(sub_expected, sub_actual, spec, name=sub_label))
+                    part = output_filter.select(sub_expected, sub_actual, sub_label, self.options.outputs)
+                    if part is not None:
+                        comparisons.append(compare(*part, spec, name=sub_label))
+                one_side = output_filter.one_side_note([leaf for c in comparisons for leaf in c.leaves],
+                                                       self.options.tf_function)
+                if one_side:
+                    notes.append(one_side)
             else:
                 comparisons.append(compare(expected, actual, spec, name=label))
         return StepResult.from_comparisons(name, _steps.title(name), comparisons, notes=notes, data=data)

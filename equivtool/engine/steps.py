@@ -34,6 +34,8 @@ from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.outputs import split_outputs
 from equivtool.engine.registry import SkipStep, title
+from equivtool.seeding._traced import TraceAlignment
+from equivtool.variables._guards import second_call_message
 from equivtool.variables import VariableCreationError, VariableInfo, VariableSet, compare_variables
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -208,7 +210,8 @@ def _variables_once_tf2(e: "Engine", _) -> dict:
     try:
         half.gradient_pass()  # the layer's second call
     except VariableCreationError as exc:
-        return {"created": str(exc), "build_seconds": half.build_seconds}
+        existing = [v.name for v in half.layer.variables]
+        return {"created": second_call_message(str(exc), existing), "build_seconds": half.build_seconds}
     return {"created": None, "build_seconds": half.build_seconds, "variables": len(half.layer.variables),
             "distributed": half.distributed}
 
@@ -568,10 +571,13 @@ def _random_fresh_tf1(e: "Engine", mode: str, training: bool) -> dict:
 def _random_fresh_tf2(e: "Engine", _, mode: str, training: bool) -> dict:
     _refuse_strategy(e)
     o = e.options
-    with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope(), tf2_aligned(o):
+    tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
+    with tool.scope(), tf2_aligned(o):
         layer = e.new_layer()
-        tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=False,
-                      graph_rewrites=o.graph_rewrites)
+        # Under tf.function every trace gets the first trace's seeds, which
+        # follow program order as the TF1 graph's do (equivtool.seeding._traced).
+        tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=o.tf_function,
+                      graph_rewrites=o.graph_rewrites, trace_scope=TraceAlignment(tool).trace)
         outputs, regularization, _, _ = tf2.forward(o.inputs, training=training)
     return {"outputs": outputs, "regularization": regularization}
 
@@ -581,12 +587,15 @@ def _random_fresh_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, training: 
     o = e.options
     local = tf1.get("_local")
     try:
-        result = _judge_forward(e, name, tf1, tf2, notes=eager_notes(e) + ((o.aligned,) if o.aligned else ()))
+        result = _judge_forward(e, name, tf1, tf2, notes=(o.aligned,) if o.aligned else ())
         if local is None:
             return result
         side, forward = local
 
         def fresh_call():  # the same first call of a fresh layer under a fresh tool
+            # Eagerly, also under tf_function=True: a variable-creating tf.function is
+            # traced twice and the op taps would see the ops of both traces (the
+            # report header's "execution" says so).
             from equivtool.localize._capture import call_layer
             with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope(), tf2_aligned(o):
                 return call_layer(e.new_layer(), o.inputs, training, False)
@@ -596,11 +605,4 @@ def _random_fresh_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, training: 
             local[0].close()
 
 
-def eager_notes(e: "Engine") -> tuple:
-    if not e.options.tf_function:
-        return ()
-    return ("called eagerly: tf.function traces a variable-creating call twice, and "
-            "num_random_ops counts the random ops of both traces",)
-
-
-random_fresh = SplitStep(_random_fresh_tf1, _random_fresh_tf2, _random_fresh_judge, notes_on_error=eager_notes)
+random_fresh = SplitStep(_random_fresh_tf1, _random_fresh_tf2, _random_fresh_judge)

@@ -92,6 +92,14 @@ def _canonical_scope(components: list, roots: frozenset) -> list:
     return components[last + 1:]
 
 
+_UNIQUIFIED_SUFFIX = re.compile(r"_\d+$")
+
+
+def _base_scope(scope: str) -> str:
+    """``scope`` with each component's uniquifying suffix removed (``x_2/y_1`` -> ``x/y``)."""
+    return "/".join(_UNIQUIFIED_SUFFIX.sub("", part) for part in scope.split("/"))
+
+
 # --------------------------------------------------------------------------
 # TF1 side: the forward pass's ops
 # --------------------------------------------------------------------------
@@ -181,8 +189,10 @@ class _Lockstep:
         self.by_scope_type = collections.defaultdict(collections.deque)
         self.by_name_type = collections.defaultdict(collections.deque)
         self.by_scope = collections.defaultdict(collections.deque)
+        self.by_base_scope_type = collections.defaultdict(collections.deque)
         for op in tf1_ops:
             self.by_scope_type[(op.scope, op.type)].append(op)
+            self.by_base_scope_type[(_base_scope(op.scope), op.type)].append(op)
             self.by_name_type[(op.key, op.type)].append(op)
             self.by_scope[op.scope].append(op)
         self.by_type = collections.defaultdict(list)
@@ -207,13 +217,19 @@ class _Lockstep:
         return queue[0] if queue else None
 
     def align(self, record: _Record) -> Optional[_TF1Op]:
-        # 1. the same name (tf.function graphs name ops as the TF1 graph does)
+        # 1. the same name (tf.function graphs name ops as the TF1 graph does; an eager
+        #    op's scope numbers are its own, so under a uniquified scope it goes to 2.)
         op = self.by_name.get(record.name)
-        if op is not None and not op.matched and op.type == record.type:
+        if (op is not None and not op.matched and op.type == record.type
+                and (record.graph_op is not None or _base_scope(record.scope) == record.scope)):
             return op
-        # 2. the same scope and type, in order (eager ops carry only their scope);
+        # 2. the same scope and type, in order (eager ops carry only their scope), the
+        #    scope compared by structure: eager execution uniquifies scopes with other
+        #    numbers than a graph ("x_2" where the graph says "x_1"), so the k-th op under
+        #    "x*" of a type aligns with the k-th such TF1 op, whatever the suffixes;
         #    an op named after its own name scope (math_ops' "mul") has the scope as its name
-        for key, table in (((record.scope, record.type), self.by_scope_type),
+        for key, table in (((_base_scope(record.scope), record.type), self.by_base_scope_type),
+                           ((record.scope, record.type), self.by_scope_type),
                            ((record.scope, record.type), self.by_name_type)):
             op = self._take(table.get(key, collections.deque()))
             if op is not None:
@@ -439,7 +455,7 @@ def localize_forward(tf1_graph, tf1_outputs, tf1_run: Callable[[list], list], tf
         op, record, leaf = lockstep.divergence
         tf2_frames = record.frames if record.graph_op is None else _graph_frames(record.graph_op)
         return Localization(
-            "diverged", tf1_op=op.name, tf2_op=record.name, tf1_type=op.type, tf2_type=record.type,
+            "diverged", tf1_op=op.name, tf2_op=_tf2_label(op, record), tf1_type=op.type, tf2_type=record.type,
             tf1_source=_user_line(_graph_frames(op.op), library_dirs),
             tf2_source=_user_line(tf2_frames, library_dirs), divergence=leaf,
             path=_path(op, lockstep), seconds=time.perf_counter() - started, notes=notes, **common)
@@ -449,6 +465,18 @@ def localize_forward(tf1_graph, tf1_outputs, tf1_run: Callable[[list], list], tf
         return Localization("inconclusive", reason=reason, seconds=time.perf_counter() - started,
                             notes=notes, **common)
     return Localization("no_divergence", seconds=time.perf_counter() - started, notes=notes, **common)
+
+
+def _tf2_label(op: _TF1Op, record: _Record) -> str:
+    """The TF2 op's name as shown. An eager op carries its scope as it was entered,
+    not uniquified (the third ``x`` block is ``x/...``, where a graph says ``x_2/...``):
+    aligned by structure, it is shown under the scope the TF1 graph gave that instance."""
+    if (record.graph_op is None and record.scope != op.scope
+            and _base_scope(record.scope) == _base_scope(op.scope)):
+        last = record.name.rsplit("/", 1)[-1]
+        return (f"{op.scope}/{last} (eager name {record.name}: eager scopes are not uniquified; "
+                f"aligned by structure)")
+    return record.name
 
 
 def _forward_records(records: list) -> list:

@@ -2,7 +2,7 @@
 
 ``sparse_softmax_cross_entropy_with_logits`` and
 ``softmax_cross_entropy_with_logits`` are drop-in counterparts of ``tf.nn``'s,
-computed by a compiled TensorFlow op (``equivtool/ops/kernels``) that is bitwise
+computed by a compiled TensorFlow op (``custom_ops/``) that is bitwise
 reproducible across runs, thread counts and batch splits, on CPU and GPU.
 ``deterministic_xent()`` routes TensorFlow's and tf-keras' own cross-entropy
 calls through it for the duration of a block.

@@ -6,14 +6,15 @@ One recipe for both entry points: ``setup.py``'s ``build_ext`` (run by
 
 What it does:
 
-- compiles ``equivtool/ops/kernels/xent_ops.cc`` with g++ (C++17, -O3) and
+- compiles ``xent_ops.cc`` from :data:`SOURCE_DIR` with g++ (C++17, -O3) and
   TensorFlow's own ``tf.sysconfig.get_compile_flags()``;
 - when nvcc is found, compiles ``xent_kernels.cu.cc`` with nvcc for the GPU
   architectures TensorFlow was built for (those this nvcc still supports),
   plus sm_90 machine code (so an H100 runs without JIT-compiling PTX),
   defines ``GOOGLE_CUDA=1`` for the host file so the GPU kernels register,
-  and links the CUDA runtime statically; otherwise it builds a CPU-only
-  library and says so;
+  and links the CUDA runtime statically; otherwise it builds a library
+  with the CPU kernels and a driver-API launcher, whose GPU kernels NVRTC
+  compiles at run time (``_nvrtc``, ``_gpu``), and says so;
 - links with ``tf.sysconfig.get_link_flags()`` into a private temporary
   folder beside ``output``, appends the integrity trailer (the SHA-256 of the
   image, see :func:`digest_trailer`) and renames the file into place: a
@@ -35,7 +36,8 @@ The library carries a build stamp (the TensorFlow version of the headers it
 was compiled against) and the trailer; ``_load`` checks both before loading.
 
 Environment: ``EQUIVTOOL_NVCC`` names the nvcc to use; ``EQUIVTOOL_OPS_CUDA=0``
-forces a CPU-only build; ``CXX`` overrides g++.
+builds without nvcc (GPU kernels then come from NVRTC at run time); ``CXX``
+overrides g++.
 
 This module must stay importable by path (setup.py has no package on
 ``sys.path`` yet), so it imports nothing from equivtool.
@@ -61,9 +63,19 @@ except ImportError:  # setup.py loads this file before the package is importable
     pass
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# The C++/CUDA sources ship inside the package (package data), so an installed
-# equivtool can rebuild its op with ``equivtool build-ops``.
-SOURCE_DIR = os.path.join(_HERE, "kernels")
+
+
+def _source_dir() -> str:
+    """The op's C++/CUDA sources: the repository's top-level ``custom_ops/``
+    in a source checkout (editable install, setup.py), or the copy an installed
+    package carries as ``equivtool/ops/kernels`` (package data, mapped from
+    ``custom_ops/`` by setup.py), so that ``equivtool build-ops`` works there."""
+    installed = os.path.join(_HERE, "kernels")
+    checkout = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "custom_ops")
+    return installed if os.path.isfile(os.path.join(installed, "xent_ops.cc")) else checkout
+
+
+SOURCE_DIR = _source_dir()
 LIBRARY_STEM = "_xent_ops"
 
 
@@ -144,7 +156,8 @@ def find_nvcc(tf_cuda_version: str | None) -> tuple[str | None, tuple[int, int] 
             if version and all(os.path.realpath(p) != real for p, _ in found):
                 found.append((path, version))
     if not found:
-        return None, None, "nvcc not found: built the CPU kernels only"
+        return None, None, ("nvcc not found: CPU kernels built; GPU kernels are compiled at run time "
+                             "by NVRTC where a GPU is used")
     want_major = int(tf_cuda_version.split(".")[0]) if tf_cuda_version else None
     if explicit:
         path, version = found[0]
@@ -265,7 +278,7 @@ def build_ops(output: str | None = None, verbose: bool = False) -> str:
             _install(staged, output)
         finally:
             shutil.rmtree(private, ignore_errors=True)
-    _log(verbose, f"wrote {output} ({'CPU + CUDA' if nvcc else 'CPU only'})")
+    _log(verbose, f"wrote {output} ({'CPU + CUDA' if nvcc else 'CPU; GPU by NVRTC at run time'})")
     return output
 
 
@@ -307,23 +320,30 @@ _FATBIN_MAGIC = 0xBA55ED50
 _CUDA_RUNTIME_SYMBOL = re.compile(r"^(cuda[A-Z]|__cuda)")
 
 
-def _elf_sections(data: bytes) -> dict[str, tuple[int, int, int, int]]:
-    """name -> (offset, size, link, entsize) of a little-endian ELF64 file."""
+def elf_section_table(data: bytes) -> list[tuple[str, int, int, int, int, int]]:
+    """(name, offset, size, link, info, entsize) of each section of a
+    little-endian ELF64 file (a shared library or a cubin)."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError("not a little-endian 64-bit ELF file")
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     headers = []
     for i in range(shnum):
-        name, _type, _flags, _addr, off, size, link, _info, _align, entsize = struct.unpack_from(
+        name, _type, _flags, _addr, off, size, link, info, _align, entsize = struct.unpack_from(
             "<IIQQQQIIQQ", data, shoff + i * shentsize)
-        headers.append((name, off, size, link, entsize))
+        headers.append((name, off, size, link, info, entsize))
     str_off = headers[shstrndx][1]
-    sections = {}
-    for name, off, size, link, entsize in headers:
+    table = []
+    for name, off, size, link, info, entsize in headers:
         end = data.index(b"\0", str_off + name)
-        sections[data[str_off + name:end].decode()] = (off, size, link, entsize)
-    return sections
+        table.append((data[str_off + name:end].decode(), off, size, link, info, entsize))
+    return table
+
+
+def _elf_sections(data: bytes) -> dict[str, tuple[int, int, int, int]]:
+    """name -> (offset, size, link, entsize) of a little-endian ELF64 file."""
+    return {name: (off, size, link, entsize)
+            for name, off, size, link, _info, entsize in elf_section_table(data)}
 
 
 def _fatbin_entries(blob: bytes):

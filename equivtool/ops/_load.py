@@ -35,6 +35,7 @@ _TRAILER_MAX = 128  # bytes: the trailer is searched for in the file's tail only
 
 _lock = threading.Lock()
 _library = None
+_gpu_kernels = None  # _gpu.GpuKernels, once the library is loaded
 
 
 class OpLibraryError(RuntimeError):
@@ -119,21 +120,26 @@ def _check(path: str) -> dict[str, str]:
 
 def load_library():
     """The loaded op module (cached); raises :class:`OpLibraryError` with the fix."""
-    global _library
+    global _library, _gpu_kernels
     if _library is not None:
         return _library
     with _lock:
         if _library is None:
             import tensorflow as tf
 
+            from equivtool.ops import _gpu
+
             path = library_path()
-            _check(path)
+            stamp = _check(path)
             try:
-                _library = tf.load_op_library(path)
+                library = tf.load_op_library(path)
             except Exception as exc:  # NotFoundError for missing symbols, and the like
                 raise OpLibraryError(
                     f"Loading the equivtool cross-entropy op library {path} failed: {exc}. "
                     f"Rebuild it with `{FIX_COMMAND}`.") from exc
+            # the run-time GPU kernels, before any op is placed (never raises)
+            _gpu_kernels = _gpu.enable(path, stamp)
+            _library = library
     return _library
 
 
@@ -141,18 +147,21 @@ def op_status() -> dict:
     """The op library's state, for ``equivtool doctor``; never raises.
 
     Keys: built (file present), path, built_for_tf (from the stamp), cuda
-    (GPU kernels compiled in), error (None when the library loads). A
-    library that fails its integrity check is never loaded.
+    (GPU kernels compiled in by nvcc), gpu_kernels (where the GPU kernels
+    come from, ``_gpu.GpuKernels``; None before the library loads), error
+    (None when the library loads). A library that fails its integrity check
+    is never loaded.
     """
     path = library_path()
     status = {"built": os.path.isfile(path), "path": path, "built_for_tf": None,
-              "cuda": False, "error": None}
+              "cuda": False, "gpu_kernels": None, "error": None}
     try:
         if status["built"]:
             stamp = read_stamp(path) or {}
             status["built_for_tf"] = stamp.get("tensorflow")
             status["cuda"] = stamp.get("cuda") == "1"
         load_library()
+        status["gpu_kernels"] = _gpu_kernels
     except OpLibraryError as exc:
         status["error"] = str(exc)
     except OSError as exc:

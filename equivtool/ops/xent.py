@@ -2,7 +2,7 @@
 
 Drop-in counterparts of ``tf.nn.sparse_softmax_cross_entropy_with_logits``
 and ``tf.nn.softmax_cross_entropy_with_logits`` backed by equivtool's
-compiled ops (``equivtool/ops/kernels``). They give bitwise identical losses and
+compiled ops (``custom_ops/``). They give bitwise identical losses and
 gradients from run to run, whatever the thread count or batch split, on CPU
 and GPU; the forward pass reads the logits once and allocates no B x C
 buffer, the gradient reads them once more and writes dlogits once.

@@ -235,6 +235,11 @@ class DeterministicRandomTestTool(TraceRecorder):
         self._keras_draws = 0
         self._record = bool(record_trace)
         self._trace: list = []
+        # tf.function alignment (equivtool.seeding._traced): seeds to hand out again,
+        # the log of a first trace's forward seeds, and the depth of variable creation
+        self._replay: Optional[list] = None
+        self._forward_log: Optional[list] = None
+        self._creating = 0
         # scope state
         self._owner: Optional[int] = None
         self._entered_at = ""
@@ -393,11 +398,15 @@ class DeterministicRandomTestTool(TraceRecorder):
         op_seed = self._operation_seed
         if self._constant:
             self._set_global_seed(op_seed)
+        elif self._replay:  # a retrace: the first trace's seed for this op
+            op_seed = self._replay.pop(0)
         else:
             if op_seed in self._observed_seeds:
                 raise ValueError(self._reuse_message(op_seed))
             self._observed_seeds.add(op_seed)
             self._operation_seed = op_seed + 1
+            if self._forward_log is not None and not self._creating:
+                self._forward_log.append(op_seed)
         if self._seed == 0 and op_seed == 0:
             # TensorFlow reads the pair (0, 0) as "no seed" and draws a random
             # one per op; its own get_seed substitutes (0, 2**31 - 1), so do we.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import re
 import threading
 import weakref
 from dataclasses import dataclass
@@ -284,8 +285,14 @@ def creates_variables_once(method: Callable) -> Callable:
 
     def wrapper(self, *args, **kwargs):
         if self in completed:
-            with assert_no_variable_creations():
-                return method(self, *args, **kwargs)
+            try:
+                with assert_no_variable_creations():
+                    return method(self, *args, **kwargs)
+            except VariableCreationError as exc:
+                message = second_call_message(str(exc), [v.name for v in getattr(self, "variables", ())])
+                if message == str(exc):
+                    raise
+                raise VariableCreationError(message) from None
         if self in in_first_call:  # a re-entrant call during the first call
             return method(self, *args, **kwargs)
         in_first_call.add(self)
@@ -302,3 +309,52 @@ def creates_variables_once(method: Callable) -> Callable:
     decorated = tf_decorator.make_decorator(method, wrapper, decorator_name="creates_variables_once")
     decorated._equivtool_creates_variables_once = True  # type: ignore[attr-defined]
     return decorated
+
+
+# --------------------------------------------------------------------------
+# The cause behind a second call's new variable: a uniquified scope
+# --------------------------------------------------------------------------
+
+_CREATED = re.compile(r"Variable (?P<name>\S+) was about to be created")
+_UNIQUIFIED = re.compile(r"^(?P<base>.+)_(?P<number>\d+)$")
+
+
+def _base(part: str) -> str:
+    match = _UNIQUIFIED.match(part)
+    return part if match is None else match["base"]
+
+
+def uniquified_scope(created: str, existing: Sequence[str]) -> tuple[str, str] | None:
+    """``(new scope, first call's scope)`` when ``created`` lies in a scope that is a
+    uniquified copy (``bert_1/``) of the scope of an ``existing`` variable with the
+    same path otherwise (``bert/``, or ``bert_2/`` after earlier copies); ``None``
+    otherwise. Matched by structure (the paths with that scope's number removed),
+    not by the suffix number."""
+    parts = _strip_output_index(created).split("/")
+    known = [_strip_output_index(name).split("/") for name in existing]
+    for i, part in enumerate(parts[:-1]):
+        if _UNIQUIFIED.match(part) is None:
+            continue
+        wanted = parts[:i] + [_base(part)] + parts[i + 1:]
+        for other in known:
+            tail = other[len(other) - len(parts):] if len(other) >= len(parts) else None
+            if tail is None or tail == parts or tail[i] == part:
+                continue
+            if tail[:i] + [_base(tail[i])] + tail[i + 1:] == wanted:
+                return "/".join(parts[:i + 1]), "/".join(tail[:i + 1])
+    return None
+
+
+def second_call_message(message: str, existing: Sequence[str]) -> str:
+    """A guard's message on a layer's second call, with the cause named when the
+    new variable's scope is a uniquified copy of the first call's (``default_name``)."""
+    found = _CREATED.search(message)
+    scopes = None if found is None else uniquified_scope(found["name"], existing)
+    if scopes is None:
+        return message
+    new, original = scopes
+    head = message.split(" Every variable must be created", 1)[0]
+    return (f"{head}. Its scope {new}/ is a uniquified copy of {original}/, where the first call created it: "
+            f"the variable scope gets a new name on every call, as variable_scope(None, default_name=...) "
+            f"does (or a scope name entered again without reuse). Pass an explicit scope, or reuse "
+            f"(variable_scope(..., reuse=tf.compat.v1.AUTO_REUSE)).")

@@ -37,9 +37,13 @@ class TF2Side(Side):
     CAPABILITIES = frozenset(CAPABILITIES)
 
     def __init__(self, layer, *, renamer: Callable[[str], str], loss_fn: Callable | None,
-                 use_tf_function: bool = False, strategy=None, graph_rewrites: str = "as_written"):
+                 use_tf_function: bool = False, strategy=None, graph_rewrites: str = "as_written",
+                 trace_scope: Callable | None = None):
+        """``trace_scope``: a context-manager factory wrapping every ``tf.function``
+        trace's body (the seed alignment of :mod:`equivtool.seeding._traced`)."""
         self.layer = layer
         self.graph_rewrites = graph_rewrites
+        self.trace_scope = trace_scope
         self.renamer = renamer
         self.loss_fn = loss_fn or default_loss
         self.use_tf_function = use_tf_function
@@ -83,6 +87,9 @@ class TF2Side(Side):
     def _step_function(self, training, with_gradients, optimizer, fresh: bool):
         """The replica step, wrapped in ``tf.function`` when asked (cached unless ``fresh``)."""
         def step(x, scale):
+            if self.use_tf_function and self.trace_scope is not None:
+                with self.trace_scope():
+                    return self._replica_step(x, training, with_gradients, optimizer, scale)
             return self._replica_step(x, training, with_gradients, optimizer, scale)
         if not self.use_tf_function:
             return step

@@ -36,10 +36,12 @@
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/platform/threadpool.h"
 
+#include "xent_driver.h"
+#include "xent_plan.h"
 #include "xent_row.h"
+#include "xla/stream_executor/stream.h"
 
 #if GOOGLE_CUDA
-#include "xla/stream_executor/stream.h"
 #include "xent_kernels.h"
 #endif
 
@@ -58,7 +60,7 @@
 #define EQUIVTOOL_XENT_CUDA_FIELDS \
   "cuda=1;nvcc=" EQUIVTOOL_XENT_NVCC_VERSION ";cuda_archs=" EQUIVTOOL_XENT_CUDA_ARCHS
 #else
-#define EQUIVTOOL_XENT_CUDA_FIELDS "cuda=0"
+#define EQUIVTOOL_XENT_CUDA_FIELDS "cuda=0;gpu=nvrtc"
 #endif
 
 // The build stamp: which TensorFlow this library was compiled against. equivtool/ops/_load.py finds it in the file's bytes *before*
@@ -555,17 +557,187 @@ struct CpuImpl {
   }
 };
 
-// ---------------------------------------------------------------------------
-// GPU rows: host side. The launchers are defined in xent_kernels.cu.cc
-// (compiled by nvcc without TensorFlow headers); they return nullptr or a
-// CUDA error string.
-#if GOOGLE_CUDA
-
-namespace gpu = ::equivtool_xent::gpu;
-
 void* CudaStream(OpKernelContext* ctx) {
   return ctx->op_device_context()->stream()->platform_specific_handle().stream;
 }
+
+// ---------------------------------------------------------------------------
+// GPU rows, compiled at run time: the kernels of xent_device.cuh compiled by
+// NVRTC (equivtool/ops/_nvrtc.py) and launched through the driver API
+// (xent_driver.h) on TensorFlow's stream, with the plan (xent_plan.h) and the
+// launch sequence of xent_kernels.cu.cc's launchers; scratch comes from
+// TensorFlow's allocator. Registered for DEVICE_GPU at run time, by
+// equivtool_xent_enable_gpu below, once the cubins are in, and only in a
+// library without ahead-of-time kernels.
+
+namespace gk = ::equivtool_xent::gpu;
+namespace drv = ::equivtool_xent::driver;
+
+template <typename T> const char* TypeKey();
+template <> const char* TypeKey<Eigen::half>() { return "float16"; }
+template <> const char* TypeKey<bfloat16>() { return "bfloat16"; }
+template <> const char* TypeKey<float>() { return "float32"; }
+template <> const char* TypeKey<double>() { return "float64"; }
+template <typename L> const char* LabelKey() { return sizeof(L) == 4 ? "int32" : "int64"; }
+
+// Kernel keys, as _nvrtc.kernel_names spells them: "SparseForward:float32:int64:32".
+std::string Key(const char* kernel, const char* type, const char* label = nullptr,
+                int threads = 0) {
+  std::string key = std::string(kernel) + ":" + type;
+  if (label != nullptr) key += std::string(":") + label;
+  if (threads != 0) key += ":" + std::to_string(threads);
+  return key;
+}
+
+// Launches kernels on the op's stream in the context owning `operand` (a
+// device buffer of the op with at least one element).
+class DriverLauncher {
+ public:
+  DriverLauncher(OpKernelContext* ctx, const void* operand, const char* op)
+      : stream_(CudaStream(ctx)), operand_(operand), op_(op) {}
+  Status Run(const std::string& key, int64_t blocks, void** params) {
+    drv::CUcontext cu = nullptr;
+    drv::CUfunction f = nullptr;
+    std::string error = drv::Function(operand_, key, &cu, &f);
+    if (error.empty()) error = drv::Launch(cu, f, gk::GridFor(blocks), gk::kBlock, stream_, params);
+    if (error.empty()) return OkStatus();
+    return errors::Internal(op_, ": launching ", key, " failed: ", error);
+  }
+
+ private:
+  void* stream_;
+  const void* operand_;
+  const char* op_;
+};
+
+// Device scratch of `bytes` from TensorFlow's allocator, alive until `t` dies.
+template <typename P>
+Status Scratch(OpKernelContext* ctx, int64_t bytes, Tensor* t, P** out) {
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({bytes}), t));
+  *out = reinterpret_cast<P*>(t->flat<int8>().data());
+  return OkStatus();
+}
+
+struct DriverImpl {
+  template <typename T, typename L>
+  static Status SparseForward(OpKernelContext* ctx, const ForwardArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const S* x = AsStorage<T>(*a.logits);
+    const L* y = a.labels->flat<L>().data();
+    S* loss = AsStorage<T>(a.loss);
+    A* shift = a.shift->flat<A>().data();
+    A* log_norm = a.log_norm->flat<A>().data();
+    int64_t rows = a.B, C = a.C;
+    gk::Plan plan = gk::PlanFor<S>(C);
+    bool aligned = gk::Aligned(x, x, C, gk::Shape<S>::V);
+    const int64_t items = rows * plan.chunks;
+    Tensor scratch;
+    ex::LseState<A>* part = nullptr;
+    if (plan.chunks > 1)
+      TF_RETURN_IF_ERROR(Scratch(ctx, sizeof(ex::LseState<A>) * items, &scratch, &part));
+    DriverLauncher run(ctx, loss, "EquivtoolSparseXent");  // B > 0 elements, even when C == 0
+    void* args[] = {&x, &y, &rows, &C, &plan, &aligned, &loss, &shift, &log_norm, &part};
+    TF_RETURN_IF_ERROR(run.Run(Key("SparseForward", TypeKey<T>(), LabelKey<L>(), plan.threads),
+                               gk::BlocksFor(items, plan.threads), args));
+    if (plan.chunks == 1) return OkStatus();
+    int64_t chunks = plan.chunks;
+    void* merge[] = {&x, &y, &rows, &C, &chunks, &part, &loss, &shift, &log_norm};
+    return run.Run(Key("SparseMerge", TypeKey<T>(), LabelKey<L>()),
+                   gk::BlocksFor(rows, gk::kWarp), merge);
+  }
+
+  template <typename T, typename L>
+  static Status SparseGrad(OpKernelContext* ctx, const GradArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const S* x = AsStorage<T>(*a.logits);
+    const L* y = a.labels->flat<L>().data();
+    const A* shift = a.shift->flat<A>().data();
+    const A* log_norm = a.log_norm->flat<A>().data();
+    const S* grad_loss = AsStorage<T>(*a.grad_loss);
+    S* dx = AsStorage<T>(a.dlogits);
+    int64_t rows = a.B, C = a.C;
+    if (C == 0) return OkStatus();
+    gk::Plan plan = gk::PlanFor<S>(C);
+    bool aligned = gk::Aligned(x, dx, C, gk::Shape<S>::V);
+    DriverLauncher run(ctx, dx, "EquivtoolSparseXentGrad");
+    void* args[] = {&x, &y, &rows, &C, &plan, &aligned, &shift, &log_norm, &grad_loss, &dx};
+    return run.Run(Key("SparseGrad", TypeKey<T>(), LabelKey<L>(), plan.threads),
+                   gk::BlocksFor(rows * plan.chunks, plan.threads), args);
+  }
+
+  template <typename T>
+  static Status DenseForward(OpKernelContext* ctx, const ForwardArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const S* x = AsStorage<T>(*a.logits);
+    const S* y = AsStorage<T>(*a.labels);
+    S* loss = AsStorage<T>(a.loss);
+    A* shift = a.shift->flat<A>().data();
+    A* log_norm = a.log_norm->flat<A>().data();
+    int64_t rows = a.B, C = a.C;
+    gk::Plan plan = gk::PlanFor<S>(C);
+    bool aligned = gk::Aligned(x, y, C, gk::Shape<S>::V);
+    const int64_t items = rows * plan.chunks;
+    Tensor scratch;
+    ex::DenseState<A>* part = nullptr;
+    if (plan.chunks > 1)
+      TF_RETURN_IF_ERROR(Scratch(ctx, sizeof(ex::DenseState<A>) * items, &scratch, &part));
+    DriverLauncher run(ctx, loss, "EquivtoolXent");
+    void* args[] = {&x, &y, &rows, &C, &plan, &aligned, &loss, &shift, &log_norm, &part};
+    TF_RETURN_IF_ERROR(run.Run(Key("DenseForward", TypeKey<T>(), nullptr, plan.threads),
+                               gk::BlocksFor(items, plan.threads), args));
+    if (plan.chunks == 1) return OkStatus();
+    int64_t chunks = plan.chunks;
+    void* merge[] = {&rows, &chunks, &part, &loss, &shift, &log_norm};
+    return run.Run(Key("DenseMerge", TypeKey<T>()), gk::BlocksFor(rows, gk::kWarp), merge);
+  }
+
+  template <typename T>
+  static Status DenseGrad(OpKernelContext* ctx, const GradArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const S* x = AsStorage<T>(*a.logits);
+    const S* y = AsStorage<T>(*a.labels);
+    const A* shift = a.shift->flat<A>().data();
+    const A* log_norm = a.log_norm->flat<A>().data();
+    const S* grad_loss = AsStorage<T>(*a.grad_loss);
+    S* dx = AsStorage<T>(a.dlogits);
+    int64_t rows = a.B, C = a.C;
+    bool exact = a.exact_gradient;
+    gk::Plan plan = gk::PlanFor<S>(C);
+    bool aligned = gk::Aligned(x, y, C, gk::Shape<S>::V) && gk::Aligned(dx, dx, C, gk::Shape<S>::V);
+    const int64_t items = rows * plan.chunks;
+    DriverLauncher run(ctx, dx, "EquivtoolXentGrad");
+    Tensor scratch;
+    ex::wide* part = nullptr;
+    ex::wide* ysums = nullptr;  // per-row label sums when rows have several chunks
+    if (exact && plan.chunks > 1) {
+      TF_RETURN_IF_ERROR(Scratch(ctx, sizeof(ex::wide) * (items + rows), &scratch, &part));
+      ysums = part + items;
+      void* sums[] = {&y, &rows, &C, &plan, &aligned, &part};
+      TF_RETURN_IF_ERROR(run.Run(Key("LabelSum", TypeKey<T>()), gk::BlocksFor(items, gk::kBlock),
+                                 sums));
+      int64_t chunks = plan.chunks;
+      void* merge[] = {&rows, &chunks, &part, &ysums};
+      TF_RETURN_IF_ERROR(run.Run(Key("LabelSumMerge", TypeKey<T>()),
+                                 gk::BlocksFor(rows, gk::kWarp), merge));
+    }
+    void* args[] = {&x, &y, &rows, &C, &plan, &aligned, &exact, &ysums,
+                    &shift, &log_norm, &grad_loss, &dx};
+    return run.Run(Key("DenseGrad", TypeKey<T>(), nullptr, plan.threads),
+                   gk::BlocksFor(items, plan.threads), args);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// GPU rows, compiled ahead of time: the launchers are defined in
+// xent_kernels.cu.cc (compiled by nvcc without TensorFlow headers); they
+// return nullptr or a CUDA error string.
+#if GOOGLE_CUDA
+
+namespace gpu = ::equivtool_xent::gpu;
 
 Status LaunchStatus(const char* error, const char* what) {
   if (error == nullptr) return OkStatus();
@@ -671,5 +843,86 @@ REGISTER_DEVICE(DEVICE_GPU, GpuImpl)
 REGISTER_KERNEL_BUILDER(Name("EquivtoolXentBuildInfo").Device(DEVICE_CPU),
                         BuildInfoOp);
 
+// The driver-API kernels for DEVICE_GPU, registered at run time (the
+// registrars live for the process, as REGISTER_KERNEL_BUILDER's statics do).
+template <typename Op> OpKernel* Create(OpKernelConstruction* c) { return new Op(c); }
+
+template <typename Op>
+void RegisterGpu(KernelDefBuilder& builder, const char* name) {
+  new kernel_factory::OpKernelRegistrar(builder.Device(DEVICE_GPU).Build(), name, &Create<Op>);
+}
+
+template <typename T, typename L>
+void RegisterSparseGpu() {
+  typedef typename AccOf<T>::type A;
+  KernelDefBuilder fwd("EquivtoolSparseXent"), grad("EquivtoolSparseXentGrad");
+  for (KernelDefBuilder* b : {&fwd, &grad}) {
+    b->template TypeConstraint<T>("T");
+    b->template TypeConstraint<L>("Tlabels");
+    b->template TypeConstraint<A>("Tacc");
+  }
+  RegisterGpu<SparseXentOp<DriverImpl, T, L>>(fwd, "SparseXentOp");
+  RegisterGpu<SparseXentGradOp<DriverImpl, T, L>>(grad, "SparseXentGradOp");
+}
+
+template <typename T>
+void RegisterGpuType() {
+  typedef typename AccOf<T>::type A;
+  RegisterSparseGpu<T, int32>();
+  RegisterSparseGpu<T, int64_t>();
+  KernelDefBuilder fwd("EquivtoolXent"), grad("EquivtoolXentGrad");
+  for (KernelDefBuilder* b : {&fwd, &grad}) {
+    b->template TypeConstraint<T>("T");
+    b->template TypeConstraint<A>("Tacc");
+  }
+  RegisterGpu<XentOp<DriverImpl, T>>(fwd, "XentOp");
+  RegisterGpu<XentGradOp<DriverImpl, T>>(grad, "XentGradOp");
+}
+
 }  // namespace
 }  // namespace tensorflow
+
+// The C entry points equivtool/ops/_gpu.py calls through ctypes.
+extern "C" {
+
+// A cubin of NVRTC-compiled kernels for sm_<arch>; `names` holds "key=lowered"
+// lines. Returns the number of kernels, or -1 for a malformed call.
+__attribute__((visibility("default"))) int equivtool_xent_add_cubin(int arch, const void* data,
+                                                                    size_t size,
+                                                                    const char* names) {
+  if (data == nullptr || names == nullptr) return -1;
+  return ::equivtool_xent::driver::AddImage(arch, data, size, names);
+}
+
+// "" when the driver loads and initialises, else why not.
+__attribute__((visibility("default"))) const char* equivtool_xent_driver_error() {
+  return ::equivtool_xent::driver::GetApi().error.c_str();
+}
+
+// The driver's CUDA version (12040 for 12.4), or 0.
+__attribute__((visibility("default"))) int equivtool_xent_driver_version() {
+  return ::equivtool_xent::driver::GetApi().version;
+}
+
+// Registers the driver-API kernels for DEVICE_GPU, once. Returns 1 when they
+// were registered now, 0 when they already were or the library has kernels
+// compiled ahead of time (registered at load), -1 without a usable driver.
+__attribute__((visibility("default"))) int equivtool_xent_enable_gpu() {
+#if GOOGLE_CUDA
+  return 0;
+#else
+  if (!::equivtool_xent::driver::GetApi().error.empty()) return -1;
+  static std::once_flag once;
+  int result = 0;
+  std::call_once(once, [&result] {
+    ::tensorflow::RegisterGpuType<Eigen::half>();
+    ::tensorflow::RegisterGpuType<::tensorflow::bfloat16>();
+    ::tensorflow::RegisterGpuType<float>();
+    ::tensorflow::RegisterGpuType<double>();
+    result = 1;
+  });
+  return result;
+#endif
+}
+
+}  // extern "C"

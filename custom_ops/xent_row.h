@@ -31,9 +31,20 @@
 #ifndef EQUIVTOOL_CUSTOM_OPS_XENT_XENT_ROW_H_
 #define EQUIVTOOL_CUSTOM_OPS_XENT_XENT_ROW_H_
 
+#if defined(__CUDACC_RTC__)
+// NVRTC compiles without a C library: the fixed-width integers used here
+// (exp, log and memcpy are NVRTC built-ins).
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long int64_t;  // LP64, as on the host: kernel names mangle alike
+typedef unsigned long uint64_t;
+typedef unsigned long uintptr_t;
+#else
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#endif
 
 #if defined(__CUDACC__)
 #define XENT_FN __host__ __device__ __forceinline__

@@ -1,6 +1,9 @@
-// CUDA kernels of equivtool's softmax cross-entropy; compiled by nvcc with no
-// TensorFlow or absl headers (the OpKernels that call these launchers are in
-// xent_ops.cc; benchmarks/gpu/ drives the same launchers without TensorFlow).
+// CUDA kernels of equivtool's softmax cross-entropy: device code only, no
+// CUDA runtime, TensorFlow or absl headers, so that the same text compiles
+// ahead of time with nvcc (xent_kernels.cu.cc, whose launchers use the CUDA
+// runtime) and at run time with NVRTC (equivtool/ops/_nvrtc.py; xent_ops.cc
+// launches the cubin through the driver API). Kernels are in a named
+// namespace so that NVRTC can name each instantiation.
 //
 // Determinism. How a row is reduced depends on its length C (and the logits'
 // type) only, never on the number of rows, the device or the launch: a
@@ -8,9 +11,10 @@
 // read by T threads, thread t owning the u * V elements
 //     chunk_start + (i * T + t) * V + v,   i < u, v < V
 // (V = 16 bytes of logits; elements past C read as -inf, which adds exactly
-// zero). PlanFor below picks T and u: a warp per row up to 1024 elements
+// zero). PlanFor (xent_plan.h) picks T and u: a warp per row up to 1024 elements
 // (2048 for 16-bit types), a 256-thread block up to 8192 (16384), chunks of
-// that size beyond, whose states a second kernel merges (float64: half). A thread takes the maximum of its elements first and then sums one
+// that size beyond, whose states a second kernel merges (float64: half).
+// A thread takes the maximum of its elements first and then sums one
 // exponential per element in float (double for double logits); the T thread
 // states merge in a fixed tree (warp shuffles, then across warps), the chunk
 // states of a row in a fixed fold-then-tree. Merges and the final log are in
@@ -28,19 +32,15 @@
 // every shard. Exponentials in float paths use the hardware exp2 with a
 // correction for the rounding of x * log2(e) (a few ulp; see exp_fast).
 
-#include <cuda_runtime.h>
+#ifndef EQUIVTOOL_CUSTOM_OPS_XENT_XENT_DEVICE_CUH_
+#define EQUIVTOOL_CUSTOM_OPS_XENT_XENT_DEVICE_CUH_
 
-#include <stdint.h>
-
-#include "xent_kernels.h"
+#include "xent_plan.h"
 #include "xent_row.h"
 
 namespace equivtool_xent {
 namespace gpu {
-namespace {
 
-constexpr int kBlock = 256;  // threads of every launch
-constexpr int kWarp = 32;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 // ---------------------------------------------------------------------------
@@ -66,49 +66,6 @@ __device__ __forceinline__ float exp_fast(float y) {
 }
 __device__ __forceinline__ double exp_fast(double y) { return exp(y); }
 
-// ---------------------------------------------------------------------------
-// The partition of a row (a function of C and the logits' type only).
-template <typename S> struct Shape {
-  static constexpr int V = 16 / int(sizeof(S));             // elements per 16 bytes
-  // elements a thread holds per chunk: 128 bytes in flight per thread for
-  // 2- and 4-byte types (the loads are issued before any is used)
-  static constexpr int kMaxPerThread = sizeof(S) == 8 ? 16 : (sizeof(S) == 4 ? 32 : 64);
-  static constexpr int kMaxU = kMaxPerThread / V;            // 16-byte loads per thread
-  // resident blocks per SM the sparse kernels are compiled for (register caps
-  // of 64 and 80 without spills; float64 uncapped)
-  static constexpr int kMinBlocksForward = sizeof(S) == 8 ? 1 : 4;
-  static constexpr int kMinBlocksGrad = sizeof(S) == 8 ? 1 : (sizeof(S) == 4 ? 4 : 3);
-};
-
-struct Plan {
-  int threads;     // T: threads per chunk (32: a warp; 256: a block)
-  int u;           // 16-byte groups per thread and chunk
-  int64_t chunk;   // K = T * V * u elements
-  int64_t chunks;  // chunks per row
-};
-
-template <typename S> Plan PlanFor(int64_t C) {
-  typedef Shape<S> Sh;
-  Plan p;
-  const int64_t warp_cap = int64_t(kWarp) * Sh::V * Sh::kMaxU;
-  const int64_t block_cap = int64_t(kBlock) * Sh::V * Sh::kMaxU;
-  if (C <= warp_cap) {
-    p.threads = kWarp;
-    p.u = int((C + kWarp * Sh::V - 1) / (kWarp * Sh::V));
-    if (p.u == 0) p.u = 1;
-    p.chunks = 1;
-  } else if (C <= block_cap) {
-    p.threads = kBlock;
-    p.u = int((C + kBlock * Sh::V - 1) / (kBlock * Sh::V));
-    p.chunks = 1;
-  } else {
-    p.threads = kBlock;
-    p.u = Sh::kMaxU;
-    p.chunks = (C + block_cap - 1) / block_cap;
-  }
-  p.chunk = int64_t(p.threads) * Sh::V * p.u;
-  return p;
-}
 
 // ---------------------------------------------------------------------------
 // A thread's elements stay in registers in their storage type (16 bytes per
@@ -605,200 +562,8 @@ DenseGradKernel(const S* __restrict__ x, const S* __restrict__ y, int64_t rows, 
   }
 }
 
-// ---------------------------------------------------------------------------
-// Launching. Every launch goes through cudaLaunchKernelEx, whose return value
-// is this launch's own result (cudaGetLastError would read a per-thread
-// state that other code on the thread shares).
-const char* ErrorString(cudaError_t e) { return e == cudaSuccess ? nullptr : cudaGetErrorString(e); }
-
-template <typename... P, typename... Args>
-cudaError_t Launch(cudaStream_t stream, int64_t blocks, void (*kernel)(P...), Args... args) {
-  const int64_t cap = int64_t(1) << 20;  // more work items loop inside the kernel
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(blocks < 1 ? 1 : (blocks < cap ? blocks : cap)));
-  config.blockDim = dim3(kBlock);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = nullptr;
-  config.numAttrs = 0;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<P>(args)...);
-}
-
-int64_t BlocksFor(int64_t items, int threads) {
-  const int64_t per_block = kBlock / threads;
-  return (items + per_block - 1) / per_block;
-}
-
-bool Aligned(const void* a, const void* b, int64_t C, int V) {
-  return reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
-         C % V == 0;
-}
-
-// Stream-ordered scratch for the chunk states of rows with several chunks.
-class Scratch {
- public:
-  explicit Scratch(cudaStream_t s) : stream_(s) {}
-  ~Scratch() {
-    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
-  }
-  cudaError_t Get(size_t bytes, void** out) {
-    const cudaError_t e = cudaMallocAsync(&ptr_, bytes, stream_);
-    *out = e == cudaSuccess ? ptr_ : nullptr;
-    if (e != cudaSuccess) ptr_ = nullptr;
-    return e;
-  }
-
- private:
-  cudaStream_t stream_;
-  void* ptr_ = nullptr;
-};
-
-}  // namespace
-
-template <typename S, typename L>
-const char* LaunchSparseForward(void* stream, const S* logits, const L* labels,
-                                int64_t rows, int64_t classes, S* loss,
-                                typename Storage<S>::acc* shift,
-                                typename Storage<S>::acc* log_norm) {
-  typedef typename Storage<S>::acc A;
-  if (rows <= 0) return nullptr;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Plan plan = PlanFor<S>(classes);
-  const bool aligned = Aligned(logits, logits, classes, Shape<S>::V);
-  const int64_t items = rows * plan.chunks;
-  LseState<A>* part = nullptr;
-  Scratch scratch(s);
-  if (plan.chunks > 1) {
-    void* p;
-    if (cudaError_t e = scratch.Get(sizeof(LseState<A>) * size_t(items), &p)) return ErrorString(e);
-    part = static_cast<LseState<A>*>(p);
-  }
-  cudaError_t e;
-  if (plan.threads == kWarp)
-    e = Launch(s, BlocksFor(items, kWarp), SparseForwardKernel<S, L, kWarp>, logits, labels,
-               rows, classes, plan, aligned, loss, shift, log_norm, part);
-  else
-    e = Launch(s, BlocksFor(items, kBlock), SparseForwardKernel<S, L, kBlock>, logits, labels,
-               rows, classes, plan, aligned, loss, shift, log_norm, part);
-  if (e == cudaSuccess && plan.chunks > 1)
-    e = Launch(s, BlocksFor(rows, kWarp), SparseMergeKernel<S, L>, logits, labels, rows, classes,
-               plan.chunks, part, loss, shift, log_norm);
-  return ErrorString(e);
-}
-
-template <typename S, typename L>
-const char* LaunchSparseGrad(void* stream, const S* logits, const L* labels,
-                             int64_t rows, int64_t classes,
-                             const typename Storage<S>::acc* shift,
-                             const typename Storage<S>::acc* log_norm,
-                             const S* grad_loss, S* dlogits) {
-  if (rows <= 0 || classes <= 0) return nullptr;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Plan plan = PlanFor<S>(classes);
-  const bool aligned = Aligned(logits, dlogits, classes, Shape<S>::V);
-  const int64_t items = rows * plan.chunks;
-  cudaError_t e;
-  if (plan.threads == kWarp)
-    e = Launch(s, BlocksFor(items, kWarp), SparseGradKernel<S, L, kWarp>, logits, labels, rows,
-               classes, plan, aligned, shift, log_norm, grad_loss, dlogits);
-  else
-    e = Launch(s, BlocksFor(items, kBlock), SparseGradKernel<S, L, kBlock>, logits, labels, rows,
-               classes, plan, aligned, shift, log_norm, grad_loss, dlogits);
-  return ErrorString(e);
-}
-
-template <typename S>
-const char* LaunchDenseForward(void* stream, const S* logits, const S* labels,
-                               int64_t rows, int64_t classes, S* loss,
-                               typename Storage<S>::acc* shift,
-                               typename Storage<S>::acc* log_norm) {
-  typedef typename Storage<S>::acc A;
-  if (rows <= 0) return nullptr;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Plan plan = PlanFor<S>(classes);
-  const bool aligned = Aligned(logits, labels, classes, Shape<S>::V);
-  const int64_t items = rows * plan.chunks;
-  DState<A>* part = nullptr;
-  Scratch scratch(s);
-  if (plan.chunks > 1) {
-    void* p;
-    if (cudaError_t e = scratch.Get(sizeof(DState<A>) * size_t(items), &p)) return ErrorString(e);
-    part = static_cast<DState<A>*>(p);
-  }
-  cudaError_t e;
-  if (plan.threads == kWarp)
-    e = Launch(s, BlocksFor(items, kWarp), DenseForwardKernel<S, kWarp>, logits, labels, rows,
-               classes, plan, aligned, loss, shift, log_norm, part);
-  else
-    e = Launch(s, BlocksFor(items, kBlock), DenseForwardKernel<S, kBlock>, logits, labels, rows,
-               classes, plan, aligned, loss, shift, log_norm, part);
-  if (e == cudaSuccess && plan.chunks > 1)
-    e = Launch(s, BlocksFor(rows, kWarp), DenseMergeKernel<S>, rows, plan.chunks, part, loss,
-               shift, log_norm);
-  return ErrorString(e);
-}
-
-template <typename S>
-const char* LaunchDenseGrad(void* stream, const S* logits, const S* labels,
-                            int64_t rows, int64_t classes,
-                            const typename Storage<S>::acc* shift,
-                            const typename Storage<S>::acc* log_norm,
-                            const S* grad_loss, bool exact_gradient, S* dlogits) {
-  if (rows <= 0 || classes <= 0) return nullptr;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Plan plan = PlanFor<S>(classes);
-  const bool aligned = Aligned(logits, labels, classes, Shape<S>::V) &&
-                       Aligned(dlogits, dlogits, classes, Shape<S>::V);
-  const int64_t items = rows * plan.chunks;
-  wide* ysums = nullptr;
-  Scratch scratch(s);
-  cudaError_t e = cudaSuccess;
-  if (exact_gradient && plan.chunks > 1) {
-    void* p;
-    if ((e = scratch.Get(sizeof(wide) * size_t(items + rows), &p))) return ErrorString(e);
-    wide* part = static_cast<wide*>(p);
-    ysums = part + items;
-    e = Launch(s, BlocksFor(items, kBlock), LabelSumKernel<S>, labels, rows, classes, plan,
-               aligned, part);
-    if (e == cudaSuccess)
-      e = Launch(s, BlocksFor(rows, kWarp), LabelSumMergeKernel<S>, rows, plan.chunks,
-                 static_cast<const wide*>(part), ysums);
-  }
-  if (e == cudaSuccess) {
-    if (plan.threads == kWarp)
-      e = Launch(s, BlocksFor(items, kWarp), DenseGradKernel<S, kWarp>, logits, labels, rows,
-                 classes, plan, aligned, exact_gradient, static_cast<const wide*>(ysums), shift, log_norm,
-                 grad_loss, dlogits);
-    else
-      e = Launch(s, BlocksFor(items, kBlock), DenseGradKernel<S, kBlock>, logits, labels, rows,
-                 classes, plan, aligned, exact_gradient, static_cast<const wide*>(ysums), shift, log_norm,
-                 grad_loss, dlogits);
-  }
-  return ErrorString(e);
-}
-
-#define INSTANTIATE_SPARSE(S, L)                                                   \
-  template const char* LaunchSparseForward<S, L>(                                  \
-      void*, const S*, const L*, int64_t, int64_t, S*, Storage<S>::acc*,           \
-      Storage<S>::acc*);                                                           \
-  template const char* LaunchSparseGrad<S, L>(                                     \
-      void*, const S*, const L*, int64_t, int64_t, const Storage<S>::acc*,         \
-      const Storage<S>::acc*, const S*, S*);
-#define INSTANTIATE(S)                                                             \
-  INSTANTIATE_SPARSE(S, int32_t)                                                   \
-  INSTANTIATE_SPARSE(S, int64_t)                                                   \
-  template const char* LaunchDenseForward<S>(void*, const S*, const S*, int64_t,   \
-                                             int64_t, S*, Storage<S>::acc*,        \
-                                             Storage<S>::acc*);                    \
-  template const char* LaunchDenseGrad<S>(void*, const S*, const S*, int64_t,      \
-                                          int64_t, const Storage<S>::acc*,         \
-                                          const Storage<S>::acc*, const S*, bool, S*);
-INSTANTIATE(float)
-INSTANTIATE(double)
-INSTANTIATE(half_bits)
-INSTANTIATE(bf16_bits)
-#undef INSTANTIATE
-#undef INSTANTIATE_SPARSE
 
 }  // namespace gpu
 }  // namespace equivtool_xent
+
+#endif  // EQUIVTOOL_CUSTOM_OPS_XENT_XENT_DEVICE_CUH_

@@ -1,0 +1,21 @@
+"""Exported models as sides: ``equivtool compare OLD NEW`` for SavedModels, frozen graphs,
+tf-keras files and golden records.
+
+A migration often ends, or starts, with artifacts rather than source: the
+TF1 SavedModel that serves today, the TF2 export meant to replace it, a frozen
+graph, or a golden record written in an old TensorFlow 1.15 container by the
+script ``equivtool record-script`` prints. This package loads each as a side
+(:mod:`._sides`, :mod:`._record`), compares every signature output with
+``equivtool.comparison.compare`` and its three-state verdicts
+(:mod:`._compare`), and with ``localize=True`` finds the first node whose
+output differs (:mod:`._localize`). The public names are exported from
+``equivtool``: ``compare_models``, ``load_side``, ``ModelLoadError``.
+"""
+
+from __future__ import annotations
+
+from equivtool.exported._compare import compare_models
+from equivtool.exported._load import load_side
+from equivtool.exported._sides import ModelLoadError
+
+__all__ = ["compare_models", "load_side", "ModelLoadError"]

@@ -1,0 +1,103 @@
+"""``equivtool compare OLD NEW`` and ``equivtool record-script``: the parsers and runners.
+
+``equivtool/cli.py`` calls :func:`add_parsers`; each command's ``run`` returns
+the exit code: 0 equivalent, 1 not equivalent or inconclusive, 2 a usage, load
+or format error, printed as one line (never a traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+
+EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
+
+
+def add_parsers(subparsers, check_output_path) -> None:
+    """Add ``compare`` and ``record-script``; ``check_output_path(path, argument)``
+    raises a ``ValueError`` when a report cannot be written there (the CLI's own)."""
+    compare = subparsers.add_parser(
+        "compare", help="compare two exported models (SavedModel, frozen .pb, tf-keras file, golden record)",
+        description="Compare two exported models output by output (and, with --localize, node by node). "
+                    "OLD and NEW are each a SavedModel folder (TF1 or TF2), a frozen graph .pb, a tf-keras "
+                    ".h5/.keras file, or a golden record .npz.",
+        epilog="Exit codes: 0 equivalent, 1 not equivalent or inconclusive, 2 usage, load or format error.")
+    compare.add_argument("old", metavar="OLD")
+    compare.add_argument("new", metavar="NEW")
+    compare.add_argument("--signature", default="serving_default", help="signature name (default serving_default)")
+    compare.add_argument("--tags", default="serve", help="MetaGraph tags, comma-separated (default serve)")
+    compare.add_argument("--graph-inputs", action="append", default=None, metavar="NAME=TENSOR,...",
+                         help="a .pb side's input tensors, with the names used for matching")
+    compare.add_argument("--graph-outputs", action="append", default=None, metavar="NAME=TENSOR,...")
+    compare.add_argument("--input-shapes", action="append", default=None, metavar="NAME:D,D,...",
+                         help="shape of an input with unknown dimensions (else they are 1); repeatable")
+    compare.add_argument("--val-range", action="append", default=None, metavar="NAME:LO,HI",
+                         help="range of generated values (default 0,1; integers include HI); repeatable")
+    compare.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
+    compare.add_argument("--inputs", default=None, metavar="FILE.npz", help="inputs: one array per input name")
+    compare.add_argument("--data-loader", default=None, metavar="FILE.py:FN",
+                         help="FN() yields dicts input name -> array, one per batch")
+    compare.add_argument("--batches", type=int, default=1, help="batches to generate or load (default 1)")
+    compare.add_argument("--map-inputs", action="append", default=None, metavar="OLD=NEW,...")
+    compare.add_argument("--map-outputs", action="append", default=None, metavar="OLD=NEW,...")
+    compare.add_argument("--atol", action="append", default=None, metavar="[OUT:]V", help="repeatable")
+    compare.add_argument("--rtol", action="append", default=None, metavar="[OUT:]V", help="repeatable")
+    compare.add_argument("--localize", action="store_true",
+                         help="find the first node, in topological order, whose output differs")
+    compare.add_argument("--save-outputs", default=None, metavar="FILE.npz",
+                         help="write OLD's golden record (inputs, outputs; intermediates with --localize)")
+    compare.add_argument("--load-op-library", action="append", default=[], metavar="PATH",
+                         help="a custom-op library the models need; repeatable")
+    compare.add_argument("--graph-rewrites", choices=("as_written", "tensorflow_default"), default="as_written",
+                         help="as_written (default): Grappler's numerics-changing passes off in both sides' "
+                              "sessions; tensorflow_default: TensorFlow's defaults (the verdict may depend on the CPU)")
+    compare.add_argument("--json", default=None, help="write a JSON report here")
+    compare.add_argument("--html", default=None, help="write an HTML report here")
+    compare.set_defaults(run=run_compare, check_output_path=check_output_path)
+
+    record = subparsers.add_parser(
+        "record-script", help="print the golden-record writer to run in an old TensorFlow (1.15+) environment",
+        description="Print a self-contained script (TensorFlow 1.15 API and NumPy only): "
+                    "python record.py MODEL OUT.npz [--signature S] [--tags T] [--graph-inputs ...] "
+                    "[--graph-outputs ...] [--inputs FILE.npz] [--input-shapes ...] [--seed N] [--intermediates]")
+    record.set_defaults(run=run_record_script)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def run_compare(args) -> int:
+    from equivtool.exported._compare import compare_models
+    try:
+        args.check_output_path(args.json, "--json")
+        args.check_output_path(args.html, "--html")
+        print(f"equivtool compare {args.old} vs {args.new}", flush=True)
+        report = compare_models(
+            args.old, args.new, signature=args.signature, tags=args.tags, graph_inputs=args.graph_inputs,
+            graph_outputs=args.graph_outputs, input_shapes=args.input_shapes, val_range=args.val_range,
+            seed=args.seed, inputs=args.inputs, data_loader=args.data_loader, batches=args.batches,
+            map_inputs=args.map_inputs, map_outputs=args.map_outputs, atol=args.atol, rtol=args.rtol,
+            localize=args.localize, save_outputs=args.save_outputs, load_op_library=args.load_op_library,
+            graph_rewrites=args.graph_rewrites)
+    except ValueError as exc:  # the CLI's UsageError included
+        print(f"equivtool compare: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    print(report)
+    for step in report.steps:  # a localization is in the details of failing steps; show it when passed too
+        found = step.data.get("localization")
+        if found is not None and step.passed:
+            print(found)
+    from equivtool._base.progress import write_reports
+    write_reports(report, args.json, args.html)
+    return EXIT_OK if report.passed else EXIT_DIFFERENT
+
+
+def recorder_source() -> str:
+    from equivtool.exported import _recorder
+    with open(_recorder.__file__.replace(".pyc", ".py"), encoding="utf-8") as f:
+        return f.read()
+
+
+def run_record_script(args) -> int:
+    sys.stdout.write(recorder_source())
+    return EXIT_OK

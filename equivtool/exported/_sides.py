@@ -1,0 +1,436 @@
+"""Sides loaded from artifacts: each runs a feed of NumPy inputs and returns NumPy outputs.
+
+One small class per kind of artifact, one interface (:class:`Side`):
+
+* ``inputs`` / ``outputs``: the signature's tensors (:class:`TensorInfo`: name,
+  dtype, shape with ``None`` for unknown dimensions);
+* ``run(feed) -> {output name: ndarray}``, the feed checked against the inputs
+  first;
+* ``capabilities``: what the side can do, ``None`` when it can, else the reason
+  it cannot (an artifact holds a forward pass: no training, no gradients);
+* ``graph_view()``: a graph whose every tensor can be fetched, for
+  ``--localize``.
+
+Every side runs a graph as written: TF1 SavedModels and frozen graphs in a
+``tf.compat.v1.Session`` whose Grappler passes that can change a float result
+are off (``graph_rewrites="as_written"``, :mod:`equivtool._platform.execution`), TF2
+SavedModels and tf-keras files as their signature's concrete function, called
+with the same passes off through the thread's function-call options; so a
+verdict does not depend on the CPU. For ``--localize`` a concrete function is
+frozen (variables to constants, function bodies inlined:
+``convert_variables_to_constants_v2``) and imported into a graph, run in a
+session the same way. Before anything is loaded, the graph's op names are read against
+TensorFlow's op registry: unregistered ops are reported with their likely
+origin instead of TensorFlow's error deep in loading.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from equivtool.engine import sides as engine_sides
+from equivtool.exported import _recorder
+
+KINDS = ("tf1-saved-model", "tf2-saved-model", "frozen-graph", "keras", "record")
+_KERAS_SUFFIXES = (".h5", ".hdf5", ".keras")
+_NOT_TRAINABLE = ("an exported model holds a forward pass only (no training, variables, gradients or "
+                  "checkpoints to compare)")
+
+
+class ModelLoadError(ValueError):
+    """A path, model, signature or input that cannot be used: one line (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One signature input or output: ``dtype`` a NumPy dtype name (or "string"),
+    ``shape`` a tuple with ``None`` for unknown dimensions (``None`` for unknown rank)."""
+
+    name: str
+    dtype: str
+    shape: Optional[tuple]
+    tensor: str = ""
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else "(" + ", ".join("?" if d is None else str(d) for d in self.shape) + ")"
+        return f"{self.name}: {self.dtype} {dims}"
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype,
+                "shape": None if self.shape is None else list(self.shape), "tensor": self.tensor}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TensorInfo":
+        shape = d.get("shape")
+        shape = None if shape is None else tuple(None if x is None or x < 0 else int(x) for x in shape)
+        return cls(str(d["name"]), str(d["dtype"]), shape, str(d.get("tensor", "")))
+
+    def accepts(self, value: np.ndarray) -> Optional[str]:
+        """Why this input rejects ``value`` (None when it accepts it)."""
+        dtype = "string" if value.dtype.kind in "SUO" else value.dtype.name
+        if dtype != self.dtype:
+            return f"dtype {dtype}, the signature takes {self.dtype}"
+        if self.shape is not None and (len(self.shape) != value.ndim or any(
+                d is not None and d != v for d, v in zip(self.shape, value.shape))):
+            return f"shape {value.shape}, the signature takes {str(self)[len(self.name) + 2:]}"
+        return None
+
+
+@dataclass(frozen=True)
+class GraphView:
+    """A graph whose tensors can be fetched: its output tensors by name, its input
+    tensors by name, and ``fetch(tensors) -> values`` with the first batch fed."""
+
+    graph: Any
+    inputs: Mapping[str, Any]
+    outputs: Mapping[str, Any]
+    fetch: Callable[[list], list]
+    recorded: Optional[frozenset] = None  # a record: the tensor names it holds
+
+
+class Side(engine_sides.Side):
+    """The interface every loaded side offers (see the module docstring), on the
+    engine's side protocol: it can run a forward pass and give every node's
+    output; it refuses training, variables, gradients and checkpoints."""
+
+    KIND = "exported model"
+    CAPABILITIES = frozenset({engine_sides.FORWARD, engine_sides.INTERMEDIATES})
+    REFUSALS = {c: _NOT_TRAINABLE for c in (engine_sides.VARIABLES, engine_sides.GRADIENTS,
+                                            engine_sides.TRAINING, engine_sides.CHECKPOINTS)}
+
+    kind: str = ""
+    path: str = ""
+    inputs: tuple = ()
+    outputs: tuple = ()
+    meta: Mapping[str, Any] = {}
+    notes: tuple = ()
+
+    @property
+    def capabilities(self) -> Mapping[str, Optional[str]]:
+        """Capability -> None when this side can, else the reason it cannot."""
+        found = {c: self.refuses(c) for c in engine_sides.CAPABILITIES}
+        found[engine_sides.INTERMEDIATES] = found[engine_sides.INTERMEDIATES] or self._intermediates_reason()
+        return found
+
+    def _intermediates_reason(self) -> Optional[str]:
+        return None
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict:
+        raise NotImplementedError
+
+    def graph_view(self, feed: Mapping[str, np.ndarray]) -> GraphView:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict:
+        return {"path": self.path, "kind": self.kind, **{k: v for k, v in self.meta.items() if k != "path"},
+                "inputs": [str(t) for t in self.inputs], "outputs": [str(t) for t in self.outputs]}
+
+    def check_feed(self, feed: Mapping[str, np.ndarray], argument: str = "inputs") -> None:
+        names = [t.name for t in self.inputs]
+        missing = [n for n in names if n not in feed]
+        extra = [n for n in feed if n not in names]
+        if missing or extra:
+            raise ModelLoadError(f"{argument}: {self.path} takes inputs {', '.join(names)}; "
+                                 + (f"missing {', '.join(missing)}" if missing else "")
+                                 + ("; " if missing and extra else "")
+                                 + (f"unknown {', '.join(extra)}" if extra else ""))
+        for spec in self.inputs:
+            problem = spec.accepts(np.asarray(feed[spec.name]))
+            if problem:
+                raise ModelLoadError(f"{argument}: input {spec.name!r} of {self.path}: {problem}")
+
+    def __enter__(self) -> "Side":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------
+# graph sides
+# --------------------------------------------------------------------------
+
+def session_config(graph_rewrites: str = "as_written"):
+    """The sessions' options: under "as_written" every Grappler pass that can change a
+    float result is off (:mod:`equivtool._platform.execution`): the graph runs as written."""
+    from equivtool._platform import execution as _execution
+    return _execution.rewrite_config(graph_rewrites)
+
+
+class GraphSide(Side):
+    """A graph in a session, with the signature's input and output tensors."""
+
+    def __init__(self, kind, path, graph, session, inputs, outputs, meta, notes=()):
+        self.kind, self.path, self.graph, self.session = kind, path, graph, session
+        self.input_tensors, self.output_tensors = dict(inputs), dict(outputs)
+        self.inputs = tuple(TensorInfo.from_dict(_recorder.tensor_spec(k, t)) for k, t in inputs.items())
+        self.outputs = tuple(TensorInfo.from_dict(_recorder.tensor_spec(k, t)) for k, t in outputs.items())
+        self.meta, self.notes = dict(meta), tuple(notes)
+
+    def _feed_dict(self, feed):
+        self.check_feed(feed)
+        return {self.input_tensors[k]: np.asarray(v) for k, v in feed.items()}
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict:
+        import tensorflow as tf
+        feed_dict = self._feed_dict(feed)
+        try:
+            return self.session.run(dict(self.output_tensors), feed_dict=feed_dict)
+        except (tf.errors.OpError, ValueError) as exc:
+            raise ModelLoadError(f"{self.path}: running the model failed: {_short(exc)}") from None
+
+    def graph_view(self, feed: Mapping[str, np.ndarray]) -> GraphView:
+        feed_dict = self._feed_dict(feed)
+        return GraphView(self.graph, self.input_tensors, self.output_tensors,
+                         lambda tensors: self.session.run(tensors, feed_dict=feed_dict))
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# --------------------------------------------------------------------------
+# unregistered ops
+# --------------------------------------------------------------------------
+
+def _origin(op: str) -> str:
+    if op.startswith("Addons>"):
+        return "TF Addons (pip install tensorflow-addons)"
+    if ">" in op:
+        return f"the custom-op library of namespace {op.split('>', 1)[0]!r}"
+    return "tf.contrib (removed in TF2) or a custom-op library"
+
+
+def check_registered_ops(graph_def, path: str) -> None:
+    """Raise :class:`ModelLoadError` naming the ops of ``graph_def`` (and of its
+    function library) that TensorFlow's op registry does not know."""
+    from equivtool._platform import tf_internals as _tf_internals
+    functions = {f.signature.name for f in graph_def.library.function}
+    ops = {n.op for n in graph_def.node}
+    for f in graph_def.library.function:
+        ops.update(n.op for n in f.node_def)
+    missing = sorted(op for op in ops - functions if _tf_internals.op_def_registry.get(op) is None)
+    if missing:
+        listed = "; ".join(f"{op} (likely from {_origin(op)})" for op in missing[:5])
+        more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ModelLoadError(f"{path}: unregistered op(s) {listed}{more}; load their library with "
+                             f"--load-op-library PATH.so (Python: load_op_libraries=[...])")
+
+
+def load_op_libraries(paths: Sequence[str]) -> None:
+    import tensorflow as tf
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"--load-op-library: {path!r} is not a file; expected a compiled op library (.so)")
+        try:
+            tf.load_op_library(os.path.abspath(path))
+        except Exception as exc:  # noqa: BLE001 - reported as one line
+            raise ModelLoadError(f"--load-op-library: cannot load {path!r}: {_short(exc)}") from None
+
+
+# --------------------------------------------------------------------------
+# reading what a path is
+# --------------------------------------------------------------------------
+
+def _read_saved_model(path: str):
+    from equivtool._platform import tf_internals as _tf_internals
+    proto = _tf_internals.SavedModel()
+    pb = os.path.join(path, "saved_model.pb")
+    try:
+        with open(pb, "rb") as f:
+            proto.ParseFromString(f.read())
+    except Exception as exc:  # noqa: BLE001 - DecodeError: truncated or corrupt
+        raise ModelLoadError(f"{pb}: not a readable SavedModel protocol buffer: {_short(exc)}") from None
+    if not proto.meta_graphs:
+        raise ModelLoadError(f"{pb}: the SavedModel holds no MetaGraph")
+    return proto
+
+
+def _meta_graph(proto, path: str, tags: Sequence[str], signature: str):
+    wanted = set(tags)
+    for meta_graph in proto.meta_graphs:
+        if set(meta_graph.meta_info_def.tags) == wanted:
+            break
+    else:
+        have = "; ".join(",".join(m.meta_info_def.tags) or "(none)" for m in proto.meta_graphs)
+        raise ModelLoadError(f"--tags: {path} has no MetaGraph tagged {','.join(tags)!r}; its tag sets: {have}")
+    signatures = sorted(k for k in meta_graph.signature_def if not k.startswith("__"))
+    if signature not in meta_graph.signature_def:
+        raise ModelLoadError(f"--signature: {path} has no signature {signature!r}; "
+                             f"its signatures: {', '.join(signatures) or '(none)'}")
+    return meta_graph
+
+
+def detect_kind(path: str) -> str:
+    """Which kind of artifact ``path`` is (see :data:`KINDS`)."""
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path!r} does not exist; expected a SavedModel folder, a frozen graph .pb, "
+                             "a tf-keras .h5/.keras file or a golden record .npz")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+            raise ModelLoadError(f"{path!r} is a folder without saved_model.pb: not a SavedModel")
+        proto = _read_saved_model(path)
+        has_objects = any(len(m.object_graph_def.nodes) for m in proto.meta_graphs)
+        return "tf2-saved-model" if has_objects else "tf1-saved-model"
+    lower = path.lower()
+    if lower.endswith(".npz"):
+        return "record"
+    if lower.endswith(".pb"):
+        return "frozen-graph"
+    if lower.endswith(_KERAS_SUFFIXES):
+        return "keras"
+    raise ModelLoadError(f"{path!r} is not a model or record: expected a SavedModel folder, a frozen graph .pb, "
+                         "a tf-keras .h5/.keras file or a golden record .npz")
+
+
+# --------------------------------------------------------------------------
+# loaders
+# --------------------------------------------------------------------------
+
+def load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rewrites) -> GraphSide:
+    import tensorflow as tf
+    if kind == "tf1-saved-model":
+        meta_graph = _meta_graph(_read_saved_model(path), path, tags, signature)
+        check_registered_ops(meta_graph.graph_def, path)
+    else:
+        graph_def = tf.compat.v1.GraphDef()
+        try:
+            with open(path, "rb") as f:
+                graph_def.ParseFromString(f.read())
+        except Exception as exc:  # noqa: BLE001 - DecodeError: truncated or corrupt
+            raise ModelLoadError(f"{path}: not a readable GraphDef (truncated or corrupt .pb): {_short(exc)}") \
+                from None
+        check_registered_ops(graph_def, path)
+        if not graph_inputs or not graph_outputs:
+            raise ModelLoadError(f"{path}: a frozen graph needs --graph-inputs NAME=TENSOR,... and "
+                                 "--graph-outputs NAME=TENSOR,... (Python: graph_inputs=, graph_outputs=)")
+    try:
+        graph, session, inputs, outputs, meta = _recorder.load_model(
+            tf, path, signature, tags, graph_inputs, graph_outputs, session_config(graph_rewrites))
+    except _recorder.RecordError as exc:
+        raise ModelLoadError(str(exc)) from None
+    except (tf.errors.OpError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{path}: cannot load: {_short(exc)}") from None
+    return GraphSide(kind, path, graph, session, inputs, outputs, meta)
+
+
+def _frozen(function, input_names, output_names, path, kind, meta, graph_rewrites) -> GraphSide:
+    """A concrete function with variables frozen and bodies inlined, imported into a graph."""
+    import tensorflow as tf
+    from equivtool._platform import tf_internals as _tf_internals
+    try:
+        frozen = _tf_internals.convert_variables_to_constants_v2(function)
+    except Exception as exc:  # noqa: BLE001 - a function that cannot be frozen
+        raise ModelLoadError(f"{path}: cannot freeze the signature into a graph: {_short(exc)}") from None
+    graph_def = frozen.graph.as_graph_def()
+    in_tensors, out_tensors = [t.name for t in frozen.inputs], [t.name for t in frozen.outputs]
+    del frozen  # only the graph below is kept
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(graph_def, name="")
+    del graph_def
+    inputs = {n: graph.get_tensor_by_name(t) for n, t in zip(input_names, in_tensors)}
+    outputs = {n: graph.get_tensor_by_name(t) for n, t in zip(output_names, out_tensors)}
+    session = tf.compat.v1.Session(graph=graph, config=session_config(graph_rewrites))
+    return GraphSide(kind, path, graph, session, inputs, outputs, meta)
+
+
+def _info(name: str, spec) -> TensorInfo:
+    dtype = "string" if spec.dtype.name == "string" else np.dtype(spec.dtype.as_numpy_dtype).name
+    shape = None if spec.shape.rank is None else tuple(spec.shape.as_list())
+    return TensorInfo(name, dtype, shape)
+
+
+class FunctionSide(Side):
+    """A TF2 concrete function: a SavedModel's signature, or a tf-keras model's forward pass.
+
+    ``run`` calls it with this thread's function-call options switched to the
+    ``graph_rewrites`` passes (:func:`equivtool._platform.execution.function_rewrites`,
+    restored on every exit path); ``graph_view`` freezes it into a graph, once,
+    for ``--localize``.
+    """
+
+    def __init__(self, kind, path, function, input_names, output_names, meta, graph_rewrites, owner=None):
+        self.kind, self.path, self.function, self.owner = kind, path, function, owner  # owner keeps it alive
+        self.input_names, self.output_names = list(input_names), list(output_names)
+        specs = function.structured_input_signature
+        flat_specs = [specs[1][n] for n in self.input_names] if specs[1] else list(specs[0])
+        self.inputs = tuple(_info(n, spec) for n, spec in zip(self.input_names, flat_specs))
+        self.outputs = tuple(_info(n, t) for n, t in zip(self.output_names, function.outputs))
+        self.meta, self.notes, self.graph_rewrites = dict(meta), (), graph_rewrites
+        self._frozen: Optional[GraphSide] = None
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict:
+        import tensorflow as tf
+        from equivtool._platform import execution as _execution
+        self.check_feed(feed)
+        args = [tf.convert_to_tensor(np.asarray(feed[n])) for n in self.input_names]
+        try:
+            with _execution.function_rewrites(self.graph_rewrites):
+                if self.function.structured_input_signature[1]:
+                    result = self.function(**dict(zip(self.input_names, args)))
+                else:
+                    result = self.function(*args)
+        except (tf.errors.OpError, ValueError, TypeError) as exc:
+            raise ModelLoadError(f"{self.path}: running the model failed: {_short(exc)}") from None
+        values = [result[n] for n in self.output_names] if isinstance(result, Mapping) else tf.nest.flatten(result)
+        return {n: v.numpy() for n, v in zip(self.output_names, values)}
+
+    def graph_view(self, feed: Mapping[str, np.ndarray]) -> GraphView:
+        if self._frozen is None:
+            self._frozen = _frozen(self.function, self.input_names, self.output_names, self.path, self.kind,
+                                   self.meta, self.graph_rewrites)
+        return self._frozen.graph_view(feed)
+
+    def close(self) -> None:
+        if self._frozen is not None:
+            self._frozen.close()
+            self._frozen = None
+
+
+def load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:
+    import tensorflow as tf
+    meta_graph = _meta_graph(_read_saved_model(path), path, tags, signature)
+    check_registered_ops(meta_graph.graph_def, path)
+    try:
+        loaded = tf.saved_model.load(path, tags=list(tags))
+        function = loaded.signatures[signature]
+    except Exception as exc:  # noqa: BLE001 - corrupt variables, missing assets ...
+        raise ModelLoadError(f"{path}: cannot load the TF2 SavedModel: {_short(exc)}") from None
+    input_names = sorted(function.structured_input_signature[1])
+    output_names = sorted(function.structured_outputs)  # the order of function.outputs (flattened dict)
+    meta = {"signature": signature, "tags": list(tags),
+            "tensorflow_version": meta_graph.meta_info_def.tensorflow_version}
+    return FunctionSide("tf2-saved-model", path, function, input_names, output_names, meta, graph_rewrites,
+                        owner=loaded)
+
+
+def load_keras(path, graph_rewrites) -> FunctionSide:
+    import tensorflow as tf
+    try:
+        model = tf.keras.models.load_model(path, compile=False)
+    except Exception as exc:  # noqa: BLE001 - not a model file, unknown custom layers ...
+        raise ModelLoadError(f"{path}: cannot load the tf-keras model: {_short(exc)}") from None
+    input_names = list(model.input_names)
+    output_names = list(model.output_names)
+    specs = [tf.TensorSpec(t.shape, t.dtype, name=n) for n, t in zip(input_names, model.inputs)]
+
+    def forward(*args):
+        result = model(list(args) if len(args) > 1 else args[0], training=False)
+        return tf.nest.flatten(result)
+
+    function = tf.function(forward, input_signature=specs).get_concrete_function()
+    return FunctionSide("keras", path, function, input_names, output_names, {}, graph_rewrites, owner=model)

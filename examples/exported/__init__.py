@@ -1,0 +1,1 @@
+"""Exported models compared: a TF1 SavedModel against its TF2 shim export (export.py)."""

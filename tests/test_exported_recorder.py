@@ -1,0 +1,85 @@
+"""The recorder ``equivtool record-script`` prints runs in TensorFlow 1.15 on Python 3.6+:
+a static check of its ``tf.`` names against TF 1.x's API list and of its syntax
+(it is run for real, on this TensorFlow through ``tf.compat.v1``, in tests/test_exported.py).
+Methods called on TensorFlow objects (``graph.get_operations()``) are not checked: only
+``tf.`` names are."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+from equivtool.exported._cli import recorder_source
+
+API_LIST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tf115_api_symbols.txt")
+# module attributes every TensorFlow release has that API golden files do not list
+_DUNDERS = {"tensorflow.__version__"}
+
+
+def api_symbols() -> set:
+    with open(API_LIST, encoding="utf-8") as f:
+        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+def tf_names(source: str) -> list:
+    """Every ``tf.a.b.c`` attribute chain, as TF 1.x's ``tensorflow.a.b.c`` (``compat.v1.`` dropped)."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        parts, current = [], node
+        while isinstance(current, ast.Attribute):
+            parts.append(current.attr)
+            current = current.value
+        if isinstance(current, ast.Name) and current.id == "tf":
+            names.append(".".join(["tensorflow", *reversed(parts)]))
+    longest = [n for n in names if not any(o != n and o.startswith(n + ".") for o in names)]
+    return sorted({n.replace("tensorflow.compat.v1.", "tensorflow.", 1) for n in longest})
+
+
+def unknown_names(source: str) -> list:
+    known = api_symbols() | _DUNDERS
+    return [name for name in tf_names(source) if name not in known]
+
+
+def test_the_recorder_names_only_tf_1_15_symbols():
+    source = recorder_source()
+    names = tf_names(source)
+    assert "tensorflow.saved_model.loader.load" in names and "tensorflow.Session" in names
+    assert unknown_names(source) == []
+
+
+def test_the_check_catches_a_tf2_only_symbol():
+    planted = recorder_source() + "\nloaded = tf.saved_model.load('m')\nfn = tf.function(len)\n"
+    assert unknown_names(planted) == ["tensorflow.function", "tensorflow.saved_model.load"]
+    assert unknown_names("import tensorflow as tf\ntf.compat.v1.saved_model.load_v2('m')\n") == [
+        "tensorflow.saved_model.load_v2"]
+
+
+def test_the_recorder_parses_as_python_3_6_and_imports_nothing_but_tf_and_numpy():
+    source = recorder_source()
+    tree = ast.parse(source, feature_version=(3, 6))
+    with pytest.raises(SyntaxError):
+        ast.parse("if (x := 1):\n    pass\n", feature_version=(3, 6))  # the check can fail
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= {"argparse", "json", "os", "platform", "sys", "tempfile", "numpy", "tensorflow"}, imported
+    assert "allow_pickle=True" not in source
+
+
+def test_the_recorder_turns_off_the_same_graph_rewrites_as_equivtool():
+    from equivtool._platform import execution as _execution
+    from equivtool.exported import _recorder
+    assert set(_recorder.NUMERIC_PASSES) == set(_execution.NUMERIC_PASSES)
+
+
+def test_the_recorder_names_this_equivtool_version():
+    import equivtool
+    from equivtool.exported import _recorder
+    assert _recorder.EQUIVTOOL_VERSION == equivtool.__version__  # a record says which equivtool wrote it
