@@ -51,6 +51,10 @@ _EXPORTS = {
     "DEFAULT_STEPS": "engine.registry",
     "MODES": "engine.registry",
     "Localization": "localize",
+    # the native TF2 end state: mapping, checkpoint conversion
+    "VariableMapping": "checkpoints.mapping",
+    "map_variables": "checkpoints.mapping",
+    "convert_checkpoint": "checkpoints.convert",
     # reproducibility
     "audit_determinism": "determinism",
     # exported models and golden records

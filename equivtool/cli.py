@@ -1,4 +1,4 @@
-"""``equivtool`` command line: doctor | check | demo | audit | build-ops.
+"""``equivtool`` command line: doctor | check | demo | audit | build-ops | convert-checkpoint.
 
 Exit codes (all commands):
 
@@ -611,6 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(run=cmd_build_ops)
     from equivtool.exported import _cli as exported_cli  # compare, record-script
     exported_cli.add_parsers(sub, check_output_path)
+
+    from equivtool.checkpoints import _cli as convert_cli  # its own module; imports no TF
+    convert_cli.add_parser(sub, sys.modules[__name__])
     return parser
 
 

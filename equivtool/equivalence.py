@@ -242,6 +242,7 @@ def _header(options: Options) -> dict:
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
         **({"localize": True} if options.localize else {}),
         **({"outputs": list(options.outputs)} if options.outputs else {}),
+        **({"weights": options.aligned} if options.aligned else {}),
         **({"workers": options.workers if options.in_process is None else
             f"1 (asked for {options.workers}: {options.in_process})"} if options.workers > 1 else {}),
         **options.meta,

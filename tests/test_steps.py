@@ -14,12 +14,12 @@ from equivtool.engine import registry as steps
 
 ALL_NAMES = ("variables_once", "parity", "fixed_weights", "random/constant/inference",
              "random/constant/training", "random/num_random_ops/inference",
-             "random/num_random_ops/training", "gradients", "optimizer", "checkpoint")
+             "random/num_random_ops/training", "gradients", "optimizer", "checkpoint", "resume")
 
 
 def test_public_lists_derive_from_the_registry():
     assert steps.STEPS == ("variables_once", "parity", "fixed_weights", "random", "gradients",
-                           "optimizer", "checkpoint")
+                           "optimizer", "checkpoint", "resume")
     assert steps.DEFAULT_STEPS == ("variables_once", "parity", "fixed_weights", "random", "gradients")
     assert steps.MODES == ("constant", "num_random_ops")
     assert steps.SUB_STEPS == ALL_NAMES
@@ -32,7 +32,7 @@ def test_public_lists_derive_from_the_registry():
 def test_run_order_keeps_the_shared_pair_steps_first():
     order = [s.name for s in steps.run_order(steps.STEPS, steps.MODES)]
     assert order == ["variables_once", "parity", "fixed_weights", "random/constant/inference",
-                     "random/constant/training", "gradients", "optimizer", "checkpoint",
+                     "random/constant/training", "gradients", "optimizer", "checkpoint", "resume",
                      "random/num_random_ops/inference", "random/num_random_ops/training"]
     shared = [s.shared for s in steps.run_order(steps.STEPS, steps.MODES)]
     assert shared == sorted(shared, reverse=True)  # no shared-pair step after the pair is freed

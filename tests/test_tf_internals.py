@@ -105,7 +105,8 @@ def test_sessions_and_trackables_are_the_classes_equivtool_checks_for():
 _NOT_YET_SWITCHED: set = set()
 _PRIVATE_ACCESS = ("from tensorflow.python", "import tensorflow.python", "from tensorflow.core",
                    "import tensorflow.core", "from tf_keras.src", "import tf_keras.src", "._SEED_GENERATOR",
-                   "._create_all_weights", "._as_serialized_graph", "._rng", "tf.__internal__")
+                   "._create_all_weights", "._as_serialized_graph", "._rng", "tf.__internal__",
+                   "._save_slice_info")
 
 
 def private_accesses(source: str) -> list:

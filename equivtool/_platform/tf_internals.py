@@ -105,6 +105,13 @@ def resolve(name: str) -> Any:
 # Private attributes of public objects
 # --------------------------------------------------------------------------
 
+def save_slice_info(variable):
+    """A TF1 partitioned variable part's ``(full_name, full_shape, var_offset,
+    var_shape)`` holder (``Variable._save_slice_info``), or None for a whole
+    variable. checkpoints: a partition is mapped, compared and converted whole."""
+    return getattr(variable, "_save_slice_info", None)
+
+
 def eager_global_seed():
     """The eager context's global seed (``tf.random.set_seed``'s value, or None)."""
     return resolve("context").context()._seed

@@ -25,6 +25,7 @@ from equivtool.engine.registry import MODES, STEPS
 from equivtool.engine.sides.runners import checkpoint_exists
 from equivtool.report import StepResult
 from equivtool.variables import _make_renamer
+from equivtool.checkpoints.mapping import aligned_weights, as_rename
 
 
 _PYTHON_NUMBERS = (bool, int, float, complex)
@@ -165,6 +166,7 @@ class Options:
     in_process: str | None = None     # why workers > 1 still runs in one process
     strict_tolerances: bool = False   # a tolerance key that matched no leaf is an error
     outputs: tuple = ()               # include / "!"exclude patterns of compared output leaves
+    aligned: str | None = None        # rename=VariableMapping: how both sides' weights are aligned
 
     @property
     def want_gradients(self) -> bool:
@@ -186,7 +188,9 @@ class Options:
         input_notes = _check_inputs(inputs)
         output_patterns = output_filter.check_patterns(outputs)
         enabled = [name for name, given in (("optimizers", optimizers is not None),
-                                            ("checkpoint", bool(checkpoint))) if given]
+                                            ("checkpoint", bool(checkpoint)),
+                                            ("resume", optimizers is not None
+                                             and isinstance(checkpoint, (str, os.PathLike)))) if given]
         selected = _steps.select_steps(steps, enabled)
         selected_modes = _steps.select_modes(modes)
         if "random" in selected and not selected_modes:
@@ -203,11 +207,11 @@ class Options:
         options = cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
                    tolerances=_StepTolerances(tolerance, step_tolerances), loss_fn=loss_fn,
                    optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
-                   renamer=_make_renamer(rename), tf_function=bool(tf_function),
+                   renamer=_make_renamer(as_rename(rename)), tf_function=bool(tf_function),
                    graph_rewrites=graph_rewrites, seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, workers=int(workers), outputs=output_patterns,
-                   strict_tolerances=strict_tolerances)
+                   strict_tolerances=strict_tolerances, aligned=aligned_weights(rename))
         if options.workers > 1:
             reason = in_process_reason(options)
             if reason is None:

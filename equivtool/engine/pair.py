@@ -14,6 +14,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Callable
 
+from equivtool.checkpoints._align import tf1_aligned, tf2_aligned
 from equivtool.engine.sides.runners import TF1Side
 from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
@@ -86,11 +87,13 @@ class TF1Half(_Half):
                            random_tool=self.tool)
 
         self.side = side()
-        self.inference = self.side.forward(training=False,
-                                           with_gradients=o.want_gradients and self.distributed)
+        with tf1_aligned(o, self.side):
+            self.inference = self.side.forward(training=False,
+                                               with_gradients=o.want_gradients and self.distributed)
         self.train_side = None if self.distributed else side()
-        self.training = None if self.distributed else self.train_side.forward(
-            training=True, with_gradients=o.want_gradients)
+        with tf1_aligned(o, self.train_side) if self.train_side else contextlib.nullcontext():
+            self.training = None if self.distributed else self.train_side.forward(
+                training=True, with_gradients=o.want_gradients)
         self._results: dict = {}
         self.build_seconds = time.perf_counter() - started
 
@@ -147,7 +150,8 @@ class TF2Half(_Half):
         self.distributed = o.strategy is not None
         self.want_gradients = o.want_gradients
         self.tool = DeterministicRandomTestTool(seed=o.seed, mode="constant")
-        with self.tool.scope():
+        self._aligned = lambda: tf2_aligned(o)
+        with self.tool.scope(), self._aligned():  # (a strategy's first call creates the variables)
             self.side = TF2Side.create(new_layer, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
                                        use_tf_function=o.tf_function, strategy=o.strategy,
                                        graph_rewrites=o.graph_rewrites)
@@ -161,7 +165,7 @@ class TF2Half(_Half):
     def _call(self, key: str, training: bool, with_gradients: bool, guarded: bool) -> tuple:
         if key not in self._results:
             with self.tool.scope():
-                guard = assert_no_variable_creations() if guarded else contextlib.nullcontext()
+                guard = assert_no_variable_creations() if guarded else self._aligned()
                 with guard:
                     self._results[key] = self.side.forward(self.inputs, training=training,
                                                            with_gradients=with_gradients)

@@ -106,6 +106,10 @@ REGISTRY: tuple[Step, ...] = (
          default=False, enabled_by="optimizers", run_rank=5, needs=("training", "variables")),
     Step("checkpoint", "TF1 name-based checkpoint loaded into both sides", _RUNS + "checkpoint",
          default=False, enabled_by="checkpoint", run_rank=6, needs=("checkpoints", "forward")),
+    # A graph and a layer of its own (see equivtool.checkpoints._resume).
+    Step("resume", "Training resumed from a TF1 checkpoint (converted for TF2): loss, variables, slots",
+         "equivtool.checkpoints._resume:resume", default=False, enabled_by="resume", run_rank=8,
+         shared=False, needs=("training", "checkpoints")),
 )
 
 _BY_NAME = {step.name: step for step in REGISTRY}

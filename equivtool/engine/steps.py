@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 
+from equivtool.checkpoints._align import tf1_aligned, tf2_aligned
 from equivtool.report import StepResult
 from equivtool._base.tree import dense_gradient, flatten_tensors
 from equivtool.engine.sides.tf1_graph import depends_on
@@ -277,7 +278,8 @@ def _random_constant_tf2(e: "Engine", _, mode: str, training: bool) -> dict:
 
 def _random_constant_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:
     name = f"random/{mode}/{'training' if training else 'inference'}"
-    result = _judge_forward(e, name, tf1, tf2, notes=[_PREBUILT_NOTE] if tf2["prebuilt"] else [])
+    notes = ([_PREBUILT_NOTE] if tf2["prebuilt"] else []) + ([e.options.aligned] if e.options.aligned else [])
+    result = _judge_forward(e, name, tf1, tf2, notes=notes)
     if not e.options.localize:
         return result
     # The training pass lives in a graph of its own (so its names match a
@@ -551,7 +553,8 @@ def _random_fresh_tf1(e: "Engine", mode: str, training: bool) -> dict:
                   random_tool=DeterministicRandomTestTool(seed=o.seed, mode=mode))
     keep = False
     try:
-        forward = tf1.forward(training=training)
+        with tf1_aligned(o, tf1):
+            forward = tf1.forward(training=training)
         outputs, regularization = tf1.run((forward.outputs, forward.regularization),
                                           update_ops=forward.update_ops)
         capture = _forward_capture(forward, outputs, regularization)
@@ -568,7 +571,7 @@ def _random_fresh_tf2(e: "Engine", _, mode: str, training: bool) -> dict:
     _refuse_strategy(e)
     o = e.options
     tool = DeterministicRandomTestTool(seed=o.seed, mode=mode)
-    with tool.scope():
+    with tool.scope(), tf2_aligned(o):
         layer = e.new_layer()
         # Under tf.function every trace gets the first trace's seeds, which
         # follow program order as the TF1 graph's do (equivtool.seeding._traced).
@@ -583,7 +586,7 @@ def _random_fresh_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, training: 
     o = e.options
     local = tf1.get("_local")
     try:
-        result = _judge_forward(e, name, tf1, tf2)
+        result = _judge_forward(e, name, tf1, tf2, notes=(o.aligned,) if o.aligned else ())
         if local is None:
             return result
         side, forward = local
@@ -593,7 +596,7 @@ def _random_fresh_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, training: 
             # traced twice and the op taps would see the ops of both traces (the
             # report header's "execution" says so).
             from equivtool.localize._capture import call_layer
-            with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope():
+            with DeterministicRandomTestTool(seed=o.seed, mode=mode).scope(), tf2_aligned(o):
                 return call_layer(e.new_layer(), o.inputs, training, False)
         return e.localized(result, side, forward.outputs, fresh_call)
     finally:

@@ -1,0 +1,65 @@
+"""``equivtool convert-checkpoint``: :func:`equivtool.convert_checkpoint` from the command line.
+
+Hooked into ``equivtool.cli`` by :func:`add_parser`, which receives that
+module (its argument helpers and exit codes) rather than importing it, so the
+two import nothing from each other at module level. Exit codes as ``check``:
+0 written, 2 bad usage or a checkpoint that does not convert (one line on
+stderr naming the variable, slot or argument; nothing written).
+"""
+
+from __future__ import annotations
+
+import functools
+import pkgutil
+
+
+def _load_object(cli, spec: str, argument: str):
+    """The object ``MODULE:NAME`` names (any object: rename rules are a list)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise cli.UsageError(f"{argument}: expected MODULE:NAME (e.g. my_models:RENAME), got {spec!r}")
+    cli._import_module(module_name, argument)
+    try:
+        return pkgutil.resolve_name(spec)
+    except (AttributeError, ValueError):
+        raise cli.UsageError(f"{argument}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def cmd_convert_checkpoint(cli, args) -> int:
+    from equivtool.checkpoints.convert import convert
+
+    shape = cli.parse_shape(args.input_shape)
+    import numpy as np
+    if args.input_dtype == "float32":
+        inputs = np.random.RandomState(0).standard_normal(shape).astype(np.float32)
+    else:  # token ids: zeros are a valid id for every vocabulary
+        inputs = np.zeros(shape, args.input_dtype)
+    with cli.importable_cwd():
+        factory = cli.load_target(args.tf2_factory, "MODULE:FACTORY")
+        optimizer = cli.load_target(args.optimizer, "--optimizer") if args.optimizer else None
+        rename = _load_object(cli, args.rename, "--rename") if args.rename else None
+        try:
+            conversion, _, _ = convert(args.tf1_checkpoint, factory, inputs, args.output, rename=rename,
+                                       optimizer=optimizer, overwrite=args.overwrite)
+        except (TypeError, ValueError) as exc:
+            raise cli.UsageError(str(exc)) from None
+    print(conversion)
+    return cli.EXIT_OK
+
+
+def add_parser(sub, cli) -> None:
+    parser = sub.add_parser("convert-checkpoint",
+                            help="write a TF2 checkpoint (model and optimizer slots) from a TF1 one")
+    parser.add_argument("tf1_checkpoint", metavar="TF1_CKPT", help="TF1 checkpoint prefix or folder")
+    parser.add_argument("tf2_factory", metavar="MODULE:FACTORY", help="zero-argument factory of the TF2 layer")
+    parser.add_argument("output", metavar="OUTPUT", help="prefix of the TF2 checkpoint to write")
+    parser.add_argument("--input-shape", required=True,
+                        help="e.g. 1,224,224,3: a float32 input the layer is built with")
+    parser.add_argument("--input-dtype", default="float32", choices=("float32", "int32", "int64"),
+                        help="the input's dtype (int32/int64: token ids, all 0) (default float32)")
+    parser.add_argument("--optimizer", default=None, metavar="MODULE:FACTORY",
+                        help="zero-argument factory of the tf-keras optimizer whose slots are filled")
+    parser.add_argument("--rename", default=None, metavar="MODULE:OBJ",
+                        help="rename rules (TF2 name -> TF1 name) or a VariableMapping")
+    parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint at OUTPUT")
+    parser.set_defaults(run=functools.partial(cmd_convert_checkpoint, cli))

@@ -1,0 +1,196 @@
+"""The ``resume`` step: training resumed from a TF1 checkpoint, on both sides.
+
+``check_equivalence(..., checkpoint=tf1_ckpt, optimizers=(make_tf1, make_tf2),
+train_steps=K)``:
+
+* TF1 side: a fresh graph with the training pass and ``make_tf1().minimize``;
+  every variable it has, the optimizer's slots and beta powers included, is
+  restored from the checkpoint (one it lacks is named); then K steps.
+* TF2 side: :func:`~equivtool.checkpoints.convert.convert` writes the TF2
+  checkpoint (model and ``make_tf2()``'s slots) from the same file; a fresh
+  layer and optimizer read it back with ``tf.train.Checkpoint``; then K steps.
+* After each step: the loss, every variable, every slot (under its TF1
+  checkpoint name: ``net/conv1/weights/Adam_1``) and Adam's beta powers
+  (tf-keras: ``beta ** (iterations + 1)``) are compared. A slot the TF2 side
+  did not convert is missing or wrong by name.
+
+Each step starts every random op at its first draw on both sides (a new TF1
+session, a new eager call or trace), as in the ``optimizer`` step.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from equivtool.engine.steps import SplitStep
+from equivtool._platform.tf_internals import save_slice_info
+from equivtool.checkpoints.convert import checkpoint_path, convert
+from equivtool.comparison import compare
+from equivtool.report import StepResult
+from equivtool._base.names import strip_output_index
+from equivtool.engine.sides.runners import TF1Side, variable_key
+from equivtool.engine.sides.tf2_layer import TF2Side
+from equivtool.seeding import DeterministicRandomTestTool
+from equivtool.engine.registry import SkipStep, title
+
+_SLOT_TRANSFORMS = {"copy": lambda value, lr: value, "times_minus_lr": lambda value, lr: -lr * value}
+
+
+def _needs(e) -> tuple:
+    o = e.options
+    if o.optimizers is None or not isinstance(o.checkpoint, (str, os.PathLike)):
+        raise SkipStep("resume needs checkpoint=<a TF1 checkpoint path> and optimizers=(make_tf1, make_tf2)")
+    if o.strategy is not None:
+        raise SkipStep("not run under a distribution strategy: it compares single-device training")
+    return o.optimizers
+
+
+def _full_values(variables, values, renamer) -> dict:
+    """``{key: value}``, a partitioned variable's parts stitched into one array
+    under its full name (as the checkpoint stores it)."""
+    out = {}
+    for variable, value in zip(variables, values):
+        info = save_slice_info(variable)
+        if info is None:
+            out[variable_key(variable.name, renamer)] = value
+            continue
+        key = renamer(info.full_name)
+        full = out.setdefault(key, np.zeros(info.full_shape, value.dtype))
+        full[tuple(slice(o, o + n) for o, n in zip(info.var_offset, info.var_shape))] = value
+    return out
+
+
+def _resume_tf1(e) -> dict:
+    make_tf1, _ = _needs(e)
+    o = e.options
+    path = checkpoint_path(o.checkpoint, "checkpoint")
+    side = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
+                   graph_rewrites=o.graph_rewrites,
+                   random_tool=DeterministicRandomTestTool(seed=o.seed, mode="constant"))
+    try:
+        training = side.build_training(make_tf1, True)
+        optimizer = training.optimizer
+        with side.graph.as_default():
+            everything = tf.compat.v1.global_variables()
+            stored = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+            absent = sorted({save_slice_info(v).full_name if save_slice_info(v) else v.op.name
+                             for v in everything} - set(stored))
+            if absent:
+                raise ValueError(f"checkpoint: {path!r} lacks {absent}, which the TF1 training graph "
+                                 f"({type(optimizer).__name__}) has: was it written by this model and optimizer?")
+            tf.compat.v1.train.Saver(var_list=everything).restore(side.session, path)
+            side._initialized = True  # every variable restored
+            trainable = side.trainable_variables()
+            slots = [(v, optimizer.get_slot(v, name)) for name in optimizer.get_slot_names() for v in trainable]
+            slots = [(v, s) for v, s in slots if s is not None]
+            non_slot = [v for v in optimizer.variables() if v.op.name in ("beta1_power", "beta2_power")]
+        losses, captures = [], []
+        for _ in range(o.train_steps):
+            losses.append(side.train_step(training))
+            model_values, slot_values, non_slot_values = side.session.run(
+                (side.variables, [s for _, s in slots], non_slot))
+            slot_keys = [(v, s.op.name.rsplit("/", 1)[-1]) for v, s in slots]
+            by_slot = {}
+            for (variable, suffix), value in zip(slot_keys, slot_values):
+                by_slot.setdefault(suffix, ([], []))
+                by_slot[suffix][0].append(variable)
+                by_slot[suffix][1].append(value)
+            slot_capture = {}
+            for suffix, (variables, values) in by_slot.items():
+                for key, value in _full_values(variables, values, o.renamer).items():
+                    slot_capture[f"{key}/{suffix}"] = value
+            captures.append({"variables": _full_values(side.variables, model_values, o.renamer),
+                             "slots": slot_capture,
+                             "optimizer": {v.op.name: np.float32(x) for v, x in zip(non_slot, non_slot_values)}})
+        return {"losses": losses, "captures": captures, "optimizer": type(optimizer).__name__}
+    finally:
+        side.close()
+
+
+def _resume_tf2(e, _) -> dict:
+    _, make_tf2 = _needs(e)
+    o = e.options
+    target = os.path.join(e.workdir(), "converted", "model")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tool = DeterministicRandomTestTool(seed=o.seed, mode="constant")
+    writer = None
+    if e.factory is not None:
+        with tool.scope():
+            writer = e.factory()
+            writer(tf.nest.map_structure(tf.convert_to_tensor, o.inputs), training=False)
+    with tool.scope():
+        side = TF2Side(e.new_layer(), renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=o.tf_function,
+                       graph_rewrites=o.graph_rewrites)
+        side.forward(o.inputs, training=False)
+    conversion, _, _ = convert(o.checkpoint, None, o.inputs, target, rename=o.renamer, optimizer=make_tf2,
+                               overwrite=True, layer=writer or side.layer)
+    optimizer = side.make_optimizer(make_tf2)
+    status = tf.train.Checkpoint(model=side.layer, optimizer=optimizer).read(conversion.path)
+    status.assert_existing_objects_matched()
+    lr = float(optimizer.get_config()["learning_rate"]) if any(
+        how != "copy" for _, _, how in conversion.slots) else None
+    sources = {}
+    for tf2_name, source, how in conversion.slots:
+        keras_slot = tf2_name.split("/", 1)[0]
+        sources[(keras_slot, source.rpartition("/")[0])] = (source, how)
+    losses, captures = [], []
+    for _ in range(o.train_steps):
+        with tool.scope():
+            losses.append(side.train_step(o.inputs, optimizer, training=True))
+        slot_capture = {}
+        found = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
+        for variable in found:
+            keras_slot, _, model_name = strip_output_index(variable.name).partition("/")
+            entry = sources.get((keras_slot, o.renamer(model_name)))
+            if entry is not None:
+                slot_capture[entry[0]] = (variable.numpy(), entry[1])
+        captures.append({"variables": side.read_variables(), "slots": slot_capture,
+                         "iterations": int(optimizer.iterations.numpy()),
+                         "betas": (float(getattr(optimizer, "beta_1", 0) or 0),
+                                   float(getattr(optimizer, "beta_2", 0) or 0))})
+    return {"losses": losses, "captures": captures, "optimizer": type(optimizer).__name__, "lr": lr,
+            "conversion": str(conversion), "mapped": len(conversion.model), "converted": len(conversion.slots),
+            "iterations": conversion.iterations, "notes": list(conversion.notes)}
+
+
+def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
+    o = e.options
+    comparisons, failed_at = [], None
+    for step, (tf1_loss, tf1_capture, tf2_loss, tf2_capture) in enumerate(
+            zip(tf1["losses"], tf1["captures"], tf2["losses"], tf2["captures"])):
+        # A TF1 slot is compared in tf-keras' form (Momentum: -lr * a), under its TF1 name.
+        expected_slots, actual_slots = {}, {}
+        for key, value in tf1_capture["slots"].items():
+            converted = tf2_capture["slots"].get(key)
+            how = converted[1] if converted is not None else "copy"
+            expected_slots[key] = _SLOT_TRANSFORMS[how](value, tf2["lr"])
+            if converted is not None:
+                actual_slots[key] = converted[0]
+        expected = {"loss": np.float32(tf1_loss), "variables": tf1_capture["variables"], "slots": expected_slots}
+        actual = {"loss": np.float32(tf2_loss), "variables": tf2_capture["variables"], "slots": actual_slots}
+        if tf1_capture["optimizer"]:
+            expected["optimizer"] = tf1_capture["optimizer"]
+            t = tf2_capture["iterations"] + 1
+            beta_1, beta_2 = tf2_capture["betas"]
+            actual["optimizer"] = {"beta1_power": np.float32(beta_1 ** t), "beta2_power": np.float32(beta_2 ** t)}
+        comparison = compare(expected, actual, o.tolerances.get("resume", step), name=f"step_{step + 1}")
+        comparisons.append(comparison)
+        if not comparison.ok and failed_at is None:
+            failed_at = step + 1
+    notes = [f"{o.train_steps} steps of {tf1['optimizer']} (TF1, restored with its slots) vs "
+             f"{tf2['optimizer']} (TF2, from the converted checkpoint)",
+             f"converted: {tf2['mapped']} model variables, {tf2['converted']} slots, "
+             f"iterations={tf2['iterations']}"]
+    notes += [f"conversion: {note}" for note in tf2["notes"]]
+    if failed_at is not None:
+        notes.append(f"first step that exceeds tolerance: {failed_at}")
+    losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
+    return StepResult.from_comparisons("resume", title("resume"), comparisons, notes=notes,
+                                       data={"steps": o.train_steps, "first_failing_step": failed_at,
+                                             "losses": losses, "conversion": tf2["conversion"]})
+
+
+resume = SplitStep(_resume_tf1, _resume_tf2, _resume_judge)

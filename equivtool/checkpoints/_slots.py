@@ -1,0 +1,208 @@
+"""TF1 optimizer slot layouts, and how each becomes a tf-keras optimizer's slots.
+
+Facts from ``tensorflow/python/training`` (``adam.py``, ``momentum.py``,
+``rmsprop.py``, ``adagrad.py``, ``slot_creator.py``) and tf-keras'
+``optimizers`` (``adam.py``, ``sgd.py``, ``rmsprop.py``, ``adagrad.py``):
+
+* a TF1 slot is saved as ``<variable>/<optimizer name>`` for its first slot and
+  ``<variable>/<optimizer name>_<N>`` for the later ones, in the order the
+  optimizer's ``_create_slots`` makes them (``Adam``: m then v; ``RMSProp``:
+  rms, then mg when centered, then momentum); a partitioned variable's slot
+  is saved whole under the variable's full name, like the variable;
+* a tf-keras (2.11+) optimizer slot is a variable named
+  ``<slot>/<variable name>`` (``m``, ``v``; ``velocity``, ``momentum``,
+  ``average_gradient``; ``accumulator``) and the step count is ``iterations``;
+* Adam's step count is in ``beta1_power = beta1 ** (t + 1)`` and
+  ``beta2_power = beta2 ** (t + 1)`` in TF1, and in ``iterations = t`` in
+  tf-keras (its update uses ``iterations + 1``).
+
+What each conversion preserves, and what it cannot, is in :data:`LAYOUTS`'
+``notes`` (the README's table shows them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["SlotLayout", "LAYOUTS", "keras_kind", "layout_for", "tf1_family", "iterations_from_betas"]
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """One TF1 optimizer's slots as one tf-keras optimizer's.
+
+    ``slots``: ``(TF1 slot, its checkpoint suffix, tf-keras slot or None when
+    tf-keras keeps no such state, transform)``; ``transform`` is ``"copy"`` or
+    ``"times_minus_lr"`` (TF1 Momentum accumulates gradients, tf-keras SGD
+    velocities: ``m = -learning_rate * accumulation``).
+    """
+
+    tf1: str
+    keras: str
+    slots: tuple
+    notes: tuple = ()
+
+
+_ADAM_NOTES = (
+    "m, v copied (TF1 m = Adam, v = Adam_1); iterations from beta1_power/beta2_power and global_step, "
+    "checked against each other",
+    "epsilon: both add it to sqrt(v) (epsilon hat, not the paper's Algorithm 1), but TF1's default is "
+    "1e-08 and tf-keras' 1e-07: give the tf-keras optimizer the TF1 run's value",
+    "amsgrad has no TF1 counterpart (refused)",
+)
+_MOMENTUM_NOTES = (
+    "TF1 Momentum accumulates gradients (a = mu*a + g; var -= lr*a, Nesterov: var -= lr*(g + mu*a)); "
+    "tf-keras SGD keeps a velocity (m = mu*m - lr*g; var += m, Nesterov: var += mu*m - lr*g): "
+    "m = -learning_rate * a, exact only for a constant learning rate equal to the TF1 run's "
+    "(a schedule is refused)",
+)
+_RMSPROP_NOTES = (
+    "velocity = rms (RMSProp), momentum = momentum slot, average_gradient = mg when centered: copied",
+    "epsilon: both add it inside the square root; TF1's default is 1e-10, tf-keras' 1e-07",
+    "initial accumulator: TF1 starts rms at 1.0, tf-keras velocity at 0.0: a fresh start differs, a "
+    "converted one carries the TF1 value",
+    "centered: TF1 centered=True has three slots (rms, mg, momentum): the tf-keras optimizer must be "
+    "centered=True too (checked)",
+    "momentum=0 in tf-keras keeps no momentum slot: TF1's (its last increment) is not needed",
+)
+_ADAGRAD_NOTES = (
+    "accumulator copied (TF1 Adagrad slot)",
+    "epsilon: TF1 Adagrad has none (var -= lr*g/sqrt(acc)); tf-keras adds it inside the square root "
+    "(var -= lr*g/sqrt(acc + epsilon)): pass epsilon=0 for identical updates",
+    "initial_accumulator_value: both default 0.1; converted accumulators carry the TF1 value",
+)
+_SGD_NOTES = ("GradientDescent keeps no slots; iterations from global_step",)
+
+LAYOUTS = {
+    "Adam": SlotLayout("Adam", "Adam", (("m", "Adam", "m", "copy"), ("v", "Adam_1", "v", "copy")), _ADAM_NOTES),
+    "Momentum": SlotLayout("Momentum", "SGD", (("momentum", "Momentum", "m", "times_minus_lr"),),
+                           _MOMENTUM_NOTES),
+    "RMSProp": SlotLayout("RMSProp", "RMSprop", (("rms", "RMSProp", "velocity", "copy"),
+                                                 ("momentum", "RMSProp_1", "momentum", "copy")), _RMSPROP_NOTES),
+    "RMSProp (centered)": SlotLayout(
+        "RMSProp (centered)", "RMSprop", (("rms", "RMSProp", "velocity", "copy"),
+                                          ("mg", "RMSProp_1", "average_gradient", "copy"),
+                                          ("momentum", "RMSProp_2", "momentum", "copy")), _RMSPROP_NOTES),
+    "Adagrad": SlotLayout("Adagrad", "Adagrad", (("accumulator", "Adagrad", "accumulator", "copy"),),
+                          _ADAGRAD_NOTES),
+    "GradientDescent": SlotLayout("GradientDescent", "SGD", (), _SGD_NOTES),
+}
+
+_SUFFIX = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9]*)(?:_(?P<n>\d+))?$")
+
+
+def keras_kind(optimizer) -> str:
+    """``"Adam"``, ``"SGD"``, ``"RMSprop"`` or ``"Adagrad"`` for those tf-keras
+    optimizers (exactly those classes); ``ValueError`` for any other."""
+    known = {tf.keras.optimizers.Adam: "Adam", tf.keras.optimizers.SGD: "SGD",
+             tf.keras.optimizers.RMSprop: "RMSprop", tf.keras.optimizers.Adagrad: "Adagrad"}
+    kind = known.get(type(optimizer))
+    if kind is None:
+        raise ValueError(
+            f"optimizer: the slot layout of {type(optimizer).__module__}.{type(optimizer).__name__} is unknown; "
+            "supported: tf.keras.optimizers.Adam, SGD (with or without momentum, Nesterov), RMSprop, Adagrad "
+            "(the tf-keras 2.11+ optimizers, not optimizers.legacy)")
+    return kind
+
+
+def tf1_family(slot_suffixes: dict) -> str:
+    """The TF1 optimizer whose slots these are: ``{variable: [suffix, ...]}`` ->
+    a key of :data:`LAYOUTS`; ``ValueError`` naming a slot of no known layout."""
+    bases = {}
+    for variable, suffixes in slot_suffixes.items():
+        for suffix in suffixes:
+            match = _SUFFIX.match(suffix)
+            base = match.group("base") if match else suffix
+            if base not in ("Adam", "Momentum", "RMSProp", "Adagrad"):
+                raise ValueError(f"tf1_checkpoint: slot {variable}/{suffix}: unknown TF1 optimizer slot layout "
+                                 f"{base!r}; supported: Adam, Momentum, RMSProp, Adagrad, GradientDescent "
+                                 "(default optimizer names)")
+            bases.setdefault(base, []).append(f"{variable}/{suffix}")
+    if len(bases) > 1:
+        raise ValueError(f"tf1_checkpoint: slots of several optimizers ({sorted(bases)}): convert one at a time")
+    if not bases:
+        return "GradientDescent"
+    base = next(iter(bases))
+    if base == "RMSProp" and any(len(s) == 3 for s in slot_suffixes.values()):
+        return "RMSProp (centered)"
+    return base
+
+
+def layout_for(family: str, kind: str, optimizer) -> SlotLayout:
+    """The layout from TF1 ``family`` to the tf-keras ``kind``, checking the
+    hyperparameters that change which slots exist; ``ValueError`` names them."""
+    layout = LAYOUTS[family]
+    wanted = {"Adam": "Adam", "Momentum": "SGD", "GradientDescent": "SGD", "Adagrad": "Adagrad",
+              "RMSProp": "RMSprop", "RMSProp (centered)": "RMSprop"}[family]
+    if kind != wanted:
+        raise ValueError(f"optimizer: the checkpoint holds {family} state; it converts to "
+                         f"tf.keras.optimizers.{wanted}, not {kind}")
+    if kind == "Adam" and getattr(optimizer, "amsgrad", False):
+        raise ValueError("optimizer: Adam(amsgrad=True) keeps a vhat slot that TF1 Adam has no counterpart for")
+    if kind == "SGD":
+        momentum = float(optimizer.momentum)
+        if family == "Momentum" and momentum == 0:
+            raise ValueError("optimizer: the checkpoint holds Momentum slots but SGD has momentum=0; "
+                             "pass SGD(momentum=<the TF1 momentum>)")
+        if family == "GradientDescent" and momentum != 0:
+            raise ValueError(f"optimizer: the checkpoint is GradientDescent (no slots) but SGD has "
+                             f"momentum={momentum}; pass SGD(momentum=0.0)")
+    if kind == "RMSprop":
+        centered = family == "RMSProp (centered)"
+        if bool(optimizer.centered) != centered:
+            raise ValueError(f"optimizer: centered={bool(optimizer.centered)} but the TF1 checkpoint is "
+                             f"{'centered (rms, mg, momentum slots)' if centered else 'not centered'}; "
+                             f"pass RMSprop(centered={centered})")
+        if float(optimizer.momentum) == 0:
+            layout = SlotLayout(layout.tf1, layout.keras,
+                                tuple((s, x, None if k == "momentum" else k, t) for s, x, k, t in layout.slots),
+                                layout.notes)
+    return layout
+
+
+def _steps_from_power(power: float, beta: float):
+    """``t`` with ``power == beta ** (t + 1)``: ``(t, exact)``, or ``None`` when
+    ``power`` underflowed (then it says nothing)."""
+    if not 0 < beta < 1:
+        return None
+    if power <= np.finfo(np.float32).tiny:
+        return None
+    t = math.log(power) / math.log(beta) - 1
+    # float32 rounding of a running product: about 6e-8 relative per step.
+    slack = 0.01 + 2e-7 * max(t, 1) / abs(math.log(beta))
+    return round(t), abs(t - round(t)) <= slack
+
+
+def iterations_from_betas(beta1_power: float, beta2_power: float, beta_1: float, beta_2: float,
+                          global_step: int | None) -> int:
+    """Adam's step count from its beta powers, checked against each other and
+    against ``global_step`` (when the checkpoint has one); ``ValueError`` says
+    which disagree."""
+    found = {}
+    for name, power, beta in (("beta1_power", beta1_power, beta_1), ("beta2_power", beta2_power, beta_2)):
+        got = _steps_from_power(float(power), float(beta))
+        if got is None:
+            continue
+        t, exact = got
+        if not exact or t < 0:
+            raise ValueError(f"tf1_checkpoint: {name} = {float(power):.9g} is not a power of the optimizer's "
+                             f"beta ({beta}): the TF1 run used another beta, or the value was changed; pass the "
+                             "TF1 run's beta_1/beta_2 to the tf-keras Adam")
+        found[name] = t
+    if len(set(found.values())) > 1:
+        raise ValueError(f"tf1_checkpoint: the beta powers disagree on the step count: {found}")
+    if global_step is not None and found and next(iter(found.values())) != global_step:
+        raise ValueError(f"tf1_checkpoint: beta powers say {next(iter(found.values()))} steps "
+                         f"({found}), global_step says {global_step}: they must agree (was global_step "
+                         "incremented elsewhere, or the beta powers restored from another run?)")
+    if found:
+        return next(iter(found.values()))
+    if global_step is not None:
+        return global_step
+    raise ValueError("tf1_checkpoint: both beta powers underflowed and there is no global_step: the step count "
+                     "cannot be recovered")

@@ -1,0 +1,331 @@
+"""TF1 name-based checkpoint -> TF2 object-based checkpoint: :func:`convert_checkpoint`.
+
+The model's variables go through the mapping (``rename=`` rules or a
+:class:`~equivtool.VariableMapping`); the TF1 optimizer's slots become the
+tf-keras optimizer's (see ``equivtool.checkpoints._slots`` for each layout and
+what it preserves), and ``iterations`` is recovered from ``global_step`` or
+Adam's beta powers, checked against each other. Every problem found is named
+before anything is written; the checkpoint is written into a temporary folder
+beside the destination and moved into place, its index last, so a failure
+leaves no partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import shutil
+import tempfile
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from equivtool.checkpoints import _slots
+from equivtool.checkpoints.mapping import as_rename, check_inputs, make_layer
+from equivtool._base.names import strip_output_index
+from equivtool.engine.sides.runners import checkpoint_exists
+from equivtool.variables import _make_renamer
+
+__all__ = ["convert_checkpoint", "Conversion", "convert"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """What :func:`convert` wrote: ``(TF2 name, TF1 checkpoint key)`` per model
+    variable, ``(tf-keras slot variable, TF1 key, transform)`` per slot, the
+    TF1 keys left out (with why), ``iterations``, and notes on the
+    hyperparameters that differ between the two implementations."""
+
+    path: str
+    model: tuple
+    slots: tuple = ()
+    left_out: tuple = ()
+    iterations: int | None = None
+    optimizer: str = ""
+    notes: tuple = ()
+
+    def __str__(self) -> str:
+        lines = [f"TF2 checkpoint {self.path}: {len(self.model)} model variables, {len(self.slots)} slots"
+                 + (f", iterations={self.iterations}" if self.iterations is not None else "")
+                 + (f" ({self.optimizer})" if self.optimizer else "")]
+        lines += [f"  {tf2} <- {tf1}" for tf2, tf1 in self.model]
+        lines += [f"  {tf2} <- {tf1}" + ("" if how == "copy" else f" ({how})") for tf2, tf1, how in self.slots]
+        lines += [f"  not converted: {key} ({why})" for key, why in self.left_out]
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def checkpoint_path(value, argument: str = "tf1_checkpoint") -> str:
+    """The checkpoint prefix ``value`` names (a folder: its latest checkpoint),
+    or ``ValueError`` saying what was expected."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise TypeError(f"{argument}: expected a checkpoint path (str or os.PathLike), got {type(value).__name__}")
+    path = os.fspath(value)
+    if os.path.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if latest is None:
+            raise ValueError(f"{argument}: folder {path!r} holds no 'checkpoint' file naming a checkpoint; "
+                             "pass the checkpoint's prefix (the path before .index)")
+        path = latest
+    if not checkpoint_exists(path):
+        raise ValueError(f"{argument}: {path!r} is not a checkpoint (expected a prefix with a .index file, "
+                         "e.g. model.ckpt-1000)")
+    return path
+
+
+def _output_files(output: str) -> list:
+    return [p for p in [output + ".index", *glob.glob(glob.escape(output) + ".data-*")]
+            if os.path.lexists(p)]
+
+
+def check_output(output, overwrite: bool) -> str:
+    """``output`` as an absolute prefix, refused (``ValueError``) when it exists
+    (unless ``overwrite``), is a symlink, or its folder does not exist."""
+    if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
+        raise TypeError(f"output: expected the prefix of the checkpoint to write (str or os.PathLike), "
+                        f"got {output!r}")
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
+    path = os.path.abspath(os.fspath(output))
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise ValueError(f"output: folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"output: {path!r} is a folder; expected a checkpoint prefix such as {path}/model")
+    existing = _output_files(path)
+    links = [p for p in existing + [path] if os.path.islink(p)]
+    if links:
+        raise ValueError(f"output: {links[0]!r} is a symlink; refusing to write through it")
+    if existing and not overwrite:
+        raise ValueError(f"output: a checkpoint exists at {path!r} ({os.path.basename(existing[0])}); "
+                         "pass overwrite=True (--overwrite) to replace it")
+    return path
+
+
+def _make_optimizer(optimizer):
+    if optimizer is None:
+        return None
+    if isinstance(optimizer, tf.keras.optimizers.Optimizer) or hasattr(optimizer, "apply_gradients"):
+        return optimizer
+    if callable(optimizer):
+        made = optimizer()
+        if not hasattr(made, "apply_gradients"):
+            raise TypeError(f"optimizer: the factory returned {type(made).__name__}, not a tf-keras optimizer")
+        return made
+    raise TypeError(f"optimizer: expected a tf-keras optimizer or a zero-argument factory, "
+                    f"got {type(optimizer).__name__}")
+
+
+def _optimizer_variables(optimizer) -> dict:
+    found = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
+    return {strip_output_index(v.name): v for v in found}
+
+
+def _learning_rate(optimizer) -> float:
+    config = optimizer.get_config().get("learning_rate")
+    if not isinstance(config, (int, float, np.floating)):
+        raise ValueError("optimizer: a learning-rate schedule: TF1 Momentum's accumulator converts to a "
+                         "tf-keras SGD velocity (m = -learning_rate * a) only with a constant learning rate")
+    return float(config)
+
+
+def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer=None,
+            overwrite: bool = False, layer=None) -> tuple:
+    """:func:`convert_checkpoint`, returning ``(Conversion, layer, optimizer)``;
+    ``layer`` (already called, the engine's own) replaces ``tf2_layer()``."""
+    path = checkpoint_path(tf1_checkpoint)
+    out = check_output(output, overwrite)
+    if layer is None and (isinstance(tf2_layer, tf.Module) or not callable(tf2_layer)):
+        raise TypeError("tf2_layer: expected a zero-argument factory returning a Keras layer or tf.Module "
+                        f"(a layer instance would have its weights replaced), got {type(tf2_layer).__name__}")
+    check_inputs(inputs)
+    renamer = _make_renamer(as_rename(rename))
+    if optimizer is not None and not (callable(optimizer) or hasattr(optimizer, "apply_gradients")):
+        raise TypeError(f"optimizer: expected a tf-keras optimizer or a zero-argument factory, "
+                        f"got {type(optimizer).__name__}")
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as exc:
+        raise ValueError(f"tf1_checkpoint: {path!r} cannot be read: {exc}") from None
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    if "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes:
+        raise ValueError(f"tf1_checkpoint: {path!r} is a TF2 object-based checkpoint; expected a TF1 "
+                         "name-based one (tf.compat.v1.train.Saver)")
+    if layer is None:
+        layer = make_layer(tf2_layer)
+        layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=False)
+    opt = _make_optimizer(optimizer)
+    kind = _slots.keras_kind(opt) if opt is not None else None
+
+    problems, model, keys = [], [], {}
+    for variable in layer.variables:
+        name = strip_output_index(variable.name)
+        key = renamer(name)
+        keys[name] = key
+        if key not in shapes:
+            problems.append(f"TF2 variable {name!r} has no TF1 counterpart (looked up as {key!r})")
+            continue
+        if tuple(shapes[key]) != tuple(variable.shape.as_list()):
+            problems.append(f"{key!r}: shape {list(shapes[key])} in the checkpoint, "
+                            f"{variable.shape.as_list()} for TF2 {name!r}")
+        elif dtypes[key].base_dtype != variable.dtype.base_dtype:
+            problems.append(f"{key!r}: dtype {dtypes[key].name} in the checkpoint, {variable.dtype.name} "
+                            f"for TF2 {name!r}")
+        else:
+            model.append((variable, key))
+    used = {key for _, key in model}
+    slot_suffixes, non_slot, unmatched = {}, {}, []
+    for key in sorted(shapes):
+        if key in used or key in keys.values():
+            continue
+        parent, _, suffix = key.rpartition("/")
+        if parent in used or parent in keys.values():
+            slot_suffixes.setdefault(parent, []).append(suffix)
+        elif key in ("global_step", "beta1_power", "beta2_power"):
+            non_slot[key] = reader.get_tensor(key)
+        else:
+            unmatched.append(key)
+    problems += [f"TF1 variable {key!r} has no TF2 counterpart" for key in unmatched]
+    if problems:
+        raise ValueError(f"{len(problems)} variables do not map (no file written); fix rename= or the model:\n  "
+                         + "\n  ".join(problems))
+
+    # What is assigned, once every check has passed: a refused conversion
+    # leaves the caller's optimizer as it was.
+    slots, assignments, left_out, notes, iterations, family = [], [], [], [], None, ""
+    global_step = int(non_slot["global_step"]) if "global_step" in non_slot else None
+    if opt is None:
+        left_out += [(f"{p}/{s}", "no optimizer given") for p, ss in slot_suffixes.items() for s in ss]
+        left_out += [(k, "no optimizer given") for k in non_slot]
+    else:
+        family = _slots.tf1_family(slot_suffixes)
+        layout = _slots.layout_for(family, kind, opt)
+        trainable = list(layer.trainable_variables)
+        opt.build(trainable)
+        by_name = _optimizer_variables(opt)
+        lr = _learning_rate(opt) if any(t == "times_minus_lr" for *_, t in layout.slots) else None
+        consumed, slot_problems = set(), []
+        for variable in trainable:
+            name = strip_output_index(variable.name)
+            key = keys[name]
+            for tf1_slot, suffix, keras_slot, transform in layout.slots:
+                source = f"{key}/{suffix}"
+                if source not in shapes:
+                    slot_problems.append(f"slot {source!r} ({family} {tf1_slot} of {key!r}) is not in the "
+                                         f"checkpoint; tf-keras {keras_slot or tf1_slot!r} of {name!r} needs it")
+                    continue
+                consumed.add(source)
+                if keras_slot is None:
+                    left_out.append((source, f"tf-keras {kind} with these settings keeps no {tf1_slot}"))
+                    continue
+                target = by_name.get(f"{keras_slot}/{name}")
+                if target is None:
+                    slot_problems.append(f"the tf-keras {kind} has no slot {keras_slot!r} for {name!r}")
+                    continue
+                value = reader.get_tensor(source)
+                if transform == "times_minus_lr":
+                    value = -lr * value
+                slots.append((target, source, transform))
+                assignments.append((target, value.astype(target.dtype.as_numpy_dtype)))
+        for parent, suffixes in slot_suffixes.items():
+            for suffix in suffixes:
+                if f"{parent}/{suffix}" not in consumed:
+                    slot_problems.append(f"slot {parent}/{suffix} has no tf-keras counterpart (its variable is "
+                                         "not trainable in TF2, or not in the optimizer's layout)")
+        if family == "Adam":
+            for name in ("beta1_power", "beta2_power"):
+                if name not in non_slot:
+                    slot_problems.append(f"{name} is not in the checkpoint: Adam's step count needs it")
+        if slot_problems:
+            raise ValueError(f"optimizer state does not convert ({len(slot_problems)} problems, no file "
+                             "written):\n  " + "\n  ".join(slot_problems))
+        if family == "Adam":
+            iterations = _slots.iterations_from_betas(non_slot["beta1_power"], non_slot["beta2_power"],
+                                                      float(opt.beta_1), float(opt.beta_2), global_step)
+        elif global_step is not None:
+            iterations = global_step
+        else:
+            iterations = 0
+            notes.append("no global_step in the checkpoint: iterations set to 0")
+        assignments.append((opt.iterations, iterations))
+        notes += list(layout.notes)
+        config = opt.get_config()
+        keys = ("learning_rate", "beta_1", "beta_2", "epsilon", "momentum", "nesterov", "rho", "centered",
+                "initial_accumulator_value")
+        shown = [f"{k}={float(config[k]):.6g}" if isinstance(config[k], (float, np.floating)) else
+                 f"{k}={config[k]}" for k in keys if k in config]
+        notes.append(f"the tf-keras {kind}'s hyperparameters (check them against the TF1 run's): "
+                     + ", ".join(shown))
+        if global_step is not None and family != "Adam":
+            notes.append(f"iterations = global_step = {global_step}")
+    for variable, value in assignments:
+        variable.assign(value)
+    for variable, key in model:
+        variable.assign(reader.get_tensor(key))
+    written = _write_atomically(
+        tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {})), out)
+    conversion = Conversion(
+        written, tuple((strip_output_index(v.name), k) for v, k in model),
+        tuple((strip_output_index(t.name), s, how) for t, s, how in slots), tuple(left_out), iterations,
+        f"TF1 {family} -> tf.keras.optimizers.{kind}" if opt is not None else "", tuple(notes))
+    return conversion, layer, opt
+
+
+def _write_atomically(checkpoint, output: str) -> str:
+    """Write ``checkpoint`` to ``output`` via a temporary folder beside it: its
+    files are moved into place data first, index last, then stale data files of
+    a replaced checkpoint are removed. Nothing is left behind on failure."""
+    folder, base = os.path.split(output)
+    staging = tempfile.mkdtemp(prefix=f".{base}.equivtool-", dir=folder)
+    try:
+        checkpoint.write(os.path.join(staging, base))
+        names = sorted(os.listdir(staging), key=lambda n: n.endswith(".index"))
+        before = set(_output_files(output))
+        for name in names:
+            destination = os.path.join(folder, name)
+            if os.path.islink(destination):
+                raise ValueError(f"output: {destination!r} became a symlink; refusing to write through it")
+            os.replace(os.path.join(staging, name), destination)
+        for stale in before - {os.path.join(folder, n) for n in names}:
+            os.unlink(stale)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output
+
+
+def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, inputs: Any,
+                       output: str | os.PathLike, *, rename=None, optimizer=None,
+                       overwrite: bool = False) -> str:
+    """Write a TF2 checkpoint ``tf.train.Checkpoint(model=layer, optimizer=optimizer)``
+    from a TF1 name-based checkpoint.
+
+    Args:
+      tf1_checkpoint: the TF1 checkpoint's prefix (``model.ckpt-1000``) or its folder.
+      tf2_layer: a zero-argument factory returning the TF2 layer (as for
+        :func:`equivtool.check_equivalence`); it is called once on ``inputs``
+        to create its variables.
+      inputs: a NumPy array (or nested structure) to build the layer with.
+      output: the prefix to write (its folder must exist).
+      rename: rules mapping each TF2 variable name to its TF1 name, or a
+        :class:`~equivtool.VariableMapping` from :func:`equivtool.map_variables`.
+      optimizer: a tf-keras optimizer (``Adam``, ``SGD``, ``RMSprop``,
+        ``Adagrad``) or a zero-argument factory: its slots and ``iterations``
+        are filled from the TF1 optimizer's (Adam, Momentum, RMSProp,
+        Adagrad, GradientDescent) and it is saved as ``optimizer``. Without
+        it only the model is written.
+      overwrite: replace a checkpoint at ``output``.
+
+    Returns the prefix written; restore it with
+    ``tf.train.Checkpoint(model=layer, optimizer=optimizer).read(prefix)``.
+
+    Every problem is named before anything is written (``ValueError``): a
+    path that is not a checkpoint, TF1 or TF2 variables without a
+    counterpart (all listed), shapes or dtypes that differ, an ambiguous
+    mapping, an optimizer whose slot layout is unknown, slots missing,
+    beta powers that disagree with ``global_step``, an existing output or a
+    symlink there.
+    """
+    return convert(tf1_checkpoint, tf2_layer, inputs, output, rename=rename, optimizer=optimizer,
+                   overwrite=overwrite)[0].path
