@@ -96,7 +96,7 @@ CHECK = ["check", "interrupt_models:tf1_dense", "interrupt_models:Dense", "--inp
 
 @pytest.mark.parametrize("args, prog, fragment", [
     (CHECK + ["--workers", "abc"], "equivtool check", "argument --workers: invalid int value: 'abc'"),
-    (CHECK[:3], "equivtool check", "the following arguments are required: --input-shape"),
+    (CHECK[:2], "equivtool check", "the following arguments are required: MODULE:TF2_FACTORY"),
     (CHECK + ["--no-such-option"], "equivtool", "unrecognized arguments: --no-such-option"),
     (["frobnicate"], "equivtool", "invalid choice: 'frobnicate'"),
 ])

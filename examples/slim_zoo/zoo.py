@@ -55,23 +55,25 @@ class ZooNet:
 
 ZOO = {net.name: net for net in (
     ZooNet("alexnet_v2", alexnet.alexnet_v2, alexnet.alexnet_v2_arg_scope, 195),
-    # measured: gradients off by up to 1.8e-5 with tf.function (9.5e-7 eagerly)
-    ZooNet("inception_v1", inception.inception_v1, inception.inception_v1_arg_scope, 224,
-           step_tolerances={"gradients": Tolerance(atol=5e-5)}),
-    # measured: inference end points off by up to 1.5e-4 (random weights, activations in the hundreds)
-    ZooNet("inception_v2", inception.inception_v2, inception.inception_v2_arg_scope, 32,
-           step_tolerances={"random/constant/inference": Tolerance(atol=5e-4),
-                            "random/num_random_ops/inference": Tolerance(atol=5e-4)}),
-    # measured: gradients off by up to 4.2e-5 (eager) and 2.3e-4 (tf.function) on 3 and 22 of
-    # 194 leaves; Mixed_6a off by 1.8e-5 in num_random_ops inference
+    # Under graph_rewrites="as_written" (issue 27) inception_v1's gradients (1.8e-5 with the
+    # remapper on) and inception_v2's inference end points (1.5e-4) agree bit for bit: those
+    # tolerances were fusion artifacts and are gone.
+    ZooNet("inception_v1", inception.inception_v1, inception.inception_v1_arg_scope, 224),
+    ZooNet("inception_v2", inception.inception_v2, inception.inception_v2_arg_scope, 32),
+    # measured (AMD EPYC, AVX-512): eager gradients off by up to 4.2e-5 on the stem (the TF2 tape
+    # sums the gradient in another order than tf.gradients); 0 under tf.function
     ZooNet("inception_v3", inception.inception_v3, inception.inception_v3_arg_scope, 107,
-           step_tolerances={"gradients": Tolerance(atol=5e-4),
-                            "random/num_random_ops/inference": Tolerance(atol=5e-5)}),
+           step_tolerances={"gradients": Tolerance(atol=1e-4)}),
     ZooNet("overfeat", overfeat.overfeat, overfeat.overfeat_arg_scope, 231),
     ZooNet("resnet_v1_50", resnet_v1.resnet_v1_50, resnet_v1.resnet_arg_scope, 32),
-    ZooNet("resnet_v1_101", resnet_v1.resnet_v1_101, resnet_v1.resnet_arg_scope, 32),
+    # measured (AMD EPYC, AVX-512): after the SGD step, block3's batch-norm moving variances off
+    # by up to 4.4e-5 (v1) and 5.7e-5 (v2), growing unit by unit (about 1e-6 relative); the same
+    # with TensorFlow's graph rewrites and with oneDNN off. 4.8e-7 and 9.5e-7 on earlier machines.
+    ZooNet("resnet_v1_101", resnet_v1.resnet_v1_101, resnet_v1.resnet_arg_scope, 32,
+           step_tolerances={"optimizer": Tolerance(atol=2e-4)}),
     ZooNet("resnet_v2_50", resnet_v2.resnet_v2_50, resnet_v2.resnet_arg_scope, 32),
-    ZooNet("resnet_v2_101", resnet_v2.resnet_v2_101, resnet_v2.resnet_arg_scope, 32),
+    ZooNet("resnet_v2_101", resnet_v2.resnet_v2_101, resnet_v2.resnet_arg_scope, 32,
+           step_tolerances={"optimizer": Tolerance(atol=2e-4)}),
     ZooNet("vgg_a", vgg.vgg_a, vgg.vgg_arg_scope, 224),
     ZooNet("vgg_16", vgg.vgg_16, vgg.vgg_arg_scope, 224),
     ZooNet("vgg_19", vgg.vgg_19, vgg.vgg_arg_scope, 224),
