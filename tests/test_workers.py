@@ -336,3 +336,18 @@ def test_an_arg_scope_whose_op_cannot_be_found_is_refused():
 
     with pytest.raises(TypeError, match=r"^tf1_fn: cannot be sent .*tf-slim arg scope for <function"):
         equivtool.check_equivalence(tf1_fn, SlimNetShim, X, workers=2)
+
+
+def test_functions_sent_by_value_keep_their_file():
+    """cloudpickle 3.1.3 sends copied code as "<dynamic-code>"; equivtool keeps the
+    file, so an error in a worker names the user's file as in one process."""
+    import pickle
+
+    from equivtool.engine import send
+
+    def local(x):
+        return lambda: x  # nested code objects travel too
+
+    copied = pickle.loads(send.dumps(local))
+    assert copied.__code__.co_filename == __file__
+    assert copied(1).__code__.co_filename == __file__

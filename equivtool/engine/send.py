@@ -20,6 +20,7 @@ importable functions by reference. Two things in TF1 code need more:
 
 from __future__ import annotations
 
+import collections
 import importlib
 import io
 import pickle
@@ -82,10 +83,26 @@ def _is_arg_scope(value) -> bool:
             and all(isinstance(v, Mapping) for v in value.values()))
 
 
+def _code_with_its_file(code: types.CodeType):
+    """cloudpickle's reduction of a code object, keeping the file it was defined in.
+
+    cloudpickle 3.1.3 sends every function it copies by value with its file
+    replaced by ``<dynamic-code>`` (for deterministic payloads), so an error
+    raised in a worker by a function defined in ``__main__``, a test or a closure
+    would name no file, where the same check in one process names the user's.
+    """
+    import cloudpickle
+    constructor, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    return constructor, tuple(code.co_filename if arg == "<dynamic-code>" else arg for arg in args)
+
+
 def dumps(value) -> bytes:
     import cloudpickle
 
     class Pickler(cloudpickle.Pickler):
+        dispatch_table = collections.ChainMap({types.CodeType: _code_with_its_file},
+                                              cloudpickle.Pickler.dispatch_table)
+
         def reducer_override(self, obj):
             if isinstance(obj, types.FunctionType) and \
                     str(getattr(obj, "__module__", "")).split(".")[0] in _LIBRARIES:
