@@ -145,6 +145,25 @@ def test_function_rewrites_restores_options_and_leaves_other_threads():
     assert other.graph_options.rewrite_options.remapping != RewriterConfig.OFF
 
 
+def test_function_rewrites_over_an_all_default_config():
+    """A thread whose function-call config serializes to nothing (every field at its
+    default) still gets the passes off, and its own options back."""
+    from tensorflow.python.eager.context import FunctionCallOptions
+    ctx = context.context()
+    before = ctx.function_call_options
+    ctx.function_call_options = FunctionCallOptions(config_proto=tf.compat.v1.ConfigProto())
+    empty = ctx.function_call_options
+    try:
+        assert empty.config_proto_serialized == b""
+        with _execution.function_rewrites("as_written"):
+            inside = tf.compat.v1.ConfigProto()
+            inside.ParseFromString(ctx.function_call_options.config_proto_serialized)
+            assert inside.graph_options.rewrite_options.remapping == RewriterConfig.OFF
+        assert ctx.function_call_options is empty
+    finally:
+        ctx.function_call_options = before
+
+
 def test_function_rewrites_out_of_order_exit_on_threads():
     """Scopes entered on two threads end in any order; each thread gets its own options back."""
     ctx = context.context()

@@ -147,8 +147,8 @@ def function_rewrites(graph_rewrites: str) -> Iterator[None]:
     ctx = context.context()
     previous = ctx.function_call_options
     options = copy.copy(previous)
-    options.config_proto_serialized = rewrite_config(graph_rewrites, previous.config_proto_serialized
-                                                     and _parse_config(previous.config_proto_serialized))
+    serialized = previous.config_proto_serialized  # b"" for an all-default config
+    options.config_proto_serialized = rewrite_config(graph_rewrites, _parse_config(serialized) if serialized else None)
     ctx.function_call_options = options
     try:
         yield
