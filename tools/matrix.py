@@ -286,21 +286,17 @@ def _write_atomic(path: str, text: str) -> None:
 
 def _cpu() -> str:
     """The CPU's model name and the vector extensions oneDNN can use: its fused kernels round
-    differently across them, so every row names its CPU."""
-    model, flags = platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                    break
-    except OSError:
-        pass
-    isa = [name for flag, name in (("avx512f", "AVX-512"), ("amx_bf16", "AMX")) if flag in flags]
-    return f"{model} ({', '.join(isa)})" if isa else model
+    differently across them, so every row names its CPU. Read by equivtool's own
+    ``_platform/execution.cpu`` (loaded from its file: this tool runs without equivtool's
+    dependencies), the same description as the report's header."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "_equivtool_execution", os.path.join(REPO, "equivtool", "_platform", "execution.py"))
+    execution = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(execution)
+    cpu = execution.cpu()
+    isa = [name for name in ("AVX-512", "AMX BF16") if name in cpu["isa"]]
+    return f"{cpu['model']} ({', '.join(isa)})" if isa else cpu["model"]
 
 
 def _row(result: dict) -> str:
