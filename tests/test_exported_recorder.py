@@ -52,10 +52,25 @@ def test_the_recorder_names_only_tf_1_15_symbols():
 
 
 def test_the_check_catches_a_tf2_only_symbol():
-    planted = recorder_source() + "\nloaded = tf.saved_model.load('m')\nfn = tf.function(len)\n"
-    assert unknown_names(planted) == ["tensorflow.function", "tensorflow.saved_model.load"]
-    assert unknown_names("import tensorflow as tf\ntf.compat.v1.saved_model.load_v2('m')\n") == [
-        "tensorflow.saved_model.load_v2"]
+    # names TensorFlow added after 1.15 (2.8 and 2.4); tf.function and tf.saved_model.load
+    # are not among them: TF 1.15 has both.
+    planted = recorder_source() + (
+        "\ntf.config.experimental.enable_op_determinism()\nnp_api = tf.experimental.numpy\n")
+    assert unknown_names(planted) == [
+        "tensorflow.config.experimental.enable_op_determinism", "tensorflow.experimental.numpy"]
+    assert unknown_names("import tensorflow as tf\ntf.compat.v1.io.gfile.join('a', 'b')\n") == [
+        "tensorflow.io.gfile.join"]
+
+
+def test_the_api_list_is_tf_1_15s_whole_api():
+    """The list is TF 1.15's whole API, not the recorder's own names (a check against those
+    could not fail): it has TF 1.x-only names the recorder never uses, and lacks TF2's."""
+    known = api_symbols()
+    assert len(known) > 15000
+    assert {"tensorflow.placeholder", "tensorflow.estimator.Estimator", "tensorflow.Session",
+            "tensorflow.saved_model.loader.load", "tensorflow.layers.conv2d"} <= known
+    assert "tensorflow.estimator.Estimator" not in tf_names(recorder_source())
+    assert "tensorflow.random.Generator" not in known
 
 
 def test_the_recorder_parses_as_python_3_6_and_imports_nothing_but_tf_and_numpy():
