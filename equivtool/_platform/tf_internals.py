@@ -49,10 +49,11 @@ SYMBOLS: dict[str, str] = {
     "nn": "tensorflow.python.ops.nn",
     "control_flow_util": "tensorflow.python.ops.control_flow_util",
     "nn_ops": "tensorflow.python.ops.nn_ops",
-    # exported: unregistered ops found before loading; a TF2 signature frozen into a graph
+    # exported: unregistered ops found before loading; a TF2 signature's bodies inlined into one graph
+    # (Grappler's function inlining, the first step of convert_variables_to_constants_v2)
     "op_def_registry": "tensorflow.python.framework.op_def_registry",
-    "convert_variables_to_constants_v2":
-        "tensorflow.python.framework.convert_to_constants:convert_variables_to_constants_v2",
+    "inline_graph_optimization":
+        "tensorflow.python.framework.convert_to_constants:_run_inline_graph_optimization",
     "SavedModel": "tensorflow.core.protobuf.saved_model_pb2:SavedModel",
 }
 

@@ -1,7 +1,7 @@
 """``--localize`` for exported models: the first node, in topological order, whose output differs.
 
 Both sides are graphs whose every tensor can be fetched (:meth:`Side.graph_view`:
-the loaded TF1 graph, the TF2 signature frozen and inlined, or a golden
+the loaded TF1 graph, the TF2 signature inlined over its loaded variables, or a golden
 record's GraphDef with the values it holds). Their nodes are aligned with the
 engine's localization rules (:mod:`equivtool.localize._capture`): names with
 the model's outer scope stripped first (``StatefulPartitionedCall/net/small_net/

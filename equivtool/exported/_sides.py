@@ -16,10 +16,9 @@ Every side runs a graph as written: TF1 SavedModels and frozen graphs in a
 are off (``graph_rewrites="as_written"``, :mod:`equivtool._platform.execution`), TF2
 SavedModels and tf-keras files as their signature's concrete function, called
 with the same passes off through the thread's function-call options; so a
-verdict does not depend on the CPU. For ``--localize`` a concrete function is
-frozen (variables to constants, function bodies inlined:
-``convert_variables_to_constants_v2``) and imported into a graph, run in a
-session the same way. Before anything is loaded, the graph's op names are read against
+verdict does not depend on the CPU. For ``--localize`` a concrete function's
+bodies are inlined into one graph that reads the loaded variables (no copy of
+the weights) and is run, pruned to the tensors asked for, the same way. Before anything is loaded, the graph's op names are read against
 TensorFlow's op registry: unregistered ops are reported with their likely
 origin instead of TensorFlow's error deep in loading.
 """
@@ -327,25 +326,52 @@ def load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rew
     return GraphSide(kind, path, graph, session, inputs, outputs, meta)
 
 
-def _frozen(function, input_names, output_names, path, kind, meta, graph_rewrites) -> GraphSide:
-    """A concrete function with variables frozen and bodies inlined, imported into a graph."""
+def _inlined_view(function, input_names, output_names, path, graph_rewrites) -> GraphView:
+    """A concrete function with its function bodies inlined, as a graph whose every
+    tensor can be fetched, reading the loaded variables where they are.
+
+    Grappler's function inlining (the step ``convert_variables_to_constants_v2``
+    takes before freezing) gives one flat GraphDef whose captured variables are
+    placeholders; it is imported into a ``tf.compat.v1.wrap_function`` graph with
+    those placeholders mapped to the loaded variables' handles, so no copy of the
+    weights is made (freezing held three: the constants' GraphDef, the imported
+    graph and the session's kernels). ``fetch`` prunes the graph to the asked
+    tensors and calls it with the thread's function-call options switched to the
+    ``graph_rewrites`` passes.
+    """
     import tensorflow as tf
+    from equivtool._platform import execution as _execution
     from equivtool._platform import tf_internals as _tf_internals
     try:
-        frozen = _tf_internals.convert_variables_to_constants_v2(function)
-    except Exception as exc:  # noqa: BLE001 - a function that cannot be frozen
-        raise ModelLoadError(f"{path}: cannot freeze the signature into a graph: {_short(exc)}") from None
-    graph_def = frozen.graph.as_graph_def()
-    in_tensors, out_tensors = [t.name for t in frozen.inputs], [t.name for t in frozen.outputs]
-    del frozen  # only the graph below is kept
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.import_graph_def(graph_def, name="")
+        graph_def = _tf_internals.inline_graph_optimization(function, True, False)
+    except Exception as exc:  # noqa: BLE001 - a function Grappler cannot inline
+        raise ModelLoadError(f"{path}: cannot inline the signature into one graph: {_short(exc)}") from None
+    captures = list(function.graph.captures)
+    user_inputs = [t.name for t in function.inputs[:len(function.inputs) - len(captures)]]
+    output_tensors = [t.name for t in function.outputs]
+
+    def body():
+        graph = tf.compat.v1.get_default_graph()
+        input_map = {internal.name: graph.capture(external) for external, internal in captures}
+        tf.compat.v1.import_graph_def(graph_def, input_map=input_map, name="")
+
+    try:
+        wrapped = tf.compat.v1.wrap_function(body, signature=[])
+    except Exception as exc:  # noqa: BLE001 - an inlined graph that does not import
+        raise ModelLoadError(f"{path}: cannot import the inlined signature: {_short(exc)}") from None
     del graph_def
-    inputs = {n: graph.get_tensor_by_name(t) for n, t in zip(input_names, in_tensors)}
-    outputs = {n: graph.get_tensor_by_name(t) for n, t in zip(output_names, out_tensors)}
-    session = tf.compat.v1.Session(graph=graph, config=session_config(graph_rewrites))
-    return GraphSide(kind, path, graph, session, inputs, outputs, meta)
+    graph = wrapped.graph
+    inputs = {n: graph.get_tensor_by_name(t) for n, t in zip(input_names, user_inputs)}
+    outputs = {n: graph.get_tensor_by_name(t) for n, t in zip(output_names, output_tensors)}
+    feeds = list(inputs.values())
+
+    def fetch(tensors, values):
+        pruned = wrapped.prune(feeds=feeds, fetches=list(tensors))
+        with _execution.function_rewrites(graph_rewrites):
+            results = pruned(*values)
+        return [r.numpy() for r in results]
+
+    return graph, inputs, outputs, fetch, wrapped
 
 
 def _info(name: str, spec) -> TensorInfo:
@@ -359,8 +385,8 @@ class FunctionSide(Side):
 
     ``run`` calls it with this thread's function-call options switched to the
     ``graph_rewrites`` passes (:func:`equivtool._platform.execution.function_rewrites`,
-    restored on every exit path); ``graph_view`` freezes it into a graph, once,
-    for ``--localize``.
+    restored on every exit path); ``graph_view`` inlines it into one graph, once,
+    for ``--localize`` (:func:`_inlined_view`: the variables are read, not copied).
     """
 
     def __init__(self, kind, path, function, input_names, output_names, meta, graph_rewrites, owner=None):
@@ -371,7 +397,7 @@ class FunctionSide(Side):
         self.inputs = tuple(_info(n, spec) for n, spec in zip(self.input_names, flat_specs))
         self.outputs = tuple(_info(n, t) for n, t in zip(self.output_names, function.outputs))
         self.meta, self.notes, self.graph_rewrites = dict(meta), (), graph_rewrites
-        self._frozen: Optional[GraphSide] = None
+        self._inlined = None
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict:
         import tensorflow as tf
@@ -390,15 +416,17 @@ class FunctionSide(Side):
         return {n: v.numpy() for n, v in zip(self.output_names, values)}
 
     def graph_view(self, feed: Mapping[str, np.ndarray]) -> GraphView:
-        if self._frozen is None:
-            self._frozen = _frozen(self.function, self.input_names, self.output_names, self.path, self.kind,
-                                   self.meta, self.graph_rewrites)
-        return self._frozen.graph_view(feed)
+        import tensorflow as tf
+        self.check_feed(feed)
+        if self._inlined is None:
+            self._inlined = _inlined_view(self.function, self.input_names, self.output_names, self.path,
+                                          self.graph_rewrites)
+        graph, inputs, outputs, fetch, _ = self._inlined
+        values = [tf.convert_to_tensor(np.asarray(feed[n])) for n in self.input_names]
+        return GraphView(graph, inputs, outputs, lambda tensors: fetch(tensors, values))
 
     def close(self) -> None:
-        if self._frozen is not None:
-            self._frozen.close()
-            self._frozen = None
+        self._inlined = None
 
 
 def load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:
