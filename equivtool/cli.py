@@ -438,18 +438,29 @@ def _input_words(args) -> list:
 
 
 def cmd_demo(args) -> int:
+    """``equivtool demo``: the Inception-ResNet-v2 parity demo; with ``--exported`` the
+    same model exported as SavedModels and compared (``examples/exported/export.py``)."""
+    rest = list(args.demo_args)
+    exported = "--exported" in rest
+    if exported:
+        rest.remove("--exported")
+    module = _example("exported.export" if exported else "inception_resnet_v2.parity")
+    return module.main(rest)
+
+
+def _example(name: str):
+    """The example module ``name``: an installed equivtool ships the examples as
+    ``equivtool.examples``; a source checkout has them as the repository's ``examples/``."""
+    import importlib
     import importlib.util
-    # An installed equivtool ships the examples as equivtool.examples; a source
-    # checkout has them as the repository's examples/ too.
     if importlib.util.find_spec("equivtool.examples") is not None:
-        from equivtool.examples.inception_resnet_v2 import parity
-        return parity.main(args.demo_args)
+        return importlib.import_module(f"equivtool.examples.{name}")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     added = repo not in sys.path
     if added:
         sys.path.append(repo)
     try:
-        from examples.inception_resnet_v2 import parity
+        return importlib.import_module(f"examples.{name}")
     except ModuleNotFoundError as exc:
         raise UsageError("equivtool demo needs the examples: install equivtool, or run it "
                          f"from a source checkout: {exc}") from None
@@ -457,7 +468,6 @@ def cmd_demo(args) -> int:
         if added:
             with contextlib.suppress(ValueError):
                 sys.path.remove(repo)
-    return parity.main(args.demo_args)
 
 
 def _check_runs(runs) -> int:
@@ -597,7 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", default=None, help="write a JSON report here")
     check.set_defaults(run=cmd_check)
 
-    sub.add_parser("demo", help="Inception-ResNet-v2 proven equivalent (options: equivtool demo --help)")
+    sub.add_parser("demo", help="Inception-ResNet-v2 proven equivalent (options: equivtool demo --help); "
+                                "--exported: the same as exported SavedModels, and a planted fault localized")
 
     audit = sub.add_parser("audit", help="is MODULE:FN bitwise reproducible?")
     audit.add_argument("target", metavar="MODULE:FN")

@@ -54,6 +54,10 @@ SYMBOLS: dict[str, str] = {
     "op_def_registry": "tensorflow.python.framework.op_def_registry",
     "inline_graph_optimization":
         "tensorflow.python.framework.convert_to_constants:_run_inline_graph_optimization",
+    # exported --localize: a TF1 session's nodes dumped in one run (tfdbg v1's file watches)
+    "debug_utils": "tensorflow.python.debug.lib.debug_utils",
+    "debug_data": "tensorflow.python.debug.lib.debug_data",
+    "TensorProto": "tensorflow.core.framework.tensor_pb2:TensorProto",
     "SavedModel": "tensorflow.core.protobuf.saved_model_pb2:SavedModel",
 }
 
@@ -72,6 +76,8 @@ ATTRIBUTES: dict[str, tuple] = {
     "EagerContext": ("function_call_options", "enable_run_metadata", "export_run_metadata",
                      "disable_run_metadata"),
     "util_port": ("IsMklEnabled",),
+    "debug_utils": ("watch_graph",),
+    "debug_data": ("DebugDumpDir",),
     "op_callbacks": ("add_op_callback", "remove_op_callback"),
     "ExternalStatePolicy": ("IGNORE",),
     "nn": _XENT_NAMES,

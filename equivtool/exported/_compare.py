@@ -317,14 +317,17 @@ def compare_models(
         old_side, new_side = sides
         return _compare(old_side, new_side, shapes, ranges, tolerance, in_map, out_map, seed, inputs, data_loader,
                         batches, localize, save_outputs, {"platform": _execution.platform(graph_rewrites, True),
-                                                          **dict(meta or {})}, started)
+                                                          **dict(meta or {})}, started,
+                        release_old=any(side is old_side for side in owned))
     finally:
         for side in owned:
             side.close()
 
 
 def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, seed, inputs, data_loader,
-             batches, localize, save_outputs, extra_meta, started) -> EquivalenceReport:
+             batches, localize, save_outputs, extra_meta, started, release_old=False) -> EquivalenceReport:
+    """The comparison; ``release_old``: OLD was loaded here, and ``--localize`` may
+    close it once its node values are written (one model in memory at a time)."""
     input_names, notes = match_names(old.inputs, new.inputs, in_map, "input", "--map-inputs", strict=True)
     output_names, out_notes = match_names(old.outputs, new.outputs, out_map, "output", "--map-outputs",
                                           strict=False)
@@ -357,7 +360,8 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
     if localize:
         from equivtool.exported._localize import localize_step
         steps[0], nodes, node_values, graph_def = localize_step(steps[0], old, new, feeds[0], new_feeds[0],
-                                                                output_names, tolerance, save_outputs is not None)
+                                                                output_names, tolerance, save_outputs is not None,
+                                                                release_old=release_old)
     if save_outputs is not None:
         _save(save_outputs, old, feeds, old_outputs, nodes, node_values, graph_def, provenance)
     report_meta = {

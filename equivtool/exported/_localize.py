@@ -8,16 +8,21 @@ the model's outer scope stripped first (``StatefulPartitionedCall/net/small_net/
 conv1/Conv2D`` and ``small_net/conv1/Conv2D`` are both ``conv1/Conv2D``), then
 scope and type in order, then type and shapes. Only nodes computed from the
 inputs are compared (constant folding chains of a frozen graph are not).
-Memory stays bounded: NEW's values are fetched in windows of ``budget_bytes``
-of static size, OLD's counterparts fetched and compared as they come, and the
-walk stops at the first divergence.
+Memory stays bounded: each side computes its compared nodes in one run that
+writes every value to a temporary folder as it is computed (tfdbg's file
+watches for a session, write ops in the inlined function), OLD first and,
+when equivtool loaded it, closed before NEW runs; the values are then read back
+and compared a pair at a time, and the walk stops at the first divergence.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
+import os
+import tempfile
 import time
-
-import numpy as np
 
 from equivtool.exported._sides import ModelLoadError, Side
 from equivtool.localize import _capture
@@ -62,46 +67,58 @@ def _ops(view, roots=None):
     return result, own_roots
 
 
-def _static_bytes(op) -> int:
-    total = 0
-    for i in op.outputs:
-        shape = op.op.outputs[i].shape
-        dims = [d if d is not None else 1 for d in (shape.as_list() if shape.rank is not None else [1])]
-        total += int(np.prod(dims, dtype=np.int64)) * op.op.outputs[i].dtype.size
-    return total
+def _tensors(ops) -> list:
+    return [op.op.outputs[i] for op in ops for i in op.outputs]
 
 
-def localize(old: Side, new: Side, old_feed, new_feed, tolerance, *, budget_bytes: int = 256 << 20,
-             keep_old: bool = False):
-    """(a :class:`Localization`, OLD's compared nodes and their values when ``keep_old``)."""
+def _return_freed_memory() -> None:
+    """Hand freed heap memory back to the system (glibc's ``malloc_trim``): after
+    closing OLD, so that NEW's run starts from one model's memory rather than from
+    pages the allocator keeps, and after NEW's run; nothing where the C library has
+    no such call."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def localize(old: Side, new: Side, old_feed, new_feed, tolerance, *, budget_bytes: int = 64 << 20,
+             keep_old: bool = False, release_old: bool = False):
+    """(a :class:`Localization`, OLD's compared nodes, their values by tensor name when
+    ``keep_old``, OLD's view).
+
+    Each side computes its compared nodes once, each value written to a temporary
+    folder as it is computed (:meth:`GraphView.dumped`); OLD first, after which OLD
+    is closed when ``release_old`` (its weights leave memory before NEW's run), then
+    NEW. The values are then read back a pair at a time, in NEW's topological
+    order, and the walk stops at the first divergence: memory stays that of one
+    model's run and one pair of values. ``budget_bytes`` bounds a window of the
+    tensors a dump could not hold, fetched by name instead.
+    """
     started = time.perf_counter()
-    old_view, new_view = old.graph_view(old_feed), new.graph_view(new_feed)
-    old_ops, roots = _ops(old_view)
-    new_ops, _ = _ops(new_view, roots)
     kept = {}
-
-    def fetch_old(tensors):
-        values = old_view.fetch(tensors)
+    with tempfile.TemporaryDirectory(prefix="equivtool-localize-") as folder:
+        old_view = old.graph_view(old_feed)
+        old_ops, roots = _ops(old_view)
+        os.makedirs(os.path.join(folder, "old"))
+        read_old = old_view.dumped(_tensors(old_ops), os.path.join(folder, "old"), budget_bytes)
         if keep_old:
-            kept.update(zip((t.name for t in tensors), values))
-        return values
-
-    lockstep = _capture._Lockstep(old_ops, fetch_old, tolerance, budget_bytes)
-    start = 0
-    while start < len(new_ops) and lockstep.divergence is None:  # a window of NEW's nodes at a time
-        end, size = start, 0
-        while end < len(new_ops) and (end == start or size + _static_bytes(new_ops[end]) <= budget_bytes):
-            size += _static_bytes(new_ops[end])
-            end += 1
-        window = new_ops[start:end]
-        values = iter(new_view.fetch([op.op.outputs[i] for op in window for i in op.outputs]))
-        for op in window:
-            record = _capture._Record(op.key, op.scope, op.type, [next(values) for _ in op.outputs], None,
-                                      graph_op=op.op)
-            lockstep.add(record)
+            kept.update((t.name, read_old(t)) for t in _tensors(old_ops))
+        if release_old and old_view.dump is not None:  # its values are on disk now (a record reads its file)
+            old.close()
+            _return_freed_memory()
+        new_view = new.graph_view(new_feed)
+        new_ops, _ = _ops(new_view, roots)
+        os.makedirs(os.path.join(folder, "new"))
+        read_new = new_view.dumped(_tensors(new_ops), os.path.join(folder, "new"), budget_bytes)
+        _return_freed_memory()  # the run's own memory, before the values are read back
+        lockstep = _capture._Lockstep(old_ops, lambda tensors: [read_old(t) for t in tensors], tolerance, 1)
+        for op in new_ops:  # each aligned pair compared as it comes (a budget of 1 byte flushes each)
+            if lockstep.divergence is not None:
+                break
+            values = [read_new(op.op.outputs[i]) for i in op.outputs]
+            lockstep.add(_capture._Record(op.key, op.scope, op.type, values, None, graph_op=op.op))
         lockstep.flush()
-        start = end
-    lockstep.closed = True
+        lockstep.closed = True
     notes = []
     examined = old_ops
     if lockstep.divergence is not None:
@@ -126,9 +143,11 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, *, budget_byte
     return found, old_ops, kept, old_view
 
 
-def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, tolerance, keep_old: bool):
+def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, tolerance, keep_old: bool,
+                  release_old: bool = False):
     """``step`` with ``data["localization"]``; and, for ``--save-outputs``, OLD's
-    nodes, their values and its GraphDef (empty when not kept)."""
+    nodes, their values and its GraphDef (empty when not kept). ``release_old``:
+    OLD is closed once its values are written (see :func:`localize`)."""
     import dataclasses
     for side, which in ((old, "OLD"), (new, "NEW")):
         reason = side.capabilities["intermediates"]
@@ -136,7 +155,8 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
             raise ModelLoadError(f"--localize: {which} {side.path}: {reason}")
     started = time.perf_counter()
     try:
-        found, old_ops, kept, old_view = localize(old, new, old_feed, new_feed, tolerance, keep_old=keep_old)
+        found, old_ops, kept, old_view = localize(old, new, old_feed, new_feed, tolerance, keep_old=keep_old,
+                                                  release_old=release_old)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - the step's verdict stands; say why nothing was localized
@@ -147,9 +167,7 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
     step = dataclasses.replace(step, data={**dict(step.data), "localization": found})
     if not keep_old:
         return step, (), (), None
-    tensors = [op.op.outputs[i] for op in old_ops for i in op.outputs]
-    rest = [t for t in tensors if t.name not in kept]  # not reached (after the divergence): fetched for the record
-    kept.update(zip((t.name for t in rest), old_view.fetch(rest) if rest else ()))
+    tensors = _tensors(old_ops)
     nodes = [{"tensor": t.name, "op": t.op.name, "type": t.op.type} for t in tensors]
     values = [kept[t.name] for t in tensors]
     return step, nodes, values, old_view.graph.as_graph_def().SerializeToString()

@@ -89,6 +89,17 @@ class GraphView:
     outputs: Mapping[str, Any]
     fetch: Callable[[list], list]
     recorded: Optional[frozenset] = None  # a record: the tensor names it holds
+    # dump(tensors, folder) -> read(tensor) -> ndarray: computes every tensor in one run,
+    # writing each value under folder as it is computed (memory stays that of one run);
+    # None: fetch reads one tensor at a time already (a record)
+    dump: Optional[Callable[[list, str], Callable[[Any], np.ndarray]]] = None
+
+    def dumped(self, tensors: list, folder: str, budget_bytes: int) -> Callable[[Any], np.ndarray]:
+        """``read(tensor) -> value`` for each of ``tensors``, the first batch fed: from one
+        run's dump when the view has one, else fetched one at a time."""
+        if self.dump is None:
+            return lambda tensor: self.fetch([tensor])[0]
+        return self.dump(tensors, folder, budget_bytes)
 
 
 class Side(engine_sides.Side):
@@ -187,8 +198,14 @@ class GraphSide(Side):
 
     def graph_view(self, feed: Mapping[str, np.ndarray]) -> GraphView:
         feed_dict = self._feed_dict(feed)
-        return GraphView(self.graph, self.input_tensors, self.output_tensors,
-                         lambda tensors: self.session.run(tensors, feed_dict=feed_dict))
+
+        def fetch(tensors):
+            return self.session.run(tensors, feed_dict=feed_dict)
+
+        def dump(tensors, folder, budget_bytes):
+            return _session_dump(self.session, self.graph, feed_dict, tensors, folder, budget_bytes, fetch)
+
+        return GraphView(self.graph, self.input_tensors, self.output_tensors, fetch, dump=dump)
 
     def close(self) -> None:
         if self.session is not None:
@@ -326,6 +343,96 @@ def load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rew
     return GraphSide(kind, path, graph, session, inputs, outputs, meta)
 
 
+def _session_dump(session, graph, feed_dict, tensors, folder, budget_bytes, fetch):
+    """Every tensor of ``tensors`` computed in one ``session.run``, each written to
+    ``folder`` as it is computed, by tfdbg's ``DebugIdentity`` watches
+    (``debug_utils.watch_graph``: TensorFlow adds them to the executed copy of the
+    graph, the loaded graph is not changed). A tensor the executed graph no longer
+    has (a node Grappler rewrote, under ``graph_rewrites="tensorflow_default"``) is
+    fetched by name instead, in windows of ``budget_bytes``, and saved there too."""
+    import re
+
+    import tensorflow as tf
+    from equivtool._platform import tf_internals as _tf_internals
+    nodes = sorted({t.op.name for t in tensors})
+    options = tf.compat.v1.RunOptions()
+    _tf_internals.debug_utils.watch_graph(
+        options, graph, debug_ops=["DebugIdentity"], debug_urls=["file://" + os.path.abspath(folder)],
+        node_name_regex_allowlist="^(" + "|".join(re.escape(n) for n in nodes) + ")$")
+    targets = list({t.op.name: t.op for t in tensors}.values())
+    try:
+        session.run(targets, feed_dict=feed_dict, options=options)
+    except (tf.errors.OpError, ValueError) as exc:
+        raise ModelLoadError(f"--localize: running the model with every node watched failed: {_short(exc)}") \
+            from None
+    dumped = _tf_internals.debug_data.DebugDumpDir(folder, validate=False)
+    have = {(d.node_name, d.output_slot) for d in dumped.dumped_tensor_data}
+    missing = [t for t in tensors if (t.op.name, t.value_index) not in have]
+    saved = _save_in_windows(missing, fetch, os.path.join(folder, "fetched"), budget_bytes)
+
+    def read(tensor):
+        if tensor.name in saved:
+            return np.load(saved[tensor.name], allow_pickle=False)
+        return dumped.get_tensors(tensor.op.name, tensor.value_index, "DebugIdentity")[0]
+
+    return read
+
+
+def _save_in_windows(tensors, fetch, folder, budget_bytes) -> dict:
+    """``tensors`` fetched in windows of at most ``budget_bytes`` of static size and
+    saved as .npy files under ``folder``: tensor name -> file."""
+    saved, start = {}, 0
+    if tensors:
+        os.makedirs(folder, exist_ok=True)
+    while start < len(tensors):
+        end, size = start, 0
+        while end < len(tensors) and (end == start or size + _static_bytes(tensors[end]) <= budget_bytes):
+            size += _static_bytes(tensors[end])
+            end += 1
+        for tensor, value in zip(tensors[start:end], fetch(tensors[start:end])):
+            saved[tensor.name] = os.path.join(folder, f"{len(saved)}.npy")
+            np.save(saved[tensor.name], np.asarray(value), allow_pickle=False)
+        start = end
+    return saved
+
+
+def _static_bytes(tensor) -> int:
+    """A tensor's size from its static shape (unknown dimensions as 1)."""
+    shape = tensor.shape
+    dims = [d if d is not None else 1 for d in (shape.as_list() if shape.rank is not None else [1])]
+    return int(np.prod(dims, dtype=np.int64)) * tensor.dtype.size
+
+
+def _function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites):
+    """Every tensor of ``tensors`` computed in one call of the inlined function, each
+    written to ``folder`` as it is computed: a ``SerializeTensor`` and ``WriteFile``
+    per tensor added to the function's own graph (made for this view, no one
+    else's), the function pruned to those writes."""
+    import tensorflow as tf
+    from equivtool._platform import execution as _execution
+    from equivtool._platform import tf_internals as _tf_internals
+    files, writes = {}, []
+    with wrapped.graph.as_default(), tf.name_scope("equivtool_dump"):
+        for tensor in tensors:
+            files[tensor.name] = os.path.join(folder, f"{len(files)}.pb")
+            writes.append(tf.io.write_file(files[tensor.name], tf.io.serialize_tensor(tensor)))
+    try:
+        pruned = wrapped.prune(feeds=feeds, fetches=writes)
+        with _execution.function_rewrites(graph_rewrites):
+            pruned(*values)
+    except (tf.errors.OpError, ValueError) as exc:
+        raise ModelLoadError(f"--localize: running the model with every node written failed: {_short(exc)}") \
+            from None
+
+    def read(tensor):
+        proto = _tf_internals.TensorProto()
+        with open(files[tensor.name], "rb") as f:
+            proto.ParseFromString(f.read())
+        return tf.make_ndarray(proto)
+
+    return read
+
+
 def _inlined_view(function, input_names, output_names, path, graph_rewrites) -> GraphView:
     """A concrete function with its function bodies inlined, as a graph whose every
     tensor can be fetched, reading the loaded variables where they are.
@@ -337,7 +444,9 @@ def _inlined_view(function, input_names, output_names, path, graph_rewrites) -> 
     weights is made (freezing held three: the constants' GraphDef, the imported
     graph and the session's kernels). ``fetch`` prunes the graph to the asked
     tensors and calls it with the thread's function-call options switched to the
-    ``graph_rewrites`` passes.
+    ``graph_rewrites`` passes; ``dump`` writes them all in one call
+    (:func:`_function_dump`). Each view is made afresh: ``dump`` adds its writes
+    to the view's graph.
     """
     import tensorflow as tf
     from equivtool._platform import execution as _execution
@@ -371,7 +480,10 @@ def _inlined_view(function, input_names, output_names, path, graph_rewrites) -> 
             results = pruned(*values)
         return [r.numpy() for r in results]
 
-    return graph, inputs, outputs, fetch, wrapped
+    def dump(tensors, folder, values):
+        return _function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites)
+
+    return graph, inputs, outputs, fetch, dump
 
 
 def _info(name: str, spec) -> TensorInfo:
@@ -385,8 +497,8 @@ class FunctionSide(Side):
 
     ``run`` calls it with this thread's function-call options switched to the
     ``graph_rewrites`` passes (:func:`equivtool._platform.execution.function_rewrites`,
-    restored on every exit path); ``graph_view`` inlines it into one graph, once,
-    for ``--localize`` (:func:`_inlined_view`: the variables are read, not copied).
+    restored on every exit path); ``graph_view`` inlines it into one graph for
+    ``--localize`` (:func:`_inlined_view`: the variables are read, not copied).
     """
 
     def __init__(self, kind, path, function, input_names, output_names, meta, graph_rewrites, owner=None):
@@ -397,7 +509,6 @@ class FunctionSide(Side):
         self.inputs = tuple(_info(n, spec) for n, spec in zip(self.input_names, flat_specs))
         self.outputs = tuple(_info(n, t) for n, t in zip(self.output_names, function.outputs))
         self.meta, self.notes, self.graph_rewrites = dict(meta), (), graph_rewrites
-        self._inlined = None
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict:
         import tensorflow as tf
@@ -418,15 +529,14 @@ class FunctionSide(Side):
     def graph_view(self, feed: Mapping[str, np.ndarray]) -> GraphView:
         import tensorflow as tf
         self.check_feed(feed)
-        if self._inlined is None:
-            self._inlined = _inlined_view(self.function, self.input_names, self.output_names, self.path,
-                                          self.graph_rewrites)
-        graph, inputs, outputs, fetch, _ = self._inlined
+        graph, inputs, outputs, fetch, dump = _inlined_view(self.function, self.input_names, self.output_names,
+                                                            self.path, self.graph_rewrites)
         values = [tf.convert_to_tensor(np.asarray(feed[n])) for n in self.input_names]
-        return GraphView(graph, inputs, outputs, lambda tensors: fetch(tensors, values))
+        return GraphView(graph, inputs, outputs, lambda tensors: fetch(tensors, values),
+                         dump=lambda tensors, folder, budget_bytes: dump(tensors, folder, values))
 
     def close(self) -> None:
-        self._inlined = None
+        self.function = self.owner = None  # what holds the loaded variables
 
 
 def load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:
