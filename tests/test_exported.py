@@ -318,3 +318,17 @@ def test_generated_integers_honour_the_value_range():
     assert np.array_equal(again[0]["ids"], batch["ids"])  # seeded
     with pytest.raises(_recorder.RecordError, match="holds no int32 value"):
         _recorder.generate_inputs(specs, {"ids": (4, 50)}, {"ids": (3.2, 3.8)})
+
+
+def test_demo_exported_is_dispatched_and_refuses_bad_options_before_exporting(capsys):
+    """``equivtool demo --exported`` runs examples/exported/export.py (its run, three IRv2
+    exports and two comparisons, is measured by hand: see the README)."""
+    assert cli.main(["demo", "--exported", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: equivtool demo --exported") and "--image-size" in out
+    assert cli.main(["demo", "--exported", "--image-size", "40"]) == 2
+    assert "--image-size: Inception-ResNet-v2 needs at least 75 px" in capsys.readouterr().err
+    assert cli.main(["demo", "--exported", "--html", "/no/such/folder/r.html"]) == 2
+    assert "--html: the folder of" in capsys.readouterr().err
+    assert cli.main(["demo", "--help"]) == 0
+    assert "equivtool demo --exported" in capsys.readouterr().out  # the parity demo points to it

@@ -97,7 +97,7 @@ class GraphView:
     def dumped(self, tensors: list, folder: str, budget_bytes: int) -> Callable[[Any], np.ndarray]:
         """``read(tensor) -> value`` for each of ``tensors``, the first batch fed: from one
         run's dump when the view has one, else fetched one at a time."""
-        if self.dump is None:
+        if self.dump is None or not tensors:
             return lambda tensor: self.fetch([tensor])[0]
         return self.dump(tensors, folder, budget_bytes)
 

@@ -30,7 +30,10 @@ DEFAULT_WORKERS = 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="equivtool demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="equivtool demo", description=__doc__.split("\n\n")[0],
+                                     epilog="equivtool demo --exported [--help]: the same model exported as a TF1 "
+                                            "and a TF2 SavedModel and compared (equivtool compare), and a "
+                                            "planted fault localized")
     parser.add_argument("--image-size", type=int, default=299, help="image height and width (default 299)")
     parser.add_argument("--batch-size", type=int, default=1, help="images per batch (default 1)")
     parser.add_argument("--num-classes", type=int, default=1000, help="classes (default 1000)")
