@@ -52,7 +52,7 @@ def export_tf1(build, input_shape, folder: str, *, seed: int = 0, frozen_path: s
             builder.add_meta_graph_and_variables(session, ["serve"],
                                                  signature_def_map={"serving_default": signature})
             builder.save()
-            values = {v.name: session.run(v) for v in tf.compat.v1.global_variables()}
+            values = session.run({v.name: v for v in tf.compat.v1.global_variables()})  # one run, not one per variable
             if frozen_path is not None:
                 frozen = tf.compat.v1.graph_util.convert_variables_to_constants(
                     session, graph.as_graph_def(), [t.op.name for t in outputs.values()])
