@@ -97,6 +97,20 @@ def test_the_tf1_dump_leaves_the_loaded_graph_unchanged(models):
         assert set(old.run(feed())) == {"logits", "pool1"} and set(new.run(feed())) == {"logits", "pool1"}
 
 
+def test_the_report_calls_the_sides_old_and_new(models, tmp_path):
+    from equivtool.localize.result import Localization
+    report = equivtool.compare_models(models["tf1"], models["tf2_bad_eps"], localize=True)
+    found = report.steps[0].data["localization"]
+    text = str(found)
+    assert f"OLD op: {FAULT_NODE} (FusedBatchNormV3) created at {models['tf1']}" in text
+    assert "NEW op: " in text and "OLD: " in text and "TF1" not in text and "TF2" not in text
+    assert Localization.from_dict(found.to_dict()).sides == ("OLD", "NEW")
+    html = open(report.to_html(tmp_path / "r.html"), encoding="utf-8").read()
+    assert "<th></th><td><code>OLD</code></td><td><code>NEW</code></td>" in html
+    with pytest.raises(ValueError, match="two names"):
+        Localization("inconclusive", reason="x", sides=("OLD",))
+
+
 def test_old_is_closed_before_new_runs_when_compare_loaded_it(models, monkeypatch):
     events = []
     real_close, real_view = _sides.GraphSide.close, _sides.FunctionSide.graph_view

@@ -126,14 +126,14 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, *, budget_byte
         notes.append(f"comparison stopped at the first divergence: {len(old_ops) - len(examined)} later OLD "
                      "nodes not examined")
     unaligned = [f"{op.name} ({op.type})" for op in examined if not op.matched]
-    common = dict(mode="graph", compared=lockstep.compared, tf1_ops=len(old_ops), tf2_ops=len(new_ops),
+    common = dict(mode="graph", sides=("OLD", "NEW"), compared=lockstep.compared, tf1_ops=len(old_ops), tf2_ops=len(new_ops),
                   unaligned_tf1=unaligned[:_LIST_LIMIT], unaligned_tf2=lockstep.unaligned_tf2[:_LIST_LIMIT],
                   unaligned_tf1_count=len(unaligned), unaligned_tf2_count=len(lockstep.unaligned_tf2),
                   seconds=time.perf_counter() - started)
     if lockstep.divergence is not None:
         op, record, leaf = lockstep.divergence
         found = Localization("diverged", tf1_op=op.name, tf2_op=record.graph_op.name, tf1_type=op.type,
-                             tf2_type=record.type, tf1_source=f"OLD {old.path}", tf2_source=f"NEW {new.path}",
+                             tf2_type=record.type, tf1_source=old.path, tf2_source=new.path,
                              divergence=leaf, path=_capture._path(op, lockstep), notes=notes, **common)
     elif lockstep.compared == 0:
         found = Localization("inconclusive", reason=f"no node could be aligned: {len(old_ops)} OLD nodes, "
@@ -161,8 +161,8 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
         raise
     except Exception as exc:  # noqa: BLE001 - the step's verdict stands; say why nothing was localized
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        found = Localization("inconclusive", mode="graph", reason=f"localization failed: {detail}",
-                             seconds=time.perf_counter() - started)
+        found = Localization("inconclusive", mode="graph", sides=("OLD", "NEW"),
+                             reason=f"localization failed: {detail}", seconds=time.perf_counter() - started)
         keep_old = False
     step = dataclasses.replace(step, data={**dict(step.data), "localization": found})
     if not keep_old:

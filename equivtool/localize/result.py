@@ -81,6 +81,7 @@ class Localization:
     unaligned_tf2_count: int = 0
     seconds: float = 0.0
     notes: tuple = field(default=())
+    sides: tuple = ("TF1", "TF2")  # what the report calls the two sides (exported models: OLD, NEW)
 
     def __post_init__(self) -> None:
         if self.status not in LOCALIZATION_STATUSES:
@@ -93,6 +94,16 @@ class Localization:
         object.__setattr__(self, "unaligned_tf1", tuple(self.unaligned_tf1))
         object.__setattr__(self, "unaligned_tf2", tuple(self.unaligned_tf2))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
+        if len(tuple(self.sides)) != 2 or not all(isinstance(x, str) and x for x in self.sides):
+            raise ValueError(f"Localization sides must be two names, got {self.sides!r}")
+        object.__setattr__(self, "sides", tuple(self.sides))
+
+    @property
+    def counted(self) -> str:
+        """How many ops each side had to compare, in the sides' words."""
+        if self.sides == ("TF1", "TF2"):
+            return f"TF1 forward: {self.tf1_ops} ops, TF2 call: {self.tf2_ops} ops"
+        return f"{self.sides[0]}: {self.tf1_ops} nodes, {self.sides[1]}: {self.tf2_ops} nodes"
 
     @property
     def diverged(self) -> bool:
@@ -101,7 +112,8 @@ class Localization:
     def summary(self) -> str:
         if self.status == "diverged":
             d = self.divergence
-            types = self.tf1_type if self.tf1_type == self.tf2_type else f"{self.tf1_type} (TF1) vs {self.tf2_type} (TF2)"
+            types = self.tf1_type if self.tf1_type == self.tf2_type else (
+                f"{self.tf1_type} ({self.sides[0]}) vs {self.tf2_type} ({self.sides[1]})")
             where = "shapes differ" if d.shape_mismatch else (
                 f"max abs {_fmt_err(d.max_abs)}, first mismatch at {d.first_mismatch_str}")
             return f"first divergent op: {self.tf1_op} [{types}] ({where})"
@@ -111,10 +123,11 @@ class Localization:
 
     def __str__(self) -> str:
         lines = [f"Localization ({self.mode}): {self.summary()}",
-                 f"  compared {self.compared} ops (TF1 forward: {self.tf1_ops} ops, TF2 call: {self.tf2_ops} ops)"]
+                 f"  compared {self.compared} ops ({self.counted})"]
         if self.status == "diverged":
-            lines.append(f"  TF1 op: {self.tf1_op} ({self.tf1_type}) created at {self.tf1_source}")
-            lines.append(f"  TF2 op: {self.tf2_op} ({self.tf2_type}) created at {self.tf2_source}")
+            first, second = self.sides
+            lines.append(f"  {first} op: {self.tf1_op} ({self.tf1_type}) created at {self.tf1_source}")
+            lines.append(f"  {second} op: {self.tf2_op} ({self.tf2_type}) created at {self.tf2_source}")
             lines.extend("  " + line for line in str(self.divergence).splitlines())
             if self.path:
                 lines.append("  path from the input (max abs error per op):")
@@ -126,11 +139,12 @@ class Localization:
         elif self.status == "inconclusive" and self.reason:
             pass
         if self.unaligned_tf1_count or self.unaligned_tf2_count:
-            lines.append(f"  not aligned: {self.unaligned_tf1_count} TF1 ops, {self.unaligned_tf2_count} TF2 ops")
+            lines.append(f"  not aligned: {self.unaligned_tf1_count} {self.sides[0]} ops, "
+                         f"{self.unaligned_tf2_count} {self.sides[1]} ops")
             if self.unaligned_tf1:
-                lines.append("    TF1: " + ", ".join(self.unaligned_tf1))
+                lines.append(f"    {self.sides[0]}: " + ", ".join(self.unaligned_tf1))
             if self.unaligned_tf2:
-                lines.append("    TF2: " + ", ".join(self.unaligned_tf2))
+                lines.append(f"    {self.sides[1]}: " + ", ".join(self.unaligned_tf2))
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -144,7 +158,7 @@ class Localization:
             "path": [p.to_dict() for p in self.path],
             "unaligned_tf1": list(self.unaligned_tf1), "unaligned_tf2": list(self.unaligned_tf2),
             "unaligned_tf1_count": self.unaligned_tf1_count, "unaligned_tf2_count": self.unaligned_tf2_count,
-            "seconds": self.seconds, "notes": list(self.notes),
+            "seconds": self.seconds, "notes": list(self.notes), "sides": list(self.sides),
         }
 
     @classmethod
@@ -162,6 +176,7 @@ class Localization:
             unaligned_tf1_count=int(d.get("unaligned_tf1_count", 0)),
             unaligned_tf2_count=int(d.get("unaligned_tf2_count", 0)),
             seconds=_float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", ())),
+            sides=tuple(d.get("sides", ("TF1", "TF2"))),
         )
 
 
@@ -189,7 +204,7 @@ def path_plot_png(localization: Localization, title: str = "") -> str:
         ax.scatter(x[~ok], shown[~ok], color="#b00020", marker="x", s=30, zorder=3, label="exceeds tolerance")
     if len(atol) and np.all(atol == atol[0]) and atol[0] > 0:
         ax.axhline(atol[0], color="#1f5fbf", linestyle="--", linewidth=1, label=f"atol = {atol[0]:g}")
-    ax.set_ylabel("max |TF2 - TF1|")
+    ax.set_ylabel(f"max |{localization.sides[1]} - {localization.sides[0]}|")
     ax.set_xlabel("op on the path from the input, in execution order")
     ax.set_title(title or f"path to the first divergent op: {localization.tf1_op}", fontsize=9)
     return finished_png(fig, ax, [p.name.rsplit("/", 2)[-2] + "/" + p.name.rsplit("/", 1)[-1]
@@ -224,11 +239,10 @@ def localization_html(localization: Localization, escape, plot_png: Optional[str
     """The report's section for one step's localization (``escape`` is html.escape)."""
     e = escape
     parts = [f"<h3>Localization ({e(localization.mode)})</h3><p>{e(localization.summary())}</p>",
-             f"<p>compared {localization.compared} ops (TF1 forward: {localization.tf1_ops} ops, "
-             f"TF2 call: {localization.tf2_ops} ops)</p>"]
+             f"<p>compared {localization.compared} ops ({e(localization.counted)})</p>"]
     if localization.diverged:
         d = localization.divergence
-        rows = [("", "TF1", "TF2"),
+        rows = [("", *localization.sides),
                 ("op", localization.tf1_op, localization.tf2_op),
                 ("type", localization.tf1_type, localization.tf2_type),
                 ("shape", d.expected_shape, d.actual_shape),
@@ -243,12 +257,13 @@ def localization_html(localization: Localization, escape, plot_png: Optional[str
             parts.append(f'<img alt="max abs error per op on the path to {e(localization.tf1_op)}" '
                          f'src="data:image/png;base64,{plot_png}">')
     if localization.unaligned_tf1_count or localization.unaligned_tf2_count:
-        parts.append(f"<p>not aligned: {localization.unaligned_tf1_count} TF1 ops, "
-                     f"{localization.unaligned_tf2_count} TF2 ops</p>")
+        first, second = (e(x) for x in localization.sides)
+        parts.append(f"<p>not aligned: {localization.unaligned_tf1_count} {first} ops, "
+                     f"{localization.unaligned_tf2_count} {second} ops</p>")
         if localization.unaligned_tf1:
-            parts.append("<p>TF1: <code>" + e(", ".join(localization.unaligned_tf1)) + "</code></p>")
+            parts.append(f"<p>{first}: <code>" + e(", ".join(localization.unaligned_tf1)) + "</code></p>")
         if localization.unaligned_tf2:
-            parts.append("<p>TF2: <code>" + e(", ".join(localization.unaligned_tf2)) + "</code></p>")
+            parts.append(f"<p>{second}: <code>" + e(", ".join(localization.unaligned_tf2)) + "</code></p>")
     if localization.notes:
         parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in localization.notes) + "</ul>")
     return "".join(parts)
