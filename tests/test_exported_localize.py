@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import equivtool
-from equivtool.exported import _localize, _sides
+from equivtool.exported import _dump, _localize, _sides
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -143,7 +143,7 @@ def test_the_dump_folder_is_removed_also_when_localization_fails(models, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("planted failure while writing NEW's nodes")
 
-    monkeypatch.setattr(_sides, "_function_dump", broken)
+    monkeypatch.setattr(_dump, "function_dump", broken)
     report = equivtool.compare_models(models["tf1"], models["tf2"], localize=True)
     found = report.steps[0].data["localization"]
     assert found.status == "inconclusive" and "planted failure" in found.reason

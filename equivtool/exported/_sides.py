@@ -32,16 +32,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from equivtool.engine import sides as engine_sides
-from equivtool.exported import _recorder
+from equivtool.exported import _dump, _recorder
+from equivtool.exported._errors import ModelLoadError
+from equivtool.exported._errors import short as _short
 
 KINDS = ("tf1-saved-model", "tf2-saved-model", "frozen-graph", "keras", "record")
 _KERAS_SUFFIXES = (".h5", ".hdf5", ".keras")
 _NOT_TRAINABLE = ("an exported model holds a forward pass only (no training, variables, gradients or "
                   "checkpoints to compare)")
-
-
-class ModelLoadError(ValueError):
-    """A path, model, signature or input that cannot be used: one line (exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +201,7 @@ class GraphSide(Side):
             return self.session.run(tensors, feed_dict=feed_dict)
 
         def dump(tensors, folder, budget_bytes):
-            return _session_dump(self.session, self.graph, feed_dict, tensors, folder, budget_bytes, fetch)
+            return _dump.session_dump(self.session, self.graph, feed_dict, tensors, folder, budget_bytes, fetch)
 
         return GraphView(self.graph, self.input_tensors, self.output_tensors, fetch, dump=dump)
 
@@ -211,11 +209,6 @@ class GraphSide(Side):
         if self.session is not None:
             self.session.close()
             self.session = None
-
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # --------------------------------------------------------------------------
@@ -343,96 +336,6 @@ def load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rew
     return GraphSide(kind, path, graph, session, inputs, outputs, meta)
 
 
-def _session_dump(session, graph, feed_dict, tensors, folder, budget_bytes, fetch):
-    """Every tensor of ``tensors`` computed in one ``session.run``, each written to
-    ``folder`` as it is computed, by tfdbg's ``DebugIdentity`` watches
-    (``debug_utils.watch_graph``: TensorFlow adds them to the executed copy of the
-    graph, the loaded graph is not changed). A tensor the executed graph no longer
-    has (a node Grappler rewrote, under ``graph_rewrites="tensorflow_default"``) is
-    fetched by name instead, in windows of ``budget_bytes``, and saved there too."""
-    import re
-
-    import tensorflow as tf
-    from equivtool._platform import tf_internals as _tf_internals
-    nodes = sorted({t.op.name for t in tensors})
-    options = tf.compat.v1.RunOptions()
-    _tf_internals.debug_utils.watch_graph(
-        options, graph, debug_ops=["DebugIdentity"], debug_urls=["file://" + os.path.abspath(folder)],
-        node_name_regex_allowlist="^(" + "|".join(re.escape(n) for n in nodes) + ")$")
-    targets = list({t.op.name: t.op for t in tensors}.values())
-    try:
-        session.run(targets, feed_dict=feed_dict, options=options)
-    except (tf.errors.OpError, ValueError) as exc:
-        raise ModelLoadError(f"--localize: running the model with every node watched failed: {_short(exc)}") \
-            from None
-    dumped = _tf_internals.debug_data.DebugDumpDir(folder, validate=False)
-    have = {(d.node_name, d.output_slot) for d in dumped.dumped_tensor_data}
-    missing = [t for t in tensors if (t.op.name, t.value_index) not in have]
-    saved = _save_in_windows(missing, fetch, os.path.join(folder, "fetched"), budget_bytes)
-
-    def read(tensor):
-        if tensor.name in saved:
-            return np.load(saved[tensor.name], allow_pickle=False)
-        return dumped.get_tensors(tensor.op.name, tensor.value_index, "DebugIdentity")[0]
-
-    return read
-
-
-def _save_in_windows(tensors, fetch, folder, budget_bytes) -> dict:
-    """``tensors`` fetched in windows of at most ``budget_bytes`` of static size and
-    saved as .npy files under ``folder``: tensor name -> file."""
-    saved, start = {}, 0
-    if tensors:
-        os.makedirs(folder, exist_ok=True)
-    while start < len(tensors):
-        end, size = start, 0
-        while end < len(tensors) and (end == start or size + _static_bytes(tensors[end]) <= budget_bytes):
-            size += _static_bytes(tensors[end])
-            end += 1
-        for tensor, value in zip(tensors[start:end], fetch(tensors[start:end])):
-            saved[tensor.name] = os.path.join(folder, f"{len(saved)}.npy")
-            np.save(saved[tensor.name], np.asarray(value), allow_pickle=False)
-        start = end
-    return saved
-
-
-def _static_bytes(tensor) -> int:
-    """A tensor's size from its static shape (unknown dimensions as 1)."""
-    shape = tensor.shape
-    dims = [d if d is not None else 1 for d in (shape.as_list() if shape.rank is not None else [1])]
-    return int(np.prod(dims, dtype=np.int64)) * tensor.dtype.size
-
-
-def _function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites):
-    """Every tensor of ``tensors`` computed in one call of the inlined function, each
-    written to ``folder`` as it is computed: a ``SerializeTensor`` and ``WriteFile``
-    per tensor added to the function's own graph (made for this view, no one
-    else's), the function pruned to those writes."""
-    import tensorflow as tf
-    from equivtool._platform import execution as _execution
-    from equivtool._platform import tf_internals as _tf_internals
-    files, writes = {}, []
-    with wrapped.graph.as_default(), tf.name_scope("equivtool_dump"):
-        for tensor in tensors:
-            files[tensor.name] = os.path.join(folder, f"{len(files)}.pb")
-            writes.append(tf.io.write_file(files[tensor.name], tf.io.serialize_tensor(tensor)))
-    try:
-        pruned = wrapped.prune(feeds=feeds, fetches=writes)
-        with _execution.function_rewrites(graph_rewrites):
-            pruned(*values)
-    except (tf.errors.OpError, ValueError) as exc:
-        raise ModelLoadError(f"--localize: running the model with every node written failed: {_short(exc)}") \
-            from None
-
-    def read(tensor):
-        proto = _tf_internals.TensorProto()
-        with open(files[tensor.name], "rb") as f:
-            proto.ParseFromString(f.read())
-        return tf.make_ndarray(proto)
-
-    return read
-
-
 def _inlined_view(function, input_names, output_names, path, graph_rewrites) -> GraphView:
     """A concrete function with its function bodies inlined, as a graph whose every
     tensor can be fetched, reading the loaded variables where they are.
@@ -445,7 +348,7 @@ def _inlined_view(function, input_names, output_names, path, graph_rewrites) -> 
     graph and the session's kernels). ``fetch`` prunes the graph to the asked
     tensors and calls it with the thread's function-call options switched to the
     ``graph_rewrites`` passes; ``dump`` writes them all in one call
-    (:func:`_function_dump`). Each view is made afresh: ``dump`` adds its writes
+    (:func:`equivtool.exported._dump.function_dump`). Each view is made afresh: ``dump`` adds its writes
     to the view's graph.
     """
     import tensorflow as tf
@@ -481,7 +384,7 @@ def _inlined_view(function, input_names, output_names, path, graph_rewrites) -> 
         return [r.numpy() for r in results]
 
     def dump(tensors, folder, values):
-        return _function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites)
+        return _dump.function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites)
 
     return graph, inputs, outputs, fetch, dump
 
