@@ -149,3 +149,15 @@ def test_the_dump_folder_is_removed_also_when_localization_fails(models, monkeyp
     assert found.status == "inconclusive" and "planted failure" in found.reason
     assert report.passed  # the outputs' verdict stands; only the localization failed
     assert _leftovers() == before
+
+
+def test_too_little_disk_for_the_values_is_said_before_anything_is_written(models, monkeypatch):
+    import collections
+    import shutil
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, (1 << 30) - 4096, 4096))
+    monkeypatch.setattr(_dump, "session_dump", lambda *a, **k: pytest.fail("a dump began"))
+    report = equivtool.compare_models(models["tf1"], models["tf2_bad_eps"], localize=True)
+    found = report.steps[0].data["localization"]
+    assert found.status == "inconclusive" and "MiB of disk" in found.reason and "TMPDIR" in found.reason
+    assert not report.passed  # the outputs' own verdict (NOT EQUIVALENT) stands

@@ -15,6 +15,7 @@ time (:func:`equivtool.exported._localize.localize`):
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 
@@ -109,3 +110,28 @@ def function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites):
         return tf.make_ndarray(proto)
 
     return read
+
+
+def estimated_bytes(tensors, batch: int) -> int:
+    """What writing ``tensors`` takes, from their static shapes with an unknown first
+    dimension as ``batch`` and any other unknown dimension as 1 (a lower bound)."""
+    total = 0
+    for tensor in tensors:
+        shape = tensor.shape
+        dims = shape.as_list() if shape.rank is not None else [1]
+        dims = [(batch if i == 0 else 1) if d is None else d for i, d in enumerate(dims)]
+        total += int(np.prod(dims, dtype=np.int64)) * max(tensor.dtype.size, 1)
+    return total
+
+
+class NotEnoughDisk(Exception):
+    """The folder's disk cannot hold the values (the localization is then inconclusive)."""
+
+
+def check_room(folder: str, needed: int) -> None:
+    """Refuse, before anything is written, when ``folder``'s disk cannot hold ``needed`` bytes."""
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise NotEnoughDisk(
+            f"--localize: the node values need about {needed / 2**20:.0f} MiB of disk, and {folder!r} has "
+            f"{free / 2**20:.0f} MiB free; point TMPDIR at a larger disk")

@@ -24,6 +24,9 @@ import os
 import tempfile
 import time
 
+import numpy as np
+
+from equivtool.exported import _dump
 from equivtool.exported._sides import ModelLoadError, Side
 from equivtool.localize import _capture
 from equivtool.localize.result import Localization
@@ -99,6 +102,9 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, *, budget_byte
     with tempfile.TemporaryDirectory(prefix="equivtool-localize-") as folder:
         old_view = old.graph_view(old_feed)
         old_ops, roots = _ops(old_view)
+        batch = max((int(np.shape(v)[0]) for v in old_feed.values() if np.ndim(v)), default=1)
+        if old_view.dump is not None:  # NEW writes about as much as OLD: both must fit
+            _dump.check_room(folder, 2 * _dump.estimated_bytes(_tensors(old_ops), batch))
         os.makedirs(os.path.join(folder, "old"))
         read_old = old_view.dumped(_tensors(old_ops), os.path.join(folder, "old"), budget_bytes)
         if keep_old:
@@ -161,6 +167,8 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
         raise
     except Exception as exc:  # noqa: BLE001 - the step's verdict stands; say why nothing was localized
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        if isinstance(exc, _dump.NotEnoughDisk):
+            detail = str(exc)
         found = Localization("inconclusive", mode="graph", sides=("OLD", "NEW"),
                              reason=f"localization failed: {detail}", seconds=time.perf_counter() - started)
         keep_old = False
