@@ -380,6 +380,15 @@ def cmd_check(args) -> int:
             inputs, shape = cli_inputs(args.input_shape, args.inputs, args.input, seed, MAX_INPUT_ELEMENTS)
         except InputError as exc:
             raise UsageError(str(exc)) from None
+    tolerance = None
+    if args.atol or args.rtol:
+        from equivtool._base.cli_tolerances import tolerance_spec
+        try:
+            tolerance = tolerance_spec(args.atol, args.rtol)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if set(tolerance) == {"*"}:
+            tolerance = tolerance["*"]
     with importable_cwd():
         tf1_fn = load_target(args.tf1_fn, "TF1_FN")
         tf2_factory = load_target(args.tf2_factory, "TF2_FACTORY")
@@ -389,7 +398,8 @@ def cmd_check(args) -> int:
         print(f"equivtool check {args.tf1_fn} vs {args.tf2_factory}, input {shape}", flush=True)
         try:
             report = check_equivalence(
-                tf1_fn, tf2_factory, inputs, steps=steps, modes=modes, tf_function=args.tf_function,
+                tf1_fn, tf2_factory, inputs, tolerance=tolerance, steps=steps, modes=modes,
+                tf_function=args.tf_function,
                 graph_rewrites=args.graph_rewrites, seed=seed, progress=print_progress(start), localize=args.localize,
                 workers=args.workers, outputs=outputs, strict_tolerances=args.strict_tolerances,
                 meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
@@ -424,6 +434,8 @@ def localize_command(args, report) -> str:
     if args.graph_rewrites != "as_written":
         words += ["--graph-rewrites", args.graph_rewrites]
     words += [word for text in getattr(args, "outputs", None) or () for word in ("--outputs", text)]
+    for flag in ("atol", "rtol"):
+        words += [word for text in getattr(args, flag, None) or () for word in (f"--{flag}", text)]
     words.append("--localize")
     return " ".join(shlex.quote(w) for w in words)
 
@@ -601,8 +613,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workers", type=int, default=1,
                        help="processes running the TF1 and TF2 sides of each step, this one included (default 1: this process only)")
     check.add_argument("--seed", type=int, default=42, help=f"input and random-tool seed (0 to {MAX_SEED})")
+    check.add_argument("--atol", action="append", default=None, metavar="[OUTPUT:]VALUE",
+                       help="absolute tolerance, for every leaf or for the output leaves OUTPUT matches "
+                            "(a name or pattern, e.g. 'end_points/logits'); repeatable; default the guide's 1e-5")
+    check.add_argument("--rtol", action="append", default=None, metavar="[OUTPUT:]VALUE",
+                       help="relative tolerance, as --atol; default the guide's 1e-6")
     check.add_argument("--strict-tolerances", action="store_true",
-                       help="a tolerance key that matches no output or leaf is an error (exit 2), not a warning")
+                       help="an OUTPUT of --atol/--rtol that matches no output leaf is an error (exit 2), "
+                            "not a warning")
     check.add_argument("--html", default=None, help="write an HTML report here")
     check.add_argument("--json", default=None, help="write a JSON report here")
     check.set_defaults(run=cmd_check)

@@ -431,3 +431,35 @@ def test_a_users_program_keeps_tensorflows_warnings():
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1"
+
+
+def _leaves(path):
+    data = json.loads(path.read_text())
+    return {leaf["name"]: leaf["ok"] for step in data["steps"] for c in step["comparisons"]
+            for leaf in c["leaves"]}
+
+
+def test_check_takes_tolerances_per_output(tmp_path, capsys, monkeypatch):
+    """--rtol/--atol reach the comparison (the planted epsilon's logits differ by rtol 0.246):
+    the named output passes, the others still fail, and the re-run hint keeps them."""
+    monkeypatch.chdir(TESTS)
+    base = ["check", "small_models:slim_net", "cli_models:broken_epsilon", "--input-shape", "2,8,8,3",
+            "--steps", "fixed_weights"]
+    assert cli.main([*base, "--json", str(tmp_path / "a.json")]) == 1
+    assert _leaves(tmp_path / "a.json")["end_points/logits"] is False
+    assert cli.main([*base, "--rtol", "end_points/logits:0.3", "--json", str(tmp_path / "b.json")]) == 1
+    leaves = _leaves(tmp_path / "b.json")
+    assert leaves["end_points/logits"] is True and leaves["end_points/pool1"] is False
+    assert "--rtol end_points/logits:0.3 --localize" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--atol", "end_points/logits:-1"], "--atol: expected [OUTPUT:]VALUE"),
+    (["--rtol", "nan"], "--rtol: expected [OUTPUT:]VALUE"),
+    (["--atol", "end_points/logitz:1", "--strict-tolerances"], "end_points/logitz"),
+])
+def test_bad_or_unmatched_check_tolerances_exit_two(extra, fragment, capsys, monkeypatch):
+    monkeypatch.chdir(TESTS)
+    code = cli.main(["check", "small_models:slim_net", "small_models:SlimNetShim", "--input-shape", "2,8,8,3",
+                     "--steps", "fixed_weights", *extra])
+    _assert_one_line_usage_error(code, capsys, fragment)

@@ -18,9 +18,10 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from equivtool.comparison import Tolerance, compare
+from equivtool.comparison import compare
 from equivtool.exported import _recorder
 from equivtool.exported._load import load_side
+from equivtool._base.cli_tolerances import tolerance_spec
 from equivtool.exported._sides import ModelLoadError, Side, load_op_libraries
 from equivtool.report import EquivalenceReport, StepResult
 
@@ -92,41 +93,14 @@ def parse_val_ranges(value) -> dict:
     return _named(value, "--val-range", "NAME:LO,HI", parse)
 
 
-def parse_tolerances(atol, rtol) -> Union[Tolerance, dict]:
-    """``--atol [OUT:]V`` / ``--rtol [OUT:]V`` (floats, lists of strings or mappings) ->
-    a tolerance spec: output name -> Tolerance, ``"*"`` the default."""
-    def collect(value, argument):
-        if value is None:
-            return {}
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = {"*": value}
-        elif isinstance(value, str):
-            value = [value]
-        if isinstance(value, Mapping):
-            items = [(str(k), v) for k, v in value.items()]
-        else:
-            items = []
-            for text in value:
-                name, _, number = str(text).rpartition(":")
-                items.append((name or "*", number))
-        result = {}
-        for name, number in items:
-            try:
-                number = float(number)
-            except (TypeError, ValueError):
-                number = float("nan")
-            if not np.isfinite(number) or number < 0:
-                raise ModelLoadError(f"{argument}: expected [OUTPUT:]VALUE with VALUE a finite number >= 0, "
-                                     f"got {name + ':' if name != '*' else ''}{number}")
-            result[name] = number
-        return result
-
-    atols, rtols = collect(atol, "--atol"), collect(rtol, "--rtol")
-    default = Tolerance(rtol=rtols.get("*", Tolerance().rtol), atol=atols.get("*", Tolerance().atol))
-    spec = {name: Tolerance(rtol=rtols.get(name, default.rtol), atol=atols.get(name, default.atol))
-            for name in (set(atols) | set(rtols)) - {"*"}}
-    spec["*"] = default
-    return spec
+def parse_tolerances(atol, rtol) -> dict:
+    """``--atol [OUT:]V`` / ``--rtol [OUT:]V`` -> a tolerance spec (see
+    :func:`equivtool._base.cli_tolerances.tolerance_spec`); a bad value is a
+    :class:`ModelLoadError` (exit 2)."""
+    try:
+        return tolerance_spec(atol, rtol)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
 
 
 def _load_inputs_file(path: str) -> list:
