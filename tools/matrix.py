@@ -53,10 +53,13 @@ TABLE_FILE = os.path.join(REPO, "COMPATIBILITY.md")
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 # What a TensorFlow version can break: the op (build, kernels, swap), the
 # random tool (seeding, tf-keras' seed source), the equivalence engine (in one
-# process and in worker processes) and the repairs of the import-time fix.
+# process and in worker processes), the repairs of the import-time fix, the
+# private TensorFlow symbols equivtool reads, and the exported-model sides
+# (loaders, the inlined TF2 signature, tfdbg's session watches).
 COMPAT_TESTS = ("tests/test_ops*.py", "tests/ops/test_*.py", "tests/test_seeding*.py",
                 "tests/test_equivalence*.py", "tests/test_selfcheck.py", "tests/test_workers.py",
-                "tests/test_compat*.py")
+                "tests/test_compat*.py", "tests/test_tf_internals.py", "tests/test_exported.py",
+                "tests/test_exported_localize.py")
 # Packaging does not depend on the TensorFlow version and compiles the op twice more.
 COMPAT_EXCLUDE = ("tests/test_ops_packaging.py",)
 DEMO_ARGS = ("--image-size", "107")

@@ -11,17 +11,19 @@ verdicts as ``check_equivalence``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import tempfile
 import time
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from equivtool._base.cli_tolerances import tolerance_spec
 from equivtool.comparison import compare
 from equivtool.exported import _recorder
 from equivtool.exported._load import load_side
-from equivtool._base.cli_tolerances import tolerance_spec
 from equivtool.exported._sides import ModelLoadError, Side, load_op_libraries
 from equivtool.report import EquivalenceReport, StepResult
 
@@ -331,13 +333,15 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
                                            seconds=time.perf_counter() - t0, notes=notes if b == 0 else ())
         steps.append(step)
     nodes, node_values, graph_def = (), (), None
-    if localize:
-        from equivtool.exported._localize import localize_step
-        steps[0], nodes, node_values, graph_def = localize_step(steps[0], old, new, feeds[0], new_feeds[0],
-                                                                output_names, tolerance, save_outputs is not None,
-                                                                release_old=release_old)
-    if save_outputs is not None:
-        _save(save_outputs, old, feeds, old_outputs, nodes, node_values, graph_def, provenance)
+    with contextlib.ExitStack() as stack:  # the nodes' values live in a folder until the record holds them
+        if localize:
+            from equivtool.exported._localize import localize_step
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="equivtool-localize-"))
+            steps[0], nodes, node_values, graph_def = localize_step(
+                steps[0], old, new, feeds[0], new_feeds[0], output_names, tolerance, folder,
+                keep_old=save_outputs is not None, release_old=release_old)
+        if save_outputs is not None:
+            _save(save_outputs, old, feeds, old_outputs, nodes, node_values, graph_def, provenance)
     report_meta = {
         "command": "compare", "old": old.describe(), "new": new.describe(), "inputs": provenance,
         "batches": len(feeds), "input_shapes": {k: list(np.shape(v)) for k, v in feeds[0].items()},

@@ -21,7 +21,6 @@ import contextlib
 import ctypes
 import gc
 import os
-import tempfile
 import time
 
 import numpy as np
@@ -84,47 +83,44 @@ def _return_freed_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
-def localize(old: Side, new: Side, old_feed, new_feed, tolerance, *, budget_bytes: int = 64 << 20,
-             keep_old: bool = False, release_old: bool = False):
-    """(a :class:`Localization`, OLD's compared nodes, their values by tensor name when
-    ``keep_old``, OLD's view).
+def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *, budget_bytes: int = 64 << 20,
+             release_old: bool = False):
+    """(a :class:`Localization`, OLD's compared nodes, ``read_old(tensor) -> value``, OLD's view).
 
-    Each side computes its compared nodes once, each value written to a temporary
-    folder as it is computed (:meth:`GraphView.dumped`); OLD first, after which OLD
-    is closed when ``release_old`` (its weights leave memory before NEW's run), then
-    NEW. The values are then read back a pair at a time, in NEW's topological
-    order, and the walk stops at the first divergence: memory stays that of one
-    model's run and one pair of values. ``budget_bytes`` bounds a window of the
+    Each side computes its compared nodes once, each value written under
+    ``folder`` (the caller's, removed by the caller) as it is computed
+    (:meth:`GraphView.dumped`); OLD first, after which OLD is closed when
+    ``release_old`` (its weights leave memory before NEW's run), then NEW. The
+    values are then read back a pair at a time, in NEW's topological order, and
+    the walk stops at the first divergence: memory stays that of one model's run
+    and one pair of values. ``read_old`` reads OLD's values from ``folder`` while
+    it exists (for ``--save-outputs``). ``budget_bytes`` bounds a window of the
     tensors a dump could not hold, fetched by name instead.
     """
     started = time.perf_counter()
-    kept = {}
-    with tempfile.TemporaryDirectory(prefix="equivtool-localize-") as folder:
-        old_view = old.graph_view(old_feed)
-        old_ops, roots = _ops(old_view)
-        batch = max((int(np.shape(v)[0]) for v in old_feed.values() if np.ndim(v)), default=1)
-        if old_view.dump is not None:  # NEW writes about as much as OLD: both must fit
-            _dump.check_room(folder, 2 * _dump.estimated_bytes(_tensors(old_ops), batch))
-        os.makedirs(os.path.join(folder, "old"))
-        read_old = old_view.dumped(_tensors(old_ops), os.path.join(folder, "old"), budget_bytes)
-        if keep_old:
-            kept.update((t.name, read_old(t)) for t in _tensors(old_ops))
-        if release_old and old_view.dump is not None:  # its values are on disk now (a record reads its file)
-            old.close()
-            _return_freed_memory()
-        new_view = new.graph_view(new_feed)
-        new_ops, _ = _ops(new_view, roots)
-        os.makedirs(os.path.join(folder, "new"))
-        read_new = new_view.dumped(_tensors(new_ops), os.path.join(folder, "new"), budget_bytes)
-        _return_freed_memory()  # the run's own memory, before the values are read back
-        lockstep = _capture._Lockstep(old_ops, lambda tensors: [read_old(t) for t in tensors], tolerance, 1)
-        for op in new_ops:  # each aligned pair compared as it comes (a budget of 1 byte flushes each)
-            if lockstep.divergence is not None:
-                break
-            values = [read_new(op.op.outputs[i]) for i in op.outputs]
-            lockstep.add(_capture._Record(op.key, op.scope, op.type, values, None, graph_op=op.op))
-        lockstep.flush()
-        lockstep.closed = True
+    old_view = old.graph_view(old_feed)
+    old_ops, roots = _ops(old_view)
+    batch = max((int(np.shape(v)[0]) for v in old_feed.values() if np.ndim(v)), default=1)
+    if old_view.dump is not None:  # NEW writes about as much as OLD: both must fit
+        _dump.check_room(folder, 2 * _dump.estimated_bytes(_tensors(old_ops), batch))
+    os.makedirs(os.path.join(folder, "old"))
+    read_old = old_view.dumped(_tensors(old_ops), os.path.join(folder, "old"), budget_bytes)
+    if release_old and old_view.dump is not None:  # its values are on disk now (a record reads its file)
+        old.close()
+        _return_freed_memory()
+    new_view = new.graph_view(new_feed)
+    new_ops, _ = _ops(new_view, roots)
+    os.makedirs(os.path.join(folder, "new"))
+    read_new = new_view.dumped(_tensors(new_ops), os.path.join(folder, "new"), budget_bytes)
+    _return_freed_memory()  # the run's own memory, before the values are read back
+    lockstep = _capture._Lockstep(old_ops, lambda tensors: [read_old(t) for t in tensors], tolerance, 1)
+    for op in new_ops:  # each aligned pair compared as it comes (a budget of 1 byte flushes each)
+        if lockstep.divergence is not None:
+            break
+        values = [read_new(op.op.outputs[i]) for i in op.outputs]
+        lockstep.add(_capture._Record(op.key, op.scope, op.type, values, None, graph_op=op.op))
+    lockstep.flush()
+    lockstep.closed = True
     notes = []
     examined = old_ops
     if lockstep.divergence is not None:
@@ -146,14 +142,15 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, *, budget_byte
                              f"{len(new_ops)} NEW nodes computed from the inputs", notes=notes, **common)
     else:
         found = Localization("no_divergence", notes=notes, **common)
-    return found, old_ops, kept, old_view
+    return found, old_ops, read_old, old_view
 
 
-def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, tolerance, keep_old: bool,
-                  release_old: bool = False):
+def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, tolerance, folder: str,
+                  keep_old: bool, release_old: bool = False):
     """``step`` with ``data["localization"]``; and, for ``--save-outputs``, OLD's
-    nodes, their values and its GraphDef (empty when not kept). ``release_old``:
-    OLD is closed once its values are written (see :func:`localize`)."""
+    nodes, their values (read from ``folder`` one at a time, while it exists) and
+    its GraphDef (empty when not kept). ``release_old``: OLD is closed once its
+    values are written (see :func:`localize`)."""
     import dataclasses
     for side, which in ((old, "OLD"), (new, "NEW")):
         reason = side.capabilities["intermediates"]
@@ -161,8 +158,8 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
             raise ModelLoadError(f"--localize: {which} {side.path}: {reason}")
     started = time.perf_counter()
     try:
-        found, old_ops, kept, old_view = localize(old, new, old_feed, new_feed, tolerance, keep_old=keep_old,
-                                                  release_old=release_old)
+        found, old_ops, read_old, old_view = localize(old, new, old_feed, new_feed, tolerance, folder,
+                                                      release_old=release_old)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - the step's verdict stands; say why nothing was localized
@@ -177,5 +174,5 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
         return step, (), (), None
     tensors = _tensors(old_ops)
     nodes = [{"tensor": t.name, "op": t.op.name, "type": t.op.type} for t in tensors]
-    values = [kept[t.name] for t in tensors]
+    values = (read_old(t) for t in tensors)  # streamed into the record, one at a time
     return step, nodes, values, old_view.graph.as_graph_def().SerializeToString()

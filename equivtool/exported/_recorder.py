@@ -28,6 +28,7 @@ import os
 import platform
 import sys
 import tempfile
+import zipfile
 
 import numpy as np
 
@@ -35,6 +36,7 @@ FORMAT = "equivtool.golden-record"
 VERSION = 1
 EQUIVTOOL_VERSION = "0.1.0"
 DEFAULT_RANGE = (0.0, 1.0)
+WINDOW_BYTES = 64 << 20  # intermediates fetched per session.run (static size)
 
 # ops whose outputs are not computed from the inputs (or not worth recording)
 SKIPPED_TYPES = frozenset([
@@ -117,29 +119,33 @@ def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), 
     """Write a golden record atomically (a temporary file in the destination's
     folder, then a rename; a symlink at the destination is replaced, never
     written through). ``meta`` must hold "inputs" and "outputs" (lists of specs).
+    ``node_values`` may be any iterable, a generator too: each value is written
+    as it comes and not kept, so the intermediates need not fit in memory
+    together. The file is what ``np.savez`` writes (one ``.npy`` per key in a zip).
     Returns the header written."""
     meta = dict(meta)
     meta.update(format=FORMAT, version=VERSION, batches=len(batches),
                 nodes=[dict(n) for n in nodes], graph=graph_def is not None)
-    arrays = {"__record__": _json_bytes(meta)}
-    for b, (inputs, outputs) in enumerate(zip(batches, output_batches)):
-        for i, spec in enumerate(meta["inputs"]):
-            arrays["batch%d/input/%d" % (b, i)] = np.asarray(inputs[spec["name"]])
-        for i, spec in enumerate(meta["outputs"]):
-            arrays["batch%d/output/%d" % (b, i)] = np.asarray(outputs[spec["name"]])
-    for k, value in enumerate(node_values):
-        arrays["node/%d" % k] = np.asarray(value)
-    if graph_def is not None:
-        arrays["__graph__"] = np.frombuffer(graph_def, dtype=np.uint8)
-    for key, value in arrays.items():
-        if value.dtype.kind == "O":
-            raise RecordError("%s: object arrays cannot be stored without pickle" % key)
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".equivtool-", suffix=".npz", dir=folder)
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            _write_array(archive, "__record__", _json_bytes(meta))
+            for b, (inputs, outputs) in enumerate(zip(batches, output_batches)):
+                for i, spec in enumerate(meta["inputs"]):
+                    _write_array(archive, "batch%d/input/%d" % (b, i), inputs[spec["name"]])
+                for i, spec in enumerate(meta["outputs"]):
+                    _write_array(archive, "batch%d/output/%d" % (b, i), outputs[spec["name"]])
+            count = 0
+            for value in node_values:  # (enumerate's cached tuple would hold the last value)
+                _write_array(archive, "node/%d" % count, value)
+                count += 1
+                del value  # not held while the next one is computed
+            if count != len(meta["nodes"]):
+                raise RecordError("%d intermediate values for %d intermediates" % (count, len(meta["nodes"])))
+            if graph_def is not None:
+                _write_array(archive, "__graph__", np.frombuffer(graph_def, dtype=np.uint8))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -148,6 +154,14 @@ def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), 
             pass
         raise
     return meta
+
+
+def _write_array(archive, key, value):
+    value = np.asarray(value)
+    if value.dtype.kind == "O":
+        raise RecordError("%s: object arrays cannot be stored without pickle" % key)
+    with archive.open(key + ".npy", "w", force_zip64=True) as f:
+        np.lib.format.write_array(f, value, allow_pickle=False)
 
 
 def writer_info(tool):
@@ -182,6 +196,29 @@ def intermediates(graph, output_tensors):
             if graph.is_fetchable(tensor):
                 found.append((tensor, op))
     return found
+
+
+def static_size(tensor):
+    """A tensor's bytes from its static shape, unknown dimensions counted as 1."""
+    size = tensor.dtype.size
+    for d in (tensor.shape.as_list() if tensor.shape.ndims is not None else [1]):
+        size *= 1 if d is None else d
+    return size
+
+
+def fetch_in_windows(session, tensors, feed, budget_bytes=WINDOW_BYTES):
+    """Yield the values of ``tensors`` in order, fetching at most ``budget_bytes``
+    of static size per ``session.run`` (one tensor at least), so that a record's
+    intermediates are never all in memory at once."""
+    start = 0
+    while start < len(tensors):
+        end, size = start, 0
+        while end < len(tensors) and (end == start or size + static_size(tensors[end]) <= budget_bytes):
+            size += static_size(tensors[end])
+            end += 1
+        for value in session.run(tensors[start:end], feed_dict=feed):
+            yield value
+        start = end
 
 
 def tensor_spec(name, tensor):
@@ -286,22 +323,29 @@ def record(args):
         batches, notes = generate_inputs(in_specs, _parse_shapes(args.input_shapes),
                                          _parse_ranges(args.val_range), args.seed, args.batches)
         provenance = "seeded random inputs (seed %d)" % args.seed
-    output_batches, node_values, nodes = [], [], []
+    output_batches = []
     tapped = intermediates(graph, list(outputs.values())) if args.intermediates else []
-    for b, batch in enumerate(batches):
+    for batch in batches:
         feed = dict((inputs[k], v) for k, v in batch.items())
         try:
-            values = session.run(dict(outputs), feed_dict=feed)
-            if b == 0 and tapped:
-                node_values = session.run([t for t, _ in tapped], feed_dict=feed)
+            output_batches.append(session.run(dict(outputs), feed_dict=feed))
         except (tf.errors.OpError, ValueError) as exc:
             raise RecordError("running the model failed: %s" % " ".join(str(exc).split())[:300])
-        output_batches.append(values)
+
+    def node_values():  # the first batch's, fetched in windows as the record is written
+        feed = dict((inputs[k], v) for k, v in batches[0].items())
+        try:
+            for value in fetch_in_windows(session, [t for t, _ in tapped], feed):
+                yield value
+        except (tf.errors.OpError, ValueError) as exc:
+            raise RecordError("running the model for its intermediates failed: %s"
+                              % " ".join(str(exc).split())[:300])
+
     nodes = [{"tensor": t.name, "op": op.name, "type": op.type} for t, op in tapped]
     graph_def = graph.as_graph_def().SerializeToString() if tapped else None
     meta = {"writer": writer_info("equivtool record-script"), "model": model, "inputs": in_specs,
             "outputs": out_specs, "provenance": provenance, "notes": notes}
-    return write_record(args.out, meta, batches, output_batches, nodes, node_values, graph_def)
+    return write_record(args.out, meta, batches, output_batches, nodes, node_values(), graph_def)
 
 
 def main(argv=None):
