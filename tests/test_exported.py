@@ -279,21 +279,24 @@ def test_side_capabilities_refuse_training(models):
 
 @pytest.mark.parametrize("kind", ["tf1", "tf2"])
 def test_sides_run_the_graph_as_written(models, kind):
-    """Under the default graph_rewrites="as_written" no fused kernel runs; under
-    TensorFlow's defaults the remapper fuses (the check can fail)."""
+    """Under the default graph_rewrites="as_written" no fused kernel runs: the kernels
+    that ran are read, the conv among them. The check can fail: the same kernels with
+    the conv's swapped for oneDNN's fused conv are caught. (Whether TensorFlow's
+    defaults fuse this small net depends on the version: 2.21 does, 2.16 does not;
+    tests/test_execution.py proves the defaults fuse where they do.)"""
     from equivtool._platform import execution as _execution
-    fused = {}
-    for rewrites in ("as_written", "tensorflow_default"):
-        with equivtool.load_side(models[kind], graph_rewrites=rewrites) as side:
-            if kind == "tf1":
-                feed = {side.input_tensors["images"]: images()}
-                kernels = _execution.session_kernels(side.session, dict(side.output_tensors), feed)
-                written = _execution.written_types(side.graph.as_graph_def())
-            else:  # the signature's function graphs, as the runtime executed them
-                kernels, written = _execution.function_kernels(side.run, {"images": images()})
-            fused[rewrites] = _execution.fused_kernels(kernels, written)
-    assert fused["as_written"] == {}
-    assert fused["tensorflow_default"], "TensorFlow's defaults fused nothing here: the check proves nothing"
+    with equivtool.load_side(models[kind]) as side:
+        if kind == "tf1":
+            feed = {side.input_tensors["images"]: images()}
+            kernels = _execution.session_kernels(side.session, dict(side.output_tensors), feed)
+            written = _execution.written_types(side.graph.as_graph_def())
+        else:  # the signature's function graphs, as the runtime executed them
+            kernels, written = _execution.function_kernels(side.run, {"images": images()})
+    assert _execution.fused_kernels(kernels, written) == {}
+    convs = [name for name, kind_ in kernels.items() if "Conv2D" in kind_]
+    assert convs, f"no conv kernel ran: nothing was checked ({sorted(set(kernels.values()))})"
+    planted = {**kernels, convs[0]: "_MklNativeFusedConv2D"}
+    assert _execution.fused_kernels(planted, written) == {convs[0]: "_MklNativeFusedConv2D"}
 
 
 def test_data_loader_batches_each_a_step(models, tmp_path):
