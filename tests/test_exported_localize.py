@@ -130,15 +130,20 @@ def test_old_is_closed_before_new_runs_when_compare_loaded_it(models, monkeypatc
     assert events[:2] == [("close", "tf1-saved-model"), ("new view", "tf2-saved-model")]
 
 
-def _leftovers():
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "equivtool-localize-*")))
+def test_the_dump_folder_is_removed_also_when_localization_fails(models, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's own TMPDIR (other workers share /tmp)
+    made = []
+    real_dumped = _sides.GraphView.dumped
 
+    def dumped(self, tensors, folder, budget_bytes):
+        made.append(folder)
+        return real_dumped(self, tensors, folder, budget_bytes)
 
-def test_the_dump_folder_is_removed_also_when_localization_fails(models, monkeypatch):
-    before = _leftovers()
+    monkeypatch.setattr(_sides.GraphView, "dumped", dumped)
     report = equivtool.compare_models(models["tf1"], models["tf2"], localize=True)
     assert report.steps[0].data["localization"].status == "no_divergence"
-    assert _leftovers() == before
+    assert made and all(folder.startswith(str(tmp_path)) for folder in made)  # the dumps were written here
+    assert not glob.glob(str(tmp_path / "equivtool-localize-*"))
 
     def broken(*args, **kwargs):
         raise RuntimeError("planted failure while writing NEW's nodes")
@@ -148,7 +153,7 @@ def test_the_dump_folder_is_removed_also_when_localization_fails(models, monkeyp
     found = report.steps[0].data["localization"]
     assert found.status == "inconclusive" and "planted failure" in found.reason
     assert report.passed  # the outputs' verdict stands; only the localization failed
-    assert _leftovers() == before
+    assert not glob.glob(str(tmp_path / "equivtool-localize-*"))
 
 
 def test_too_little_disk_for_the_values_is_said_before_anything_is_written(models, monkeypatch):
@@ -161,3 +166,24 @@ def test_too_little_disk_for_the_values_is_said_before_anything_is_written(model
     found = report.steps[0].data["localization"]
     assert found.status == "inconclusive" and "MiB of disk" in found.reason and "TMPDIR" in found.reason
     assert not report.passed  # the outputs' own verdict (NOT EQUIVALENT) stands
+
+
+def test_a_failing_dump_run_leaves_the_localization_inconclusive_not_the_command(models, monkeypatch, tmp_path):
+    import tensorflow as tf
+
+    class Failing:
+        def run(self, *args, **kwargs):
+            raise tf.errors.InternalError(None, None, "planted: the watched run failed")
+
+    with equivtool.load_side(models["tf1"]) as side:
+        view = side.graph_view(feed())
+        with pytest.raises(_dump.DumpFailed, match="planted: the watched run failed"):
+            _dump.session_dump(Failing(), side.graph, {}, compared_tensors(view), str(tmp_path), 1, None)
+    real = _dump.session_dump
+    monkeypatch.setattr(_dump, "session_dump", lambda session, *a: real(Failing(), *a))
+    report = equivtool.compare_models(models["tf1"], models["tf2_bad_eps"], localize=True)
+    found = report.steps[0].data["localization"]
+    assert found.status == "inconclusive"
+    assert found.reason == ("localization failed: running the model with every node watched failed: "
+                            "planted: the watched run failed")
+    assert not report.passed  # NOT EQUIVALENT from the outputs still stands

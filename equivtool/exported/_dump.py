@@ -19,7 +19,11 @@ import shutil
 
 import numpy as np
 
-from equivtool.exported._errors import ModelLoadError, short
+from equivtool.exported._errors import short
+
+
+class DumpFailed(Exception):
+    """The dumping run failed (the localization is then inconclusive; the outputs' verdict stands)."""
 
 
 def session_dump(session, graph, feed_dict, tensors, folder, budget_bytes, fetch):
@@ -42,8 +46,7 @@ def session_dump(session, graph, feed_dict, tensors, folder, budget_bytes, fetch
     try:
         session.run(targets, feed_dict=feed_dict, options=options)
     except (tf.errors.OpError, ValueError) as exc:
-        raise ModelLoadError(f"--localize: running the model with every node watched failed: {short(exc)}") \
-            from None
+        raise DumpFailed(f"running the model with every node watched failed: {short(exc)}") from None
     dumped = _tf_internals.debug_data.DebugDumpDir(folder, validate=False)
     have = {(d.node_name, d.output_slot) for d in dumped.dumped_tensor_data}
     missing = [t for t in tensors if (t.op.name, t.value_index) not in have]
@@ -100,8 +103,7 @@ def function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites):
         with _execution.function_rewrites(graph_rewrites):
             pruned(*values)
     except (tf.errors.OpError, ValueError) as exc:
-        raise ModelLoadError(f"--localize: running the model with every node written failed: {short(exc)}") \
-            from None
+        raise DumpFailed(f"running the model with every node written failed: {short(exc)}") from None
 
     def read(tensor):
         proto = _tf_internals.TensorProto()

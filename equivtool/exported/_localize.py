@@ -164,7 +164,7 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
         raise
     except Exception as exc:  # noqa: BLE001 - the step's verdict stands; say why nothing was localized
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        if isinstance(exc, _dump.NotEnoughDisk):
+        if isinstance(exc, (_dump.NotEnoughDisk, _dump.DumpFailed)):
             detail = str(exc)
         found = Localization("inconclusive", mode="graph", sides=("OLD", "NEW"),
                              reason=f"localization failed: {detail}", seconds=time.perf_counter() - started)
