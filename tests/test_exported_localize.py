@@ -187,3 +187,18 @@ def test_a_failing_dump_run_leaves_the_localization_inconclusive_not_the_command
     assert found.reason == ("localization failed: running the model with every node watched failed: "
                             "planted: the watched run failed")
     assert not report.passed  # NOT EQUIVALENT from the outputs still stands
+
+
+def test_with_a_record_as_old_only_news_values_need_room(models, monkeypatch, tmp_path):
+    import collections
+    import shutil
+    record = str(tmp_path / "old.npz")
+    assert equivtool.compare_models(models["tf1"], models["tf2"], localize=True, save_outputs=record).passed
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, (1 << 30) - 4096, 4096))
+    monkeypatch.setattr(_dump, "function_dump", lambda *a, **k: pytest.fail("NEW's dump began"))
+    found = equivtool.compare_models(record, models["tf2_bad_eps"], localize=True).steps[0].data["localization"]
+    assert found.status == "inconclusive" and "MiB of disk" in found.reason
+    monkeypatch.undo()
+    found = equivtool.compare_models(record, models["tf2_bad_eps"], localize=True).steps[0].data["localization"]
+    assert found.tf1_op == FAULT_NODE  # with room, the same comparison localizes

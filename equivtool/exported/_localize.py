@@ -110,6 +110,8 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *
         _return_freed_memory()
     new_view = new.graph_view(new_feed)
     new_ops, _ = _ops(new_view, roots)
+    if old_view.dump is None and new_view.dump is not None:  # OLD is a record: only NEW writes
+        _dump.check_room(folder, _dump.estimated_bytes(_tensors(new_ops), batch))
     os.makedirs(os.path.join(folder, "new"))
     read_new = new_view.dumped(_tensors(new_ops), os.path.join(folder, "new"), budget_bytes)
     _return_freed_memory()  # the run's own memory, before the values are read back
@@ -128,8 +130,9 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *
         notes.append(f"comparison stopped at the first divergence: {len(old_ops) - len(examined)} later OLD "
                      "nodes not examined")
     unaligned = [f"{op.name} ({op.type})" for op in examined if not op.matched]
-    common = dict(mode="graph", sides=("OLD", "NEW"), compared=lockstep.compared, tf1_ops=len(old_ops), tf2_ops=len(new_ops),
-                  unaligned_tf1=unaligned[:_LIST_LIMIT], unaligned_tf2=lockstep.unaligned_tf2[:_LIST_LIMIT],
+    common = dict(mode="graph", sides=("OLD", "NEW"), compared=lockstep.compared, tf1_ops=len(old_ops),
+                  tf2_ops=len(new_ops), unaligned_tf1=unaligned[:_LIST_LIMIT],
+                  unaligned_tf2=lockstep.unaligned_tf2[:_LIST_LIMIT],
                   unaligned_tf1_count=len(unaligned), unaligned_tf2_count=len(lockstep.unaligned_tf2),
                   seconds=time.perf_counter() - started)
     if lockstep.divergence is not None:

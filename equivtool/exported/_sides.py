@@ -18,9 +18,11 @@ SavedModels and tf-keras files as their signature's concrete function, called
 with the same passes off through the thread's function-call options; so a
 verdict does not depend on the CPU. For ``--localize`` a concrete function's
 bodies are inlined into one graph that reads the loaded variables (no copy of
-the weights) and is run, pruned to the tensors asked for, the same way. Before anything is loaded, the graph's op names are read against
-TensorFlow's op registry: unregistered ops are reported with their likely
-origin instead of TensorFlow's error deep in loading.
+the weights), run the same way; each view's nodes are computed in one run that
+writes them to disk (:mod:`equivtool.exported._dump`). Before anything is
+loaded, the graph's op names are read against TensorFlow's op registry:
+unregistered ops are reported with their likely origin instead of TensorFlow's
+error deep in loading.
 """
 
 from __future__ import annotations
