@@ -1,0 +1,161 @@
+"""``equivtool doctor``'s checks: a list of small functions, each returning ``(ok, text)``.
+
+Each check imports what it reads when it runs, so importing this module (and
+the command line, which lists them) has no side effect; ``equivtool.cli``
+prints their lines and sets the exit code.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+
+@functools.lru_cache(maxsize=1)
+def _versions():
+    from equivtool._platform import env as _env
+    try:
+        return _env.check_versions(), None
+    except _env.EquivtoolEnvironmentError as exc:
+        return None, str(exc)
+
+
+def _version_check(attribute: str, missing: str = "") -> Callable[[], tuple[bool, str]]:
+    def check() -> tuple[bool, str]:
+        versions, error = _versions()
+        if versions is None:
+            return False, error
+        value = getattr(versions, attribute)
+        return (False, missing) if value is None and missing else (True, str(value))
+    return check
+
+
+def doctor_legacy_keras() -> tuple[bool, str]:
+    from equivtool._platform import env as _env
+    if _env.legacy_keras_active():
+        return True, "active (tf.keras is tf-keras)"
+    return False, "NOT active: set TF_USE_LEGACY_KERAS=1 before importing TensorFlow"
+
+
+def doctor_slim_fix() -> tuple[bool, str]:
+    from equivtool._platform import env as _env
+    state = _env.slim_fix_state()
+    if state == "broken":
+        return False, "broken: tf_keras.legacy_tf_layers cannot be resolved, slim.batch_norm will fail"
+    return True, state
+
+
+def _repairs_of(library: str, missing: str) -> Callable[[], tuple[bool, str]]:
+    """The repairs of one library by the import-time fix (equivtool._platform.compat): what each did."""
+    def check() -> tuple[bool, str]:
+        from equivtool._platform import compat as _compat
+        repairs = [r for r in _compat.repairs(import_libraries=True) if r.library == library]
+        if not repairs:
+            return True, missing
+        text = "; ".join(f"{r.name}: {r.state}" + (f" ({r.detail})" if r.state == "failed" else "")
+                         for r in repairs)
+        return all(r.state != "failed" for r in repairs), text
+    return check
+
+
+def doctor_shim() -> tuple[bool, str]:
+    import tensorflow as tf
+    if hasattr(tf.compat.v1.keras.utils, "track_tf1_style_variables"):
+        return True, "track_tf1_style_variables available"
+    return False, "track_tf1_style_variables MISSING from tf.compat.v1.keras.utils"
+
+
+def doctor_devices() -> tuple[bool, str]:
+    import tensorflow as tf
+    devices = [f"{d.device_type}:{d.name.split(':')[-1]}" for d in tf.config.list_physical_devices()]
+    build = tf.sysconfig.get_build_info()
+    return True, (f"{', '.join(devices)} (TF built with CUDA {build.get('cuda_version', 'none')}, "
+                  f"cuDNN {build.get('cudnn_version', 'none')})")
+
+
+def doctor_machine() -> tuple[bool, str]:
+    """What a verdict depends on: the CPU, its instruction sets, oneDNN, threads."""
+    from equivtool._platform import execution as _execution
+    cpu, threads = _execution.cpu(), _execution.threads()
+    return True, (f"{cpu['model']} ({', '.join(cpu['isa']) or 'no AVX2'}"
+                  + (f"; ONEDNN_MAX_CPU_ISA={cpu['onednn_max_cpu_isa']}" if "onednn_max_cpu_isa" in cpu else "")
+                  + f"), oneDNN {'on' if _execution.onednn_enabled() else 'off'}, "
+                  f"threads intra-op {threads['intra_op']}, inter-op {threads['inter_op']}"
+                  + (" (TensorFlow's default)" if threads["default"] else ""))
+
+
+def doctor_rewrites() -> tuple[bool, str]:
+    from equivtool._platform import execution as _execution
+    return True, ("as_written (default) turns off " + ", ".join(_execution.turned_off("as_written"))
+                  + " in TF1 sessions and TF2 function graphs")
+
+
+def doctor_xent_op() -> tuple[bool, str]:
+    from equivtool.ops import op_status
+    status = op_status()
+    if status.get("built") and not status.get("error"):
+        kind = "CPU + CUDA" if status.get("cuda") else "CPU"
+        return True, f"built for TF {status.get('built_for_tf')} ({kind}) at {status.get('path')}"
+    return False, f"NOT usable: {status.get('error') or 'not built'} (run: equivtool build-ops)"
+
+
+def doctor_xent_cuda() -> tuple[bool, str]:
+    """The op library's CUDA runtime, the driver it needs, SASS and PTX (read from the file)."""
+    from equivtool.ops import op_status
+    from equivtool.ops._build import cuda_contents, cuda_report
+    status = op_status()
+    if not (status.get("built") and not status.get("error") and status.get("cuda")):
+        return True, "no CUDA kernels compiled into this library (see: xent op GPU)"
+    return not cuda_contents(status["path"]).undefined_cuda, cuda_report(status["path"])
+
+
+def doctor_xent_gpu() -> tuple[bool, str]:
+    """Where the op's GPU kernels come from (nvcc ahead of time, NVRTC at run time,
+    none and why), which NVRTC, the architectures cached, the driver version."""
+    from equivtool.ops import op_status
+    from equivtool.ops._gpu import describe
+    from equivtool.ops._load import read_stamp
+    status = op_status()
+    if not status.get("built") or status.get("error"):
+        return True, "op library not usable (see: xent op)"
+    now, stamp = status.get("gpu_kernels"), read_stamp(status["path"]) or {}
+    if stamp.get("cuda") == "1":
+        return True, describe(status["path"], stamp)
+    head = f"none ({now.reason})" if now is not None and now.source == "none" else str(now)
+    return True, f"now: {head}; {describe(status['path'], stamp)}"
+
+
+def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
+    """A live check of equivtool._platform.selfcheck (the real code path, run tiny here)."""
+    def check() -> tuple[bool, str]:
+        from equivtool._platform import selfcheck as _selfcheck
+        result = getattr(_selfcheck, name)()
+        return result.ok, ("ok: " if result.ok else "FAILS: ") + result.detail
+    return check
+
+
+# (label, check): add a line here to add a check to `equivtool doctor`.
+DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
+    ("tensorflow", _version_check("tensorflow")),
+    ("tf-keras", _version_check("tf_keras")),
+    ("tf-slim", _version_check("tf_slim", "not installed: pip install tf-slim==1.1.0")),
+    ("numpy", _version_check("numpy")),
+    ("legacy Keras", doctor_legacy_keras),
+    ("tf-slim fix", doctor_slim_fix),
+    ("TF repairs", _repairs_of("TensorFlow", "none")),
+    ("tf-slim repairs", _repairs_of("tf-slim", "none (tf-slim is not installed)")),
+    ("shim", doctor_shim),
+    ("devices", doctor_devices),
+    ("machine", doctor_machine),
+    ("graph rewrites", doctor_rewrites),
+    ("xent op", doctor_xent_op),
+    ("xent op CUDA", doctor_xent_cuda),
+    ("xent op GPU", doctor_xent_gpu),
+    ("random tool", _live_check("check_random_tool")),
+    ("xent op live", _live_check("check_op")),
+]
+
+
+def clear_cache() -> None:
+    """Forget the versions read by an earlier run (each ``equivtool doctor`` reads them afresh)."""
+    _versions.cache_clear()
