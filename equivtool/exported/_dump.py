@@ -19,6 +19,7 @@ import shutil
 
 import numpy as np
 
+from equivtool.exported import _recorder
 from equivtool.exported._errors import short
 
 
@@ -61,28 +62,17 @@ def session_dump(session, graph, feed_dict, tensors, folder, budget_bytes, fetch
 
 
 def save_in_windows(tensors, fetch, folder, budget_bytes) -> dict:
-    """``tensors`` fetched in windows of at most ``budget_bytes`` of static size and
-    saved as .npy files under ``folder``: tensor name -> file."""
-    saved, start = {}, 0
+    """``tensors`` fetched in windows of at most ``budget_bytes`` of static size
+    (:func:`equivtool.exported._recorder.windows`) and saved as .npy files under
+    ``folder``: tensor name -> file."""
+    saved = {}
     if tensors:
         os.makedirs(folder, exist_ok=True)
-    while start < len(tensors):
-        end, size = start, 0
-        while end < len(tensors) and (end == start or size + static_bytes(tensors[end]) <= budget_bytes):
-            size += static_bytes(tensors[end])
-            end += 1
-        for tensor, value in zip(tensors[start:end], fetch(tensors[start:end])):
+    for window in _recorder.windows(tensors, budget_bytes):
+        for tensor, value in zip(window, fetch(window)):
             saved[tensor.name] = os.path.join(folder, f"{len(saved)}.npy")
             np.save(saved[tensor.name], np.asarray(value), allow_pickle=False)
-        start = end
     return saved
-
-
-def static_bytes(tensor) -> int:
-    """A tensor's size from its static shape (unknown dimensions as 1)."""
-    shape = tensor.shape
-    dims = [d if d is not None else 1 for d in (shape.as_list() if shape.rank is not None else [1])]
-    return int(np.prod(dims, dtype=np.int64)) * tensor.dtype.size
 
 
 def function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites):
@@ -117,13 +107,7 @@ def function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites):
 def estimated_bytes(tensors, batch: int) -> int:
     """What writing ``tensors`` takes, from their static shapes with an unknown first
     dimension as ``batch`` and any other unknown dimension as 1 (a lower bound)."""
-    total = 0
-    for tensor in tensors:
-        shape = tensor.shape
-        dims = shape.as_list() if shape.rank is not None else [1]
-        dims = [(batch if i == 0 else 1) if d is None else d for i, d in enumerate(dims)]
-        total += int(np.prod(dims, dtype=np.int64)) * max(tensor.dtype.size, 1)
-    return total
+    return sum(_recorder.static_size(tensor, batch) for tensor in tensors)
 
 
 class NotEnoughDisk(Exception):

@@ -198,27 +198,35 @@ def intermediates(graph, output_tensors):
     return found
 
 
-def static_size(tensor):
-    """A tensor's bytes from its static shape, unknown dimensions counted as 1."""
+def static_size(tensor, batch=1):
+    """A tensor's bytes from its static shape: an unknown first dimension counted
+    as ``batch``, any other unknown dimension (or an unknown rank) as 1."""
     size = tensor.dtype.size
-    for d in (tensor.shape.as_list() if tensor.shape.ndims is not None else [1]):
-        size *= 1 if d is None else d
+    for i, d in enumerate(tensor.shape.as_list() if tensor.shape.ndims is not None else [1]):
+        size *= (batch if i == 0 else 1) if d is None else d
     return size
 
 
-def fetch_in_windows(session, tensors, feed, budget_bytes=WINDOW_BYTES):
-    """Yield the values of ``tensors`` in order, fetching at most ``budget_bytes``
-    of static size per ``session.run`` (one tensor at least), so that a record's
-    intermediates are never all in memory at once."""
+def windows(tensors, budget_bytes):
+    """``tensors`` in consecutive slices of at most ``budget_bytes`` of static size
+    (one tensor at least)."""
     start = 0
     while start < len(tensors):
         end, size = start, 0
         while end < len(tensors) and (end == start or size + static_size(tensors[end]) <= budget_bytes):
             size += static_size(tensors[end])
             end += 1
-        for value in session.run(tensors[start:end], feed_dict=feed):
-            yield value
+        yield tensors[start:end]
         start = end
+
+
+def fetch_in_windows(session, tensors, feed, budget_bytes=WINDOW_BYTES):
+    """Yield the values of ``tensors`` in order, fetching one window of at most
+    ``budget_bytes`` of static size per ``session.run``, so that a record's
+    intermediates are never all in memory at once."""
+    for window in windows(tensors, budget_bytes):
+        for value in session.run(window, feed_dict=feed):
+            yield value
 
 
 def tensor_spec(name, tensor):
