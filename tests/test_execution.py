@@ -103,6 +103,26 @@ def test_tf2_function_tensorflow_default_runs_fused_kernels():
     assert fused & {"_MklNativeFusedConv2D", "_FusedConv2D", "_MklFusedConv2D"}, fused
 
 
+def _leave_fused_graphs_behind():
+    """Run a fresh tf.function under TensorFlow's default rewrites, with nothing recording:
+    the runtime keeps its (fused) graphs for the next call that records."""
+    side = tf2_layer.TF2Side(ConvBnRelu(), renamer=_make_renamer(None), loss_fn=None,
+                             use_tf_function=True, graph_rewrites="tensorflow_default")
+    side.forward(INPUTS, training=False)
+
+
+def test_graphs_instantiated_before_the_call_are_not_read_as_its_own(monkeypatch):
+    """The CI failure this fixes: an earlier test's fused training graphs were read as the
+    measured call's. With the drain they are not; without it (planted) they are."""
+    _leave_fused_graphs_behind()
+    kernels, written = _tf2_kernels()
+    assert kernels and _execution.fused_kernels(kernels, written) == {}
+    monkeypatch.setattr(_execution, "_drain_function_graphs", lambda ctx: None)
+    _leave_fused_graphs_behind()
+    kernels, written = _tf2_kernels()
+    assert _execution.fused_kernels(kernels, written), "the planted leak was not seen: the test proves nothing"
+
+
 def test_conv_bias_merge_is_the_one_onednn_rewrite_left():
     """oneDNN's graph pass merges Conv2D + BiasAdd whatever the session options;
     the check names it unless allowed, and allows nothing else."""
