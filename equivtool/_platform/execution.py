@@ -205,11 +205,11 @@ def function_kernels(fn: Callable, *args, graph_rewrites: str | None = None) -> 
 def _drain_function_graphs(ctx) -> None:
     """Empty the context's record of function graphs before a measured call.
 
-    The runtime keeps the graphs of functions instantiated while nobody was
-    recording, and hands them to the next call that runs with run metadata on:
-    a probe after a checkpoint-resume test held 178 nodes of that test's
-    training functions, fused ones among them. One call of a fresh function
-    flushes them into the metadata, which is then thrown away."""
+    Once anything in the process has recorded run metadata, the runtime keeps
+    the graphs of every function instantiated while nobody records, and hands
+    them to the next call that runs with run metadata on (in CI, an earlier
+    test's fused training kernels were read as a dump run's). One call of a
+    fresh function flushes them into the metadata, which is then thrown away."""
     import tensorflow as tf
     tf.function(tf.identity, autograph=False)(tf.constant(0.0))
     ctx.export_run_metadata()
