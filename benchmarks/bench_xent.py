@@ -204,7 +204,7 @@ def render(rows, memory, machine, load_after) -> str:
     lines = [
         HEADING, "",
         f"Measured by `benchmarks/bench_xent.py` on {machine['cpu']} ({machine['cores']} cores, "
-        f"shared with other agents' work: load average {_load_text(machine['load'])} at the "
+        f"load average {_load_text(machine['load'])} at the "
         f"start, {_load_text(load_after)} at the end), {'with' if machine['gpu'] else 'no'} GPU; "
         f"Python {machine['python']}, TensorFlow {machine['tensorflow']}, NumPy {machine['numpy']}; "
         f"op library built for TF {machine['op']['built_for_tf']} "
@@ -250,8 +250,7 @@ def render(rows, memory, machine, load_after) -> str:
     lines += ["", "Targets (float32): " + "; ".join(verdicts) + "."]
     if scaling:
         busy = max(machine["load"][0], load_after[0]) > (machine["cores"] or 1)
-        lines += ["", f"Scaling of ours step from 1 to {most} threads (on a machine whose cores "
-                      "other agents share): " + "; ".join(scaling) + "."
+        lines += ["", f"Scaling of ours step from 1 to {most} threads: " + "; ".join(scaling) + "."
                   + (" The load average exceeded the core count throughout, so the extra "
                      "threads found no idle core: these ratios say nothing about scaling; "
                      "re-measure on an idle machine." if busy else "")]
