@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from equivtool.exported import _dump
+from equivtool.exported._errors import short
 from equivtool.exported._sides import ModelLoadError, Side
 from equivtool.localize import _capture
 from equivtool.localize.result import Localization
@@ -168,9 +169,8 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - the step's verdict stands; say why nothing was localized
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        if isinstance(exc, (_dump.NotEnoughDisk, _dump.DumpFailed)):
-            detail = str(exc)
+        detail = str(exc) if isinstance(exc, (_dump.NotEnoughDisk, _dump.DumpFailed)) else short(
+            f"{type(exc).__name__}: {exc}")
         found = Localization("inconclusive", mode="graph", sides=("OLD", "NEW"),
                              reason=f"localization failed: {detail}", seconds=time.perf_counter() - started)
         keep_old = False

@@ -156,6 +156,11 @@ def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), 
     return meta
 
 
+def _one_line(exc):
+    """An error's message on one line, at most 300 characters."""
+    return " ".join(str(exc).split())[:300]
+
+
 def _write_array(archive, key, value):
     value = np.asarray(value)
     if value.dtype.kind == "O":
@@ -257,7 +262,7 @@ def load_model(tf, path, signature, tags, graph_inputs, graph_outputs, config):
                 meta_graph = tf.compat.v1.saved_model.loader.load(session, list(tags), path)
             except (RuntimeError, IOError, ValueError) as exc:
                 raise RecordError("%s: cannot load the SavedModel with tags %s: %s"
-                                  % (path, ",".join(tags), " ".join(str(exc).split())[:300]))
+                                  % (path, ",".join(tags), _one_line(exc)))
             meta["tensorflow_version"] = meta_graph.meta_info_def.tensorflow_version
             if signature not in meta_graph.signature_def:
                 raise RecordError("--signature: %r is not in the SavedModel; it has %s"
@@ -338,7 +343,7 @@ def record(args):
         try:
             output_batches.append(session.run(dict(outputs), feed_dict=feed))
         except (tf.errors.OpError, ValueError) as exc:
-            raise RecordError("running the model failed: %s" % " ".join(str(exc).split())[:300])
+            raise RecordError("running the model failed: %s" % _one_line(exc))
 
     def node_values():  # the first batch's, fetched in windows as the record is written
         feed = dict((inputs[k], v) for k, v in batches[0].items())
@@ -347,7 +352,7 @@ def record(args):
                 yield value
         except (tf.errors.OpError, ValueError) as exc:
             raise RecordError("running the model for its intermediates failed: %s"
-                              % " ".join(str(exc).split())[:300])
+                              % _one_line(exc))
 
     nodes = [{"tensor": t.name, "op": op.name, "type": op.type} for t, op in tapped]
     graph_def = graph.as_graph_def().SerializeToString() if tapped else None

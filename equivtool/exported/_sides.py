@@ -338,9 +338,10 @@ def load_tf1(path, kind, signature, tags, graph_inputs, graph_outputs, graph_rew
     return GraphSide(kind, path, graph, session, inputs, outputs, meta)
 
 
-def _inlined_view(function, input_names, output_names, path, graph_rewrites) -> GraphView:
+def _inlined_view(function, input_names, output_names, values, path, graph_rewrites) -> GraphView:
     """A concrete function with its function bodies inlined, as a graph whose every
-    tensor can be fetched, reading the loaded variables where they are.
+    tensor can be fetched, reading the loaded variables where they are, fed
+    ``values`` (the inputs as tensors, in ``input_names`` order).
 
     Grappler's function inlining (the step ``convert_variables_to_constants_v2``
     takes before freezing) gives one flat GraphDef whose captured variables are
@@ -379,16 +380,16 @@ def _inlined_view(function, input_names, output_names, path, graph_rewrites) -> 
     outputs = {n: graph.get_tensor_by_name(t) for n, t in zip(output_names, output_tensors)}
     feeds = list(inputs.values())
 
-    def fetch(tensors, values):
+    def fetch(tensors):
         pruned = wrapped.prune(feeds=feeds, fetches=list(tensors))
         with _execution.function_rewrites(graph_rewrites):
             results = pruned(*values)
         return [r.numpy() for r in results]
 
-    def dump(tensors, folder, values):
+    def dump(tensors, folder, budget_bytes):  # one run writes them all: no windows
         return _dump.function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites)
 
-    return graph, inputs, outputs, fetch, dump
+    return GraphView(graph, inputs, outputs, fetch, dump=dump)
 
 
 def _info(name: str, spec) -> TensorInfo:
@@ -434,11 +435,9 @@ class FunctionSide(Side):
     def graph_view(self, feed: Mapping[str, np.ndarray]) -> GraphView:
         import tensorflow as tf
         self.check_feed(feed)
-        graph, inputs, outputs, fetch, dump = _inlined_view(self.function, self.input_names, self.output_names,
-                                                            self.path, self.graph_rewrites)
         values = [tf.convert_to_tensor(np.asarray(feed[n])) for n in self.input_names]
-        return GraphView(graph, inputs, outputs, lambda tensors: fetch(tensors, values),
-                         dump=lambda tensors, folder, budget_bytes: dump(tensors, folder, values))
+        return _inlined_view(self.function, self.input_names, self.output_names, values, self.path,
+                             self.graph_rewrites)
 
     def close(self) -> None:
         self.function = self.owner = None  # what holds the loaded variables
