@@ -56,6 +56,7 @@ import tensorflow as tf
 from equivtool._base.tree import flatten_tensors
 from equivtool._platform import execution as _execution
 from equivtool.comparison import Tolerance
+from equivtool.coverage import Coverage
 from equivtool.engine import registry as _steps
 from equivtool.engine.options import Options
 from equivtool.engine.run import Engine
@@ -124,8 +125,13 @@ def check_equivalence(
       step_tolerances: per-step overrides, e.g. ``{"gradients": Tolerance(atol=1e-4),
         "optimizer": lambda step: Tolerance(atol=1e-5 * 2 ** step)}``.
       loss_fn: ``loss_fn(outputs, regularization_loss) -> scalar`` built with
-        TensorFlow ops (used on both sides); default: mean of squares of the first
-        output plus the regularization loss.
+        TensorFlow ops (used on both sides; ``regularization_loss`` is the total
+        regularization loss). Default: mean of squares of the primary output plus
+        the regularization loss, where the primary output is the output itself;
+        of a tuple or list its first element (slim's ``(logits, end_points)``); of
+        a dict its last entry (end points in forward order: the head), applied
+        until a tensor is reached. The gradients step's report names it, and
+        lists trainable variables the loss reaches on neither side.
       optimizers: ``(make_tf1_optimizer, make_tf2_optimizer)`` factories, e.g.
         ``(lambda: tf.compat.v1.train.AdamOptimizer(1e-3), lambda: tf.keras.optimizers.Adam(1e-3))``.
       train_steps: number of optimizer steps.
@@ -200,7 +206,7 @@ def check_equivalence(
     unmatched = engine.unmatched_tolerance_keys()
     if unmatched:
         header["unmatched_tolerance_keys"] = unmatched
-    report = EquivalenceReport(tuple(results), header)
+    report = EquivalenceReport(tuple(results), header, coverage=Coverage.from_steps(results))
     if unmatched:
         _refuse_or_warn(report, unmatched, options.strict_tolerances)
     return report

@@ -28,7 +28,7 @@ from equivtool.checkpoints._align import tf1_aligned, tf2_aligned
 from equivtool.report import StepResult
 from equivtool._base.tree import dense_gradient, flatten_tensors
 from equivtool.engine.sides.tf1_graph import depends_on
-from equivtool.engine.sides.runners import TF1Side, fixed_value, variable_key
+from equivtool.engine.sides.runners import TF1Side, fixed_value, primary_output_path, variable_key
 from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.outputs import split_outputs
@@ -143,9 +143,36 @@ def judge_loop_random(result: StepResult, loops: Mapping, depends: Mapping) -> S
 
 
 def _judge_forward(e: "Engine", name: str, tf1: dict, tf2: dict, notes=()) -> StepResult:
-    result = e.compare_step(name, forward_pairs(tf1["outputs"], tf1["regularization"],
-                                                tf2["outputs"], tf2["regularization"]), notes=notes)
+    """A forward pass's outputs and regularization loss; after a training-mode
+    pass also every variable both sides hold (the pass updated the moving
+    statistics: a different momentum or epsilon shows there, not in the outputs)."""
+    pairs = forward_pairs(tf1["outputs"], tf1["regularization"], tf2["outputs"], tf2["regularization"])
+    notes = list(notes)
+    if "variables" in tf1 and "variables" in tf2:
+        expected, actual, note = common_variables(tf1["variables"], tf2["variables"])
+        pairs.append(("variables", expected, actual))
+        notes += note
+    result = e.compare_step(name, pairs, notes=notes)
+    failing = {c.name for c in result.comparisons if not c.ok and c.failures}
+    if failing == {"variables"}:
+        result = dataclasses.replace(result, notes=result.notes + (
+            "the outputs agree, but variables the training-mode pass updated differ: moving statistics "
+            "(compare the batch-norm momentum/decay, epsilon and renorm settings of the two sides)",))
     return judge_loop_random(result, tf1["loops"], _leaf_flags(result, tf1["leaf_flags"]))
+
+
+def common_variables(tf1_values: Mapping, tf2_values: Mapping) -> tuple:
+    """``(tf1, tf2, notes)``: the values of the variables both sides hold (by key,
+    in the TF1 order); a variable on one side only is the ``parity`` step's
+    finding, named here in a note."""
+    shared = [key for key in tf1_values if key in tf2_values]
+    notes = []
+    for side, own, other in (("TF1", tf1_values, tf2_values), ("TF2", tf2_values, tf1_values)):
+        alone = [key for key in own if key not in other]
+        if alone:
+            notes.append(f"variables on the {side} side only, not compared here (see parity): {alone[:5]}"
+                         + (f" (+{len(alone) - 5} more)" if len(alone) > 5 else ""))
+    return ({key: tf1_values[key] for key in shared}, {key: tf2_values[key] for key in shared}, notes)
 
 
 def sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:
@@ -236,24 +263,31 @@ def _parity_tf1(e: "Engine") -> dict:
     found = VariableSet.from_variables(side.variables, "tf1")
     return {"variables": VariableSet(tuple(
         VariableInfo(v.name, v.shape, v.dtype, variable_key(v.name, side.renamer) in side.trainable_keys)
-        for v in found), "tf1")}
+        for v in found), "tf1"),
+        "keys": {key: key in side.trainable_keys for key in side.keys}}
 
 
 def _parity_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     half.inference_pass()
-    return {"variables": VariableSet.from_variables(half.layer.variables, "tf2")}
+    trainable = {id(v) for v in half.layer.trainable_variables}
+    return {"variables": VariableSet.from_variables(half.layer.variables, "tf2"),
+            "keys": {variable_key(v.name, half.side.renamer): id(v) in trainable for v in half.layer.variables}}
 
 
 def _parity_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     expected, actual = tf1["variables"], tf2["variables"]
     result = compare_variables(expected, actual, rename=e.options.renamer)
     status = "passed" if result.ok else "failed"
+    # Every variable of either side is owed proof in the coverage ledger (trainable on either: a gradient).
+    owed = {key: trainable or tf2["keys"].get(key, False) for key, trainable in tf1["keys"].items()}
+    owed.update({key: trainable for key, trainable in tf2["keys"].items() if key not in owed})
     return StepResult("parity", title("parity"), status, 0.0,
                       message="" if result.ok else str(result),
                       data={"tf1_variables": len(expected), "tf2_variables": len(actual),
                             "trainable": len(expected.trainable),
-                            "trainable_parameters": expected.num_trainable_parameters})
+                            "trainable_parameters": expected.num_trainable_parameters,
+                            "proves": {"variables": owed}})
 
 
 parity = SplitStep(_parity_tf1, _parity_tf2, _parity_judge)
@@ -267,13 +301,19 @@ def _random_constant_tf1(e: "Engine", mode: str, training: bool) -> dict:
     half = e.tf1_half
     outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
     forward = half.training if training else half.inference
-    return _forward_capture(forward, outputs, regularization)
+    capture = _forward_capture(forward, outputs, regularization)
+    if training:  # after the pair's one training call: moving statistics included
+        capture["variables"] = half.side.read_variables()
+    return capture
 
 
 def _random_constant_tf2(e: "Engine", _, mode: str, training: bool) -> dict:
     half = e.tf2_half
     outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
-    return {"outputs": outputs, "regularization": regularization, "prebuilt": half.prebuilt}
+    capture = {"outputs": outputs, "regularization": regularization, "prebuilt": half.prebuilt}
+    if training:
+        capture["variables"] = half.side.read_variables()
+    return capture
 
 
 def _random_constant_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:
@@ -376,7 +416,9 @@ def _gradients_tf1(e: "Engine") -> dict:
     forward = half.gradient_forward()
     tensors = {"loss": forward.loss}
     tensors.update({f"gradients/{key}": g for key, g in (forward.gradients or {}).items()})
+    trainable = [k for k in half.side.keys if k in half.side.trainable_keys]
     return {"loss": loss, "gradients": {k: dense[k][0] for k in half.side.keys if k in dense},
+            "trainable": trainable, "loss_target": _loss_target(e, forward.outputs),
             "sparse": [k for k, (_, sparse) in dense.items() if sparse],
             "loops": dict(forward.loop_random_ops), "flags": _loop_flags(forward.loop_random_ops, tensors)}
 
@@ -384,22 +426,66 @@ def _gradients_tf1(e: "Engine") -> dict:
 def _gradients_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     _, _, loss, gradients = half.gradient_pass()
-    return {"loss": loss, "gradients": gradients, "sparse": list(half.side.sparse_gradients)}
+    trainable = [variable_key(v.name, half.side.renamer) for v in half.layer.trainable_variables]
+    return {"loss": loss, "gradients": gradients, "trainable": trainable,
+            "sparse": list(half.side.sparse_gradients)}
+
+
+def _loss_target(e: "Engine", outputs) -> str | None:
+    """Which output the default loss was built from (None with the user's ``loss_fn``)."""
+    return None if e.options.loss_fn is not None else "outputs" + primary_output_path(outputs)
+
+
+def gradient_coverage(tf1: dict, tf2: dict) -> tuple:
+    """``(one_sided, neither)``: trainable variables of both sides whose gradient is
+    None (disconnected from the loss, or cut by ``tf.stop_gradient``) on one side
+    only, as ``[(key, side that has one)]``, and on both sides."""
+    both = [key for key in tf1["trainable"] if key in set(tf2["trainable"])]
+    one_sided, neither = [], []
+    for key in both:
+        has = (key in tf1["gradients"], key in tf2["gradients"])
+        if has == (False, False):
+            neither.append(key)
+        elif has[0] != has[1]:
+            one_sided.append((key, "TF1" if has[0] else "TF2"))
+    return one_sided, neither
 
 
 def _gradients_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     tf1_grads, tf2_grads = tf1["gradients"], tf2["gradients"]
-    missing = sorted(set(tf1_grads) ^ set(tf2_grads))
-    notes = [f"loss: TF1 {float(tf1['loss']):.9g}, TF2 {float(tf2['loss']):.9g}"]
+    one_sided, neither = gradient_coverage(tf1, tf2)
+    flagged = {key for key, _ in one_sided}
+    missing = sorted(k for k in set(tf1_grads) ^ set(tf2_grads) if k not in flagged)
+    target = tf1.get("loss_target")
+    notes = [f"loss: TF1 {float(tf1['loss']):.9g}, TF2 {float(tf2['loss']):.9g}"
+             + (f" (default loss: mean of squares of {target}, plus the regularization loss)" if target else "")]
     notes += sparse_note(tf1["sparse"], tf2["sparse"])
+    if one_sided:
+        notes.append("no gradient on one side only (None: disconnected from the loss, or cut by "
+                      "tf.stop_gradient), so that side would not train it: "
+                      + "; ".join(f"{key} (only {has} has one)" for key, has in one_sided[:10]))
+    if neither:
+        notes.append(f"no gradient on either side for {len(neither)} trainable variable(s): {neither[:10]}; "
+                     "they agree, but the loss does not reach them"
+                     + (f" (the default loss is built from {target} alone: pass loss_fn to reach them)"
+                        if target else " (pass a loss_fn that does)"))
     if missing:
         notes.append("gradients present on one side only: " + ", ".join(missing[:10]))
     if e.options.strategy is not None:
         notes.append(_DISTRIBUTED_NOTE)
+    proves = {"no_gradient": neither, "trainable": [k for k in tf1["trainable"] if k in set(tf2["trainable"])]}
     result = e.compare_step("gradients",
                             [("loss", np.float32(tf1["loss"]), np.float32(tf2["loss"])),
                              ("gradients", tf1_grads, tf2_grads)],
-                            notes=notes, data={"variables": len(tf1_grads)})
+                            notes=notes, data={"variables": len(tf1_grads), "loss_target": target,
+                                               "proves": proves})
+    if one_sided and result.status != "failed":  # a missing key already fails; say why first
+        result = dataclasses.replace(result, status="failed")
+    if one_sided:
+        names = ", ".join(f"{key} (None on the {'TF2' if has == 'TF1' else 'TF1'} side)" for key, has in one_sided[:3])
+        result = dataclasses.replace(result, message=f"gradient is None on one side only: {names}"
+                                     + (f" (+{len(one_sided) - 3} more)" if len(one_sided) > 3 else "")
+                                     + "; " + result.message)
     return judge_loop_random(result, tf1["loops"], tf1["flags"])
 
 
@@ -472,9 +558,10 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     if failed_at is not None:
         notes.append(f"first step that exceeds tolerance: {failed_at}")
     losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
+    compared = [key for key in (tf1["variables"] or [{}])[0] if key in (tf2["variables"] or [{}])[0]]
     result = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes,
                                          data={"steps": o.train_steps, "first_failing_step": failed_at,
-                                               "losses": losses})
+                                               "losses": losses, "proves": {"values": compared}})
     return judge_loop_random(result, tf1["loops"], tf1["flags"])
 
 
@@ -558,6 +645,8 @@ def _random_fresh_tf1(e: "Engine", mode: str, training: bool) -> dict:
         outputs, regularization = tf1.run((forward.outputs, forward.regularization),
                                           update_ops=forward.update_ops)
         capture = _forward_capture(forward, outputs, regularization)
+        if training:
+            capture["variables"] = tf1.read_variables()
         if o.localize:  # localization fetches from this graph after the TF2 pass
             capture["_local"] = (tf1, forward)
             keep = True
@@ -578,7 +667,10 @@ def _random_fresh_tf2(e: "Engine", _, mode: str, training: bool) -> dict:
         tf2 = TF2Side(layer, renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=o.tf_function,
                       graph_rewrites=o.graph_rewrites, trace_scope=TraceAlignment(tool).trace)
         outputs, regularization, _, _ = tf2.forward(o.inputs, training=training)
-    return {"outputs": outputs, "regularization": regularization}
+    capture = {"outputs": outputs, "regularization": regularization}
+    if training:
+        capture["variables"] = tf2.read_variables()
+    return capture
 
 
 def _random_fresh_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, training: bool) -> StepResult:

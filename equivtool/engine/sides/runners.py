@@ -112,23 +112,44 @@ def fixed_value(name: str, shape, dtype) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 def primary_output(outputs):
-    """The model's main output: a tensor itself, the first element of a tuple or
-    list (slim's ``(logits, end_points)``), the last entry of a dict (end points
-    are in forward order)."""
+    """The output the default loss is built from (one rule, also in the README and
+    ``check_equivalence``'s docstring): a tensor itself; of a tuple or list, the
+    first element (slim's ``(logits, end_points)``); of a dict, the last entry in
+    insertion order (end points are in forward order, so the last is the head);
+    applied until a tensor is reached. :func:`primary_output_path` names it."""
+    return _primary(outputs)[0]
+
+
+def primary_output_path(outputs) -> str:
+    """Where :func:`primary_output` is in ``outputs``, as an index path
+    (``"[0]"``, ``"['logits']"``; ``""`` for a bare tensor)."""
+    return _primary(outputs)[1]
+
+
+def _primary(outputs) -> tuple:
+    path = ""
     while True:
         if isinstance(outputs, Mapping):
-            outputs = list(outputs.values())[-1]
+            if not outputs:
+                raise ValueError("the default loss needs an output: the model returned an empty dict; pass loss_fn")
+            key = list(outputs)[-1]
+            outputs, path = outputs[key], path + f"[{key!r}]"
         elif isinstance(outputs, (list, tuple)):
-            outputs = outputs[0]
+            if not outputs:
+                raise ValueError("the default loss needs an output: the model returned an empty sequence; "
+                                 "pass loss_fn")
+            outputs, path = outputs[0], path + "[0]"
         else:
-            return outputs
+            return outputs, path
 
 
 def default_loss(outputs, regularization_loss):
-    """Mean of squares of the primary output, plus the regularization losses.
+    """Mean of squares of the primary output (see :func:`primary_output`), plus the
+    regularization losses.
 
     A scalar loss that touches every weight feeding the primary output; pass
-    ``loss_fn`` to ``check_equivalence`` for anything more specific.
+    ``loss_fn`` to ``check_equivalence`` for anything more specific (the
+    gradients step lists trainable variables the loss does not reach).
     """
     loss = tf.reduce_mean(tf.square(tf.cast(primary_output(outputs), tf.float32)))
     if regularization_loss is not None:
