@@ -28,6 +28,7 @@ from equivtool._base.render import fmt_err as _fmt_err
 from equivtool._base.render import json_safe as _json_safe
 from equivtool._base.render import shorten as _shorten
 from equivtool.comparison import Comparison, LeafComparison
+from equivtool.coverage import Coverage
 from equivtool.localize import result as _localize
 
 __all__ = ["StepResult", "EquivalenceReport", "STATUSES"]
@@ -125,10 +126,14 @@ class StepResult:
             status, default = "inconclusive", _below_atol_message(leaves)
         else:
             status, default = "passed", ""
-        below = sum(leaf.below_atol for leaf in leaves)
+        below = [leaf for leaf in leaves if leaf.below_atol]
+        notes = tuple(notes)
         if below:
-            data = {**(data or {}), "below_atol_leaves": below}
-        return cls(name, title, status, seconds, comparisons, message or default, tuple(notes), data or {})
+            data = {**(data or {}), "below_atol_leaves": len(below)}
+            if status != "inconclusive":  # passing leaves beside them do not speak for them
+                notes += (f"{len(below)} of {len(leaves)} leaves are below atol on both sides, so no difference "
+                          f"could show in them: {_names(below, 5)}",)
+        return cls(name, title, status, seconds, comparisons, message or default, notes, data or {})
 
     @classmethod
     def from_exception(
@@ -369,27 +374,42 @@ def _fmt_meta_value(value: Any) -> str:
 
 @dataclass(frozen=True)
 class EquivalenceReport:
-    """The result of an equivalence run: its steps in order, and ``meta``
-    (model, versions, options, input shapes: JSON-serialisable)."""
+    """The result of an equivalence run: its steps in order, ``meta``
+    (model, versions, options, input shapes: JSON-serialisable), and the
+    ``coverage`` ledger (:class:`~equivtool.coverage.Coverage`: what the steps
+    proved, variable by variable and output by output; None for a report
+    built without one)."""
 
     steps: tuple[StepResult, ...]
     meta: Mapping[str, Any] = field(default_factory=dict)
+    coverage: Optional[Coverage] = None
 
     def __post_init__(self) -> None:
         steps = tuple(self.steps)
         for s in steps:
             if not isinstance(s, StepResult):
                 raise TypeError(f"EquivalenceReport steps must be StepResult objects, got {type(s).__name__}.")
+        if self.coverage is not None and not isinstance(self.coverage, Coverage):
+            raise TypeError(f"EquivalenceReport coverage must be a Coverage, got {type(self.coverage).__name__}.")
         object.__setattr__(self, "steps", steps)
         object.__setattr__(self, "meta", _frozen_mapping(self.meta))
 
     @property
     def passed(self) -> bool:
         """EQUIVALENT: every step passed, except steps skipped with a stated
-        reason, and at least one passed. A failed, errored or inconclusive
-        step means not passed."""
+        reason, at least one passed, and the coverage ledger (when there is
+        one) owes nothing: every output leaf compared above ``atol`` in some
+        step, every variable's value compared after training, every trainable
+        variable's gradient compared, as far as the steps run could prove
+        them. A failed, errored or inconclusive step, or an unproven item,
+        means not passed."""
         return (not self.failed_steps and not self.inconclusive_steps
-                and any(s.passed for s in self.steps))
+                and any(s.passed for s in self.steps) and self.coverage_complete)
+
+    @property
+    def coverage_complete(self) -> bool:
+        """True without a ledger, else :attr:`Coverage.complete`."""
+        return self.coverage is None or self.coverage.complete
 
     @property
     def failed_steps(self) -> tuple[StepResult, ...]:
@@ -417,14 +437,18 @@ class EquivalenceReport:
     def _verdict_text(self) -> str:
         counts = {status: sum(s.status == status for s in self.steps) for status in STATUSES}
         tally = ", ".join(f"{counts[k]} {k}" for k in STATUSES if counts[k])
+        uncovered = self.coverage.not_in_scope if self.coverage is not None else []
+        scope = f"; not covered by the steps run: {', '.join(uncovered)}" if uncovered else ""
         if self.passed:
-            return f"Verdict: EQUIVALENT ({tally})"
+            return f"Verdict: EQUIVALENT ({tally}){scope}"
         if self.failed_steps:
             names = ", ".join(s.name for s in self.failed_steps)
             return f"Verdict: NOT EQUIVALENT ({tally}); failing: {names}"
         if self.inconclusive_steps:
             names = ", ".join(s.name for s in self.inconclusive_steps)
             return f"Verdict: INCONCLUSIVE ({tally}); nothing that could differ was compared in: {names}"
+        if any(s.passed for s in self.steps) and not self.coverage_complete:
+            return f"Verdict: INCONCLUSIVE ({tally}); never proven: {self.coverage.unproven_text()}"
         return f"Verdict: INCONCLUSIVE, no step passed ({tally or 'no steps'})"
 
     def table(self) -> str:
@@ -504,6 +528,8 @@ class EquivalenceReport:
     def __str__(self) -> str:
         parts = ["Equivalence report"] + (self.meta_lines() if self.meta else []) + self.platform_lines()
         parts += [self.table(), self.verdict()]
+        if self.coverage is not None:
+            parts += self.coverage.lines()
         if isinstance(self.meta.get("platform"), Mapping) and self.meta["platform"].get("depends_on_cpu"):
             parts.append("  (TensorFlow's graph rewrites were on: this verdict may differ on another CPU)")
         if self.tolerance_warning():
@@ -526,6 +552,7 @@ class EquivalenceReport:
             "verdict": self.verdict(),
             "meta": dict(self.meta),
             "steps": [s.to_dict() for s in self.steps],
+            **({"coverage": self.coverage.to_dict()} if self.coverage is not None else {}),
         }
 
     def to_json(self, path: Union[str, os.PathLike, None] = None, *, indent: Optional[int] = 2) -> str:
@@ -534,7 +561,8 @@ class EquivalenceReport:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "EquivalenceReport":
-        return cls(steps=tuple(StepResult.from_dict(s) for s in d.get("steps", ())), meta=d.get("meta", {}))
+        return cls(steps=tuple(StepResult.from_dict(s) for s in d.get("steps", ())), meta=d.get("meta", {}),
+                   coverage=Coverage.from_dict(d.get("coverage")))
 
     @classmethod
     def from_json(cls, text_or_path: Union[str, os.PathLike]) -> "EquivalenceReport":
@@ -587,6 +615,18 @@ def _comparison_html(c: Comparison) -> str:
     return "".join(parts)
 
 
+def _coverage_html(coverage: Optional[Coverage]) -> str:
+    """The ledger: its summary lines, then a row per variable and output leaf."""
+    if coverage is None:
+        return ""
+    lines = "".join(f"<p>{_e(line)}</p>" for line in coverage.lines())
+    rows = "".join(f"<tr><td>{_e(kind)}</td><td><code>{_e(name)}</code></td><td>{_e(proved)}</td></tr>"
+                   for kind, name, proved in coverage.rows())
+    return (f'<h2 id="coverage">Coverage</h2>{lines}<details><summary>ledger: what proved each variable '
+            f"and output leaf</summary><table><tr><th>kind</th><th>name</th><th>proved by</th></tr>{rows}"
+            "</table></details>")
+
+
 def _render_html(report: EquivalenceReport, plots: Mapping[int, str],
                  path_plots: Optional[Mapping[int, str]] = None) -> str:
     verdict_class = "ok" if report.passed else ("bad" if report.failed_steps else "none")
@@ -636,6 +676,7 @@ def _render_html(report: EquivalenceReport, plots: Mapping[int, str],
         + "<table><tr><th>step</th><th>title</th><th>status</th><th>time</th><th>max abs err</th>"
         "<th>first divergence / message</th></tr>"
         f"{summary_rows}</table>"
+        + _coverage_html(report.coverage)
         + "".join(sections)
         + "</body></html>\n"
     )

@@ -188,9 +188,11 @@ def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
     if failed_at is not None:
         notes.append(f"first step that exceeds tolerance: {failed_at}")
     losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
+    first = (tf1["captures"] or [{}])[0].get("variables", {}), (tf2["captures"] or [{}])[0].get("variables", {})
     return StepResult.from_comparisons("resume", title("resume"), comparisons, notes=notes,
                                        data={"steps": o.train_steps, "first_failing_step": failed_at,
-                                             "losses": losses, "conversion": tf2["conversion"]})
+                                             "losses": losses, "conversion": tf2["conversion"],
+                                             "proves": {"values": [k for k in first[0] if k in first[1]]}})
 
 
 resume = SplitStep(_resume_tf1, _resume_tf2, _resume_judge)

@@ -287,13 +287,17 @@ class _Walker:
 def _below_atol(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> bool:
     """Every finite value on both sides smaller than ``atol`` in magnitude: then
     ``|actual - expected| <= atol`` holds almost whatever the two sides compute,
-    so the leaf could not have shown a difference."""
+    so the leaf could not have shown a difference. Matching non-finite values
+    (compared under ``allow_nonfinite``) could have differed: not below."""
     if kind not in (_FLOAT, _COMPLEX) or not tol.atol > 0:
         return False
     largest = 0.0
     for side in (e, a):
         values = np.abs(side.astype(np.complex128 if kind == _COMPLEX else np.float64))
-        values = values[np.isfinite(values)]
+        finite = np.isfinite(values)
+        if not finite.all():
+            return False
+        values = values[finite]
         if values.size:
             largest = max(largest, float(values.max()))
     return largest < tol.atol

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
 from equivtool.comparison import Comparison, compare
+from equivtool.coverage import output_levels
 from equivtool.engine import output_filter
 from equivtool.engine import registry as _steps
 from equivtool.engine import signals as _signals
@@ -215,10 +216,19 @@ class Engine:
                 for key in sorted(seen - matched)]
 
     def compare_step(self, name, pairs: Iterable[tuple], notes=(), data=None) -> StepResult:
+        """The step judged on ``pairs`` of ``(label, tf1 value, tf2 value)``: label
+        ``"outputs"`` (renamed, split into end points and filtered by ``outputs=``),
+        ``"variables"`` (values after a training-mode call) and ``"gradients"`` also
+        enter the coverage ledger (``data["proves"]``, see :mod:`equivtool.coverage`)."""
         comparisons = []
         notes = list(notes)
+        proves = dict((data or {}).get("proves") or {})
         for label, expected, actual in pairs:
+            if label in ("variables", "gradients"):  # the keys both sides hold
+                proves["values" if label == "variables" else "gradients"] = [
+                    key for key in expected if key in actual]
             if label == "outputs":
+                first = len(comparisons)
                 expected, actual, stripped = align_output_keys(expected, actual, self.options.renamer,
                                                                  self.layer_names)
                 if stripped:
@@ -232,8 +242,11 @@ class Engine:
                                                        self.options.tf_function)
                 if one_side:
                     notes.append(one_side)
+                proves["outputs"] = output_levels(comparisons[first:])
             else:
                 comparisons.append(self.compare(name, expected, actual, label))
+        if proves:
+            data = {**(data or {}), "proves": proves}
         return StepResult.from_comparisons(name, _steps.title(name), comparisons, notes=notes, data=data)
 
     def localized(self, result: StepResult, tf1, tf1_outputs, call_tf2: Callable[[], Any],

@@ -25,6 +25,7 @@ from equivtool.comparison import compare
 from equivtool.exported import _recorder
 from equivtool.exported._load import load_side
 from equivtool.exported._sides import ModelLoadError, Side, load_op_libraries
+from equivtool.coverage import Coverage, output_levels
 from equivtool.report import EquivalenceReport, StepResult
 
 _MAX_SEED = 2 ** 32 - 1
@@ -329,8 +330,10 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
         old_outputs.append(expected)
         name = "outputs" if len(feeds) == 1 else f"outputs/batch{b}"
         title = "signature outputs" if len(feeds) == 1 else f"signature outputs, batch {b}"
-        step = StepResult.from_comparisons(name, title, compare(expected, actual, tolerance),
-                                           seconds=time.perf_counter() - t0, notes=notes if b == 0 else ())
+        comparison = compare(expected, actual, tolerance)
+        step = StepResult.from_comparisons(name, title, comparison, seconds=time.perf_counter() - t0,
+                                           notes=notes if b == 0 else (),
+                                           data={"proves": {"outputs": output_levels([comparison])}})
         steps.append(step)
     nodes, node_values, graph_def = (), (), None
     with contextlib.ExitStack() as stack:  # the nodes' values live in a folder until the record holds them
@@ -351,7 +354,7 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
     }
     if save_outputs is not None:
         report_meta["saved_outputs"] = os.path.abspath(save_outputs)
-    return EquivalenceReport(tuple(steps), report_meta)
+    return EquivalenceReport(tuple(steps), report_meta, coverage=Coverage.from_steps(steps, owed=("outputs",)))
 
 
 def _versions() -> dict:
