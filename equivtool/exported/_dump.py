@@ -152,18 +152,20 @@ def estimated_bytes(tensors, batch: int) -> int:
     return sum(_recorder.static_size(tensor, batch) for tensor in tensors)
 
 
-def fully_known(tensors) -> bool:
-    """Every tensor's static shape is fully defined (the estimate is then exact)."""
-    return all(t.shape.is_fully_defined() for t in tensors)
+def shapes_known(tensors) -> bool:
+    """Every tensor's static shape is known but for its first dimension (the batch):
+    the static estimate is then the size. Otherwise a dimension counted as 1 may
+    hold thousands (an image of unknown height and width)."""
+    return all(t.shape.rank is not None and all(d is not None for d in t.shape.as_list()[1:]) for t in tensors)
 
 
 def needed_bytes(view, tensors, batch: int) -> int:
     """What writing ``tensors`` takes on disk: their sizes from the static shapes
-    when those are fully known, else as measured by one run of the view
-    (``view.measure``; a tensor it could not measure: its static estimate), plus a
-    block per file."""
+    when those are known (:func:`shapes_known`), else as measured by one run of the
+    view that keeps no value (``view.measure``; a tensor it could not measure: its
+    static estimate), plus a block per file."""
     sizes = None
-    if not fully_known(tensors) and getattr(view, "measure", None) is not None:
+    if not shapes_known(tensors) and view.measure is not None:
         sizes = view.measure(tensors)
     if sizes is None:
         sizes = [None] * len(tensors)
