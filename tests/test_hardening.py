@@ -259,7 +259,6 @@ _recorder._write_array = write_array
 
 PATCH_CONVERT = """
 from equivtool.checkpoints import convert
-real = convert._Shards.__call__
 def call(self, tensors):  # the staging folder exists; TensorFlow is about to write into it
     stop_here()
 convert._Shards.__call__ = call
@@ -546,7 +545,8 @@ def test_a_real_full_disk_is_no_crash(models, tmp_path, checked):
     if not _mount_tmpfs(disk):
         pytest.skip("needs root to mount a tmpfs")
     try:
-        patch = "" if checked else "from equivtool.exported import _dump; _dump.check_room = lambda folder, needed: None"
+        patch = "" if checked else ("from equivtool.exported import _dump\n"
+                                    "_dump.check_room = lambda folder, needed: None")
         script = (f"import sys; sys.path[:0] = [{ROOT!r}]\n{patch}\n"
                   "from equivtool.cli import main; sys.exit(main(sys.argv[1:]))")
         done = subprocess.run([sys.executable, "-c", script, "compare", models["tf1"], models["tf2"], "--localize",
