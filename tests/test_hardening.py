@@ -321,6 +321,32 @@ def test_a_signal_during_compare_localize_leaves_nothing(models, tmp_path, signa
     assert os.listdir(out) == []
 
 
+@pytest.mark.parametrize("command", ["compare", "convert-checkpoint"])
+def test_what_a_sigkill_left_the_next_run_removes(models, tf1_ckpt, tmp_path, monkeypatch, command):
+    """SIGKILL runs no cleanup: the folder stays, and the next run of the same kind removes it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if command == "compare":
+        argv = ["compare", models["tf1"], models["tf2"], "--localize", "--input-shapes", "x:2,8"]
+        child, temp = _run_child(tmp_path, argv, PATCH_LOCALIZE)
+        left = lambda: glob.glob(str(temp / "equivtool-localize-*"))  # noqa: E731
+    else:
+        prefix = str(out / "tf2")
+        argv = ["convert-checkpoint", tf1_ckpt, "tests.checkpoint_models:NativeNet", prefix, "--input-shape",
+                ",".join(map(str, cm.IMAGE)), "--rename", "tests.checkpoint_models:NATIVE_RENAME"]
+        child, temp = _run_child(tmp_path, argv, PATCH_CONVERT)
+        left = lambda: glob.glob(str(out / ".equivtool-convert-*"))  # noqa: E731
+    returncode, _, _ = _stop(child, signal.SIGKILL)
+    assert returncode == -signal.SIGKILL and len(left()) == 1  # left behind, as SIGKILL must
+    if command == "compare":
+        monkeypatch.setattr("tempfile.tempdir", str(temp))
+        assert equivtool.compare_models(models["tf1"], models["tf2"], localize=True,
+                                        input_shapes={"x": (2, 8)}).passed
+    else:
+        equivtool.convert_checkpoint(tf1_ckpt, cm.NativeNet, cm.images(), prefix, rename=cm.NATIVE_RENAME)
+    assert left() == []
+
+
 # --------------------------------------------------------------------------
 # convert-checkpoint: one rename decides; never over its input; nothing left
 # --------------------------------------------------------------------------
