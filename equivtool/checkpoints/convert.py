@@ -5,9 +5,19 @@ The model's variables go through the mapping (``rename=`` rules or a
 tf-keras optimizer's (see ``equivtool.checkpoints._slots`` for each layout and
 what it preserves), and ``iterations`` is recovered from ``global_step`` or
 Adam's beta powers, checked against each other. Every problem found is named
-before anything is written; the checkpoint is written into a temporary folder
-beside the destination and moved into place, its index last, so a failure
-leaves no partial checkpoint.
+before anything is written (an output that is, or shares files with, the input
+is refused, even with ``overwrite``).
+
+Replacing a checkpoint is atomic as a whole: one rename decides. A reader
+opens ``PREFIX.index`` and then the data files it names,
+``PREFIX.data-<i>-of-<n>``, so the new checkpoint is written (into a hidden
+staging folder beside the destination) with a shard count ``n`` that no data
+file there has; its data files are moved in beside the old ones, then its
+index is renamed over the old index, the commit point, and only then are the
+old data files removed. At every instant the prefix reads as the complete old
+checkpoint or the complete new one. Data files no index names (a run killed
+between the two steps) and staging folders of killed runs are removed by the
+next run; SIGTERM and Ctrl-C remove the staging folder on the way out.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shutil
 import tempfile
 from typing import Any, Callable
@@ -22,9 +33,11 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from equivtool._base import scratch
 from equivtool.checkpoints import _slots
 from equivtool.checkpoints.mapping import as_rename, check_inputs, make_layer
 from equivtool._base.names import strip_output_index
+from equivtool.engine import signals as _signals
 from equivtool.engine.sides.runners import checkpoint_exists
 from equivtool.variables import _make_renamer
 
@@ -104,6 +117,22 @@ def check_output(output, overwrite: bool) -> str:
     return path
 
 
+def _check_not_input(output: str, source: str) -> None:
+    """Refuse an output prefix that is the input checkpoint's or shares a file with it
+    (through symlinks, hard links or ``..``): even ``overwrite`` never replaces the source."""
+    same = os.path.realpath(output) == os.path.realpath(source)
+    if not same:
+        for mine in _output_files(output):
+            for theirs in _output_files(source):
+                try:
+                    same = same or os.path.samefile(mine, theirs)
+                except OSError:
+                    continue
+    if same:
+        raise ValueError(f"output: {output!r} is the input checkpoint {source!r} (or shares its files); "
+                         "write the TF2 checkpoint to another prefix")
+
+
 def _make_optimizer(optimizer):
     if optimizer is None:
         return None
@@ -134,9 +163,17 @@ def _learning_rate(optimizer) -> float:
 def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer=None,
             overwrite: bool = False, layer=None) -> tuple:
     """:func:`convert_checkpoint`, returning ``(Conversion, layer, optimizer)``;
-    ``layer`` (already called, the engine's own) replaces ``tf2_layer()``."""
+    ``layer`` (already called, the engine's own) replaces ``tf2_layer()``. SIGTERM
+    stops it as Ctrl-C does (see :mod:`equivtool.engine.signals`)."""
+    with _signals.sigterm_unwinds():
+        return _convert(tf1_checkpoint, tf2_layer, inputs, output, rename=rename, optimizer=optimizer,
+                        overwrite=overwrite, layer=layer)
+
+
+def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, overwrite, layer) -> tuple:
     path = checkpoint_path(tf1_checkpoint)
     out = check_output(output, overwrite)
+    _check_not_input(out, path)
     if layer is None and (isinstance(tf2_layer, tf.Module) or not callable(tf2_layer)):
         raise TypeError("tf2_layer: expected a zero-argument factory returning a Keras layer or tf.Module "
                         f"(a layer instance would have its weights replaced), got {type(tf2_layer).__name__}")
@@ -273,25 +310,118 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
     return conversion, layer, opt
 
 
-def _write_atomically(checkpoint, output: str) -> str:
-    """Write ``checkpoint`` to ``output`` via a temporary folder beside it: its
-    files are moved into place data first, index last, then stale data files of
-    a replaced checkpoint are removed. Nothing is left behind on failure."""
-    folder, base = os.path.split(output)
-    staging = tempfile.mkdtemp(prefix=f".{base}.equivtool-", dir=folder)
+def _varint(data: bytes, pos: int) -> tuple:
+    value, shift = 0, 0
+    while True:
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def index_shards(index: str):
+    """The number of data files the checkpoint index ``index`` names, or None when it
+    cannot be read. The index is a table whose first entry, under the empty key,
+    is TensorFlow's ``BundleHeaderProto``; its field 1 is ``num_shards``."""
     try:
-        checkpoint.write(os.path.join(staging, base))
-        names = sorted(os.listdir(staging), key=lambda n: n.endswith(".index"))
-        before = set(_output_files(output))
-        for name in names:
-            destination = os.path.join(folder, name)
-            if os.path.islink(destination):
-                raise ValueError(f"output: {destination!r} became a symlink; refusing to write through it")
-            os.replace(os.path.join(staging, name), destination)
-        for stale in before - {os.path.join(folder, n) for n in names}:
-            os.unlink(stale)
+        with open(index, "rb") as f:
+            head = f.read(64)
+        if head[:2] != b"\0\0":  # the first key: nothing shared with a previous key, 0 bytes long
+            return None
+        length, pos = _varint(head, 2)
+        header, pos = head[pos:pos + length], 0
+        while pos < len(header):
+            tag, pos = _varint(header, pos)
+            if tag == 0x08:  # field 1, a varint
+                return _varint(header, pos)[0] or None
+            wire = tag & 7
+            if wire == 0:
+                pos = _varint(header, pos)[1]
+            elif wire == 2:
+                size, pos = _varint(header, pos)
+                pos += size
+            elif wire in (1, 5):
+                pos += 8 if wire == 1 else 4
+            else:
+                return None
+    except (OSError, IndexError):
+        return None
+    return None
+
+
+_DATA = re.compile(r"\.data-\d{5}-of-(\d{5})$")
+
+
+def _data_files(output: str) -> dict:
+    """``output``'s data files: path -> the shard count in its name."""
+    found = {}
+    for path in glob.glob(glob.escape(output) + ".data-*"):
+        match = _DATA.search(path[len(output):])
+        if match is not None:
+            found[path] = int(match.group(1))
+    return found
+
+
+class _Shards(tf.train.experimental.ShardingCallback):
+    """Exactly ``count`` data files (tensors dealt round-robin): a shard count that
+    differs from the checkpoint being replaced gives data files of other names."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    @property
+    def description(self) -> str:
+        return f"equivtool: {self.count} shards"
+
+    def __call__(self, shardable_tensors):
+        if len(shardable_tensors) < self.count:
+            raise ValueError(f"output: the checkpoint has {len(shardable_tensors)} tensors, too few for "
+                             f"{self.count} data files; remove the data files beside it or choose another prefix")
+        shards = [{} for _ in range(self.count)]
+        for i, tensor in enumerate(shardable_tensors):
+            shards[i % self.count].setdefault(tensor.checkpoint_key, {})[tensor.slice_spec] = tensor.tensor
+        return shards
+
+
+def _write_atomically(checkpoint, output: str) -> str:
+    """Write ``checkpoint`` to ``output`` so that one rename decides (see the module
+    docstring): staged beside it, data files of a shard count no file there has,
+    moved in; the index renamed over the old one; then the old data files removed.
+    Nothing is left behind on failure, SIGTERM or Ctrl-C."""
+    folder, base = os.path.split(output)
+    scratch.remove_stale(folder, "convert", hidden=True)  # staging folders of killed runs
+    current = index_shards(output + ".index")
+    if current is not None or not os.path.lexists(output + ".index"):  # (an index it cannot read: keep all)
+        for path, count in _data_files(output).items():  # named by no index: a killed run's, or no index at all
+            if count != current:
+                os.unlink(path)
+    present = set(_data_files(output).values())
+    shards = next(n for n in range(1, len(present) + 2) if n not in present)
+    staging = tempfile.mkdtemp(prefix=scratch.prefix("convert", hidden=True), dir=folder)
+    try:
+        checkpoint.write(os.path.join(staging, base),
+                         options=tf.train.CheckpointOptions(experimental_sharding_callback=_Shards(shards)))
+        names = sorted(os.listdir(staging))
+        index = base + ".index"
+        if index not in names or set(_data_files(os.path.join(staging, base)).values()) != {shards}:
+            raise ValueError(f"output: TensorFlow wrote {', '.join(names)}; expected {index} and "
+                             f"{shards} data files")
+        with _signals.shielded():  # a SIGTERM now waits until the new checkpoint is whole, or the old one is
+            for name in names:
+                destination = os.path.join(folder, name)
+                if os.path.islink(destination):
+                    raise ValueError(f"output: {destination!r} became a symlink; refusing to write through it")
+            for name in [n for n in names if n != index]:  # new names: the old checkpoint is untouched
+                os.replace(os.path.join(staging, name), os.path.join(folder, name))
+            os.replace(os.path.join(staging, index), output + ".index")  # the commit point
+            for path, count in _data_files(output).items():
+                if count != shards:
+                    os.unlink(path)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        with _signals.shielded():
+            shutil.rmtree(staging, ignore_errors=True)
     return output
 
 

@@ -44,7 +44,9 @@ def add_parsers(subparsers, check_output_path) -> None:
     compare.add_argument("--localize", action="store_true",
                          help="find the first node, in topological order, whose output differs")
     compare.add_argument("--save-outputs", default=None, metavar="FILE.npz",
-                         help="write OLD's golden record (inputs, outputs; intermediates with --localize)")
+                         help="write OLD's golden record (inputs, outputs; intermediates with --localize), "
+                              "atomically; never over OLD or NEW")
+    compare.add_argument("--overwrite", action="store_true", help="replace an existing --save-outputs file")
     compare.add_argument("--load-op-library", action="append", default=[], metavar="PATH",
                          help="a custom-op library the models need; repeatable")
     compare.add_argument("--graph-rewrites", choices=("as_written", "tensorflow_default"), default="as_written",
@@ -77,7 +79,8 @@ def run_compare(args) -> int:
             graph_outputs=args.graph_outputs, input_shapes=args.input_shapes, val_range=args.val_range,
             seed=args.seed, inputs=args.inputs, data_loader=args.data_loader, batches=args.batches,
             map_inputs=args.map_inputs, map_outputs=args.map_outputs, atol=args.atol, rtol=args.rtol,
-            localize=args.localize, save_outputs=args.save_outputs, load_op_library=args.load_op_library,
+            localize=args.localize, save_outputs=args.save_outputs, overwrite=args.overwrite,
+            load_op_library=args.load_op_library,
             graph_rewrites=args.graph_rewrites)
     except ValueError as exc:  # the CLI's UsageError included
         print(f"equivtool compare: error: {_one_line(exc)}", file=sys.stderr)

@@ -14,14 +14,17 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import tempfile
 import time
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from equivtool._base import scratch
 from equivtool._base.cli_tolerances import tolerance_spec
 from equivtool.comparison import compare
+from equivtool.engine import signals as _signals
 from equivtool.exported import _recorder
 from equivtool.exported._load import load_side
 from equivtool.exported._sides import ModelLoadError, Side, load_op_libraries
@@ -190,17 +193,43 @@ def match_names(old: Sequence, new: Sequence, mapping: Mapping[str, str], what: 
 # compare_models
 # --------------------------------------------------------------------------
 
-def _check_options(seed, batches, save_outputs) -> None:
+def _same_file(a: str, b: str) -> bool:
+    """``a`` and ``b`` name one file or folder (through symlinks, hard links, ``..``)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_options(seed, batches, save_outputs, overwrite, sides) -> None:
+    """The options that need no model, checked before any is loaded; ``sides``:
+    ``(("OLD", old), ("NEW", new))`` as given (paths or sides)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
         raise ModelLoadError(f"--seed: expected an integer from 0 to {_MAX_SEED}, got {seed!r}")
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
         raise ModelLoadError(f"--batches: expected a positive integer, got {batches!r}")
+    if not isinstance(overwrite, bool):
+        raise ModelLoadError(f"--overwrite: expected True or False, got {overwrite!r}")
     if save_outputs is not None:
+        save_outputs = os.fspath(save_outputs)
         folder = os.path.dirname(os.path.abspath(save_outputs))
-        if not str(save_outputs).endswith(".npz"):
+        if not save_outputs.endswith(".npz"):
             raise ModelLoadError(f"--save-outputs: expected a FILE.npz path, got {save_outputs!r}")
         if not os.path.isdir(folder):
             raise ModelLoadError(f"--save-outputs: folder {folder!r} does not exist")
+        for which, side in sides:
+            path = side.path if isinstance(side, Side) else side
+            if isinstance(path, (str, os.PathLike)) and os.fspath(path) and _same_file(save_outputs,
+                                                                                         os.fspath(path)):
+                raise ModelLoadError(f"--save-outputs: {save_outputs!r} is {which} of this run; the record "
+                                     "would replace an input; write it to another path")
+        if os.path.isdir(save_outputs):
+            raise ModelLoadError(f"--save-outputs: {save_outputs!r} is a folder; expected a FILE.npz path")
+        if os.path.lexists(save_outputs) and not overwrite:
+            raise ModelLoadError(f"--save-outputs: {save_outputs!r} exists; pass --overwrite (overwrite=True) "
+                                 "to replace it")
 
 
 def _make_inputs(old: Side, new: Side, inputs, data_loader, shapes, ranges, seed, batches):
@@ -255,6 +284,7 @@ def compare_models(
     rtol: Any = None,
     localize: bool = False,
     save_outputs: Optional[str] = None,
+    overwrite: bool = False,
     load_op_library: Sequence[str] = (),
     graph_rewrites: str = "as_written",
     meta: Optional[Mapping[str, Any]] = None,
@@ -267,13 +297,27 @@ def compare_models(
     (``equivtool compare --help``), as keyword arguments; list-valued options
     take a mapping or ``"A=B,..."`` / ``"NAME:VALUE"`` strings. Bad options and
     artifacts raise ``ValueError`` with one line before anything runs.
+
+    ``save_outputs`` writes OLD's golden record there, atomically; an existing
+    file is replaced only with ``overwrite=True``, and never when it is OLD or
+    NEW itself. SIGTERM stops the run as Ctrl-C does (its temporary files are
+    removed; then the process ends by SIGTERM, see :mod:`equivtool.engine.signals`).
     """
+    with _signals.sigterm_unwinds():
+        return _compare_models(old, new, signature, tags, graph_inputs, graph_outputs, input_shapes, val_range,
+                               seed, inputs, data_loader, batches, map_inputs, map_outputs, atol, rtol,
+                               localize, save_outputs, overwrite, load_op_library, graph_rewrites, meta)
+
+
+def _compare_models(old, new, signature, tags, graph_inputs, graph_outputs, input_shapes, val_range, seed,
+                    inputs, data_loader, batches, map_inputs, map_outputs, atol, rtol, localize, save_outputs,
+                    overwrite, load_op_library, graph_rewrites, meta) -> EquivalenceReport:
     started = time.perf_counter()
     shapes, ranges = parse_input_shapes(input_shapes), parse_val_ranges(val_range)
     tolerance = parse_tolerances(atol, rtol)
     in_map, out_map = _pairs(map_inputs, "--map-inputs"), _pairs(map_outputs, "--map-outputs")
     graph_in, graph_out = _pairs(graph_inputs, "--graph-inputs"), _pairs(graph_outputs, "--graph-outputs")
-    _check_options(seed, batches, save_outputs)
+    _check_options(seed, batches, save_outputs, overwrite, (("OLD", old), ("NEW", new)))
     from equivtool._platform import execution as _execution
     try:
         _execution.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
@@ -297,8 +341,9 @@ def compare_models(
                                                           **dict(meta or {})}, started,
                         release_old=any(side is old_side for side in owned))
     finally:
-        for side in owned:
-            side.close()
+        with _signals.shielded():
+            for side in owned:
+                side.close()
 
 
 def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, seed, inputs, data_loader,
@@ -339,7 +384,7 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
     with contextlib.ExitStack() as stack:  # the nodes' values live in a folder until the record holds them
         if localize:
             from equivtool.exported._localize import localize_step
-            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="equivtool-localize-"))
+            folder = _scratch_folder(stack)
             steps[0], nodes, node_values, graph_def = localize_step(
                 steps[0], old, new, feeds[0], new_feeds[0], output_names, tolerance, folder,
                 keep_old=save_outputs is not None, release_old=release_old)
@@ -357,6 +402,21 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
     return EquivalenceReport(tuple(steps), report_meta, coverage=Coverage.from_steps(steps, owed=("outputs",)))
 
 
+def _scratch_folder(stack: contextlib.ExitStack) -> str:
+    """A new folder for node values under TMPDIR, removed when ``stack`` closes (on
+    SIGTERM and Ctrl-C too); those left by killed runs are removed first."""
+    temp = tempfile.gettempdir()
+    scratch.remove_stale(temp, "localize")
+    folder = tempfile.mkdtemp(prefix=scratch.prefix("localize"), dir=temp)
+    stack.callback(_remove_shielded, folder)  # (a kill before this line: the next run removes it)
+    return folder
+
+
+def _remove_shielded(path: str) -> None:
+    with _signals.shielded():  # a SIGTERM now waits until the folder is gone
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _versions() -> dict:
     import tensorflow as tf
     return {"tensorflow": tf.__version__, "numpy": np.__version__}
@@ -369,4 +429,11 @@ def _save(path, old: Side, feeds, outputs, nodes, node_values, graph_def, proven
               "inputs": [t.as_dict() for t in old.inputs], "outputs": [t.as_dict() for t in old.outputs],
               "provenance": provenance, "notes": []}
     header["model"].pop("provenance", None)
-    _recorder.write_record(path, header, feeds, outputs, nodes, node_values, graph_def)
+    folder = os.path.dirname(os.path.abspath(path))
+    scratch.remove_stale(folder, "record", hidden=True)  # partial records of killed runs
+    try:
+        _recorder.write_record(path, header, feeds, outputs, nodes, node_values, graph_def,
+                               temp_prefix=scratch.prefix("record", hidden=True))
+    except OSError as exc:  # a full disk, a folder made read-only during the run: nothing was replaced
+        raise ModelLoadError(f"--save-outputs: cannot write {path!r}: {exc.strerror or exc}; "
+                             "the existing file, if any, is unchanged") from None

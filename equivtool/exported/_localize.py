@@ -84,6 +84,16 @@ def _return_freed_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
+def _dumped(view, tensors, folder: str, budget_bytes: int, needed: int):
+    """``view.dumped(...)``, a disk that filled up during the run said as such, with the space needed."""
+    try:
+        return view.dumped(tensors, folder, budget_bytes)
+    except _dump.DiskFilled as exc:
+        raise _dump.NotEnoughDisk(f"--localize: {exc}; the node values need about {needed / 2**20:.1f} MiB "
+                                  f"(plus {_dump.MARGIN_BYTES >> 20} MiB kept free); point TMPDIR at a "
+                                  "larger disk") from None
+
+
 def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *, budget_bytes: int = 64 << 20,
              release_old: bool = False):
     """(a :class:`Localization`, OLD's compared nodes, ``read_old(tensor) -> value``, OLD's view).
@@ -103,20 +113,26 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *
     old_ops, roots = _ops(old_view)
     old_tensors = _tensors(old_ops)
     batch = max((int(np.shape(v)[0]) for v in old_feed.values() if np.ndim(v)), default=1)
-    if old_view.dump is not None:  # NEW writes about as much as OLD: both must fit
-        _dump.check_room(folder, 2 * _dump.estimated_bytes(old_tensors, batch))
     os.makedirs(os.path.join(folder, "old"))
-    read_old = old_view.dumped(old_tensors, os.path.join(folder, "old"), budget_bytes)
+    if old_view.dump is not None:  # NEW writes about as much as OLD: both must fit (NEW is checked again)
+        needed = _dump.needed_bytes(old_view, old_tensors, batch)
+        _dump.check_room(folder, 2 * needed)
+        read_old = _dumped(old_view, old_tensors, os.path.join(folder, "old"), budget_bytes, 2 * needed)
+    else:
+        read_old = old_view.dumped(old_tensors, os.path.join(folder, "old"), budget_bytes)
     if release_old and old_view.dump is not None:  # its values are on disk now (a record reads its file)
         old.close()
         _return_freed_memory()
     new_view = new.graph_view(new_feed)
     new_ops, _ = _ops(new_view, roots)
     new_tensors = _tensors(new_ops)
-    if old_view.dump is None and new_view.dump is not None:  # OLD is a record: only NEW writes
-        _dump.check_room(folder, _dump.estimated_bytes(new_tensors, batch))
     os.makedirs(os.path.join(folder, "new"))
-    read_new = new_view.dumped(new_tensors, os.path.join(folder, "new"), budget_bytes)
+    if new_view.dump is not None:  # with what OLD's values left free (the real shapes, when known only now)
+        needed = _dump.needed_bytes(new_view, new_tensors, batch)
+        _dump.check_room(folder, needed)
+        read_new = _dumped(new_view, new_tensors, os.path.join(folder, "new"), budget_bytes, needed)
+    else:
+        read_new = new_view.dumped(new_tensors, os.path.join(folder, "new"), budget_bytes)
     _return_freed_memory()  # the run's own memory, before the values are read back
     lockstep = _capture._Lockstep(old_ops, lambda tensors: [read_old(t) for t in tensors], tolerance, 1)
     for op in new_ops:  # each aligned pair compared as it comes (a budget of 1 byte flushes each)

@@ -115,10 +115,27 @@ def _json_bytes(meta):
     return np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
 
 
-def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), graph_def=None):
-    """Write a golden record atomically (a temporary file in the destination's
-    folder, then a rename; a symlink at the destination is replaced, never
-    written through). ``meta`` must hold "inputs" and "outputs" (lists of specs).
+def _creation_mode():
+    """The permission bits a new file gets under this process's umask (0644 under
+    the usual 022), as a report written with open() has: mkstemp's are 0600."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it, and put it back at once
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), graph_def=None,
+                 temp_prefix=".equivtool-"):
+    """Write a golden record atomically (a temporary file named ``temp_prefix...``
+    in the destination's folder, then a rename; a symlink at the destination is
+    replaced, never written through), with the permission bits a new file gets
+    under the umask. ``meta`` must hold "inputs" and "outputs" (lists of specs).
     ``node_values`` may be any iterable, a generator too: each value is written
     as it comes and not kept, so the intermediates need not fit in memory
     together. The file is what ``np.savez`` writes (one ``.npy`` per key in a zip).
@@ -128,9 +145,10 @@ def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), 
                 nodes=[dict(n) for n in nodes], graph=graph_def is not None)
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".equivtool-", suffix=".npz", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix, suffix=".npz", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            os.fchmod(f.fileno(), _creation_mode())
             _write_array(archive, "__record__", _json_bytes(meta))
             for b, (inputs, outputs) in enumerate(zip(batches, output_batches)):
                 for i, spec in enumerate(meta["inputs"]):

@@ -93,6 +93,9 @@ class GraphView:
     # writing each value under folder as it is computed (memory stays that of one run);
     # None: fetch reads one tensor at a time already (a record)
     dump: Optional[Callable[[list, str], Callable[[Any], np.ndarray]]] = None
+    # measure(tensors) -> [bytes or None]: each tensor's size in one run that keeps no
+    # value (for the disk check when static shapes are not fully known); None: not offered
+    measure: Optional[Callable[[list], list]] = None
 
     def dumped(self, tensors: list, folder: str, budget_bytes: int) -> Callable[[Any], np.ndarray]:
         """``read(tensor) -> value`` for each of ``tensors``, the first batch fed: from one
@@ -205,7 +208,10 @@ class GraphSide(Side):
         def dump(tensors, folder, budget_bytes):
             return _dump.session_dump(self.session, self.graph, feed_dict, tensors, folder, budget_bytes, fetch)
 
-        return GraphView(self.graph, self.input_tensors, self.output_tensors, fetch, dump=dump)
+        def measure(tensors):
+            return _dump.session_sizes(self.session, feed_dict, tensors)
+
+        return GraphView(self.graph, self.input_tensors, self.output_tensors, fetch, dump=dump, measure=measure)
 
     def close(self) -> None:
         if self.session is not None:
@@ -389,7 +395,10 @@ def _inlined_view(function, input_names, output_names, values, path, graph_rewri
     def dump(tensors, folder, budget_bytes):  # one run writes them all: no windows
         return _dump.function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites)
 
-    return GraphView(graph, inputs, outputs, fetch, dump=dump)
+    def measure(tensors):
+        return _dump.function_sizes(wrapped, feeds, values, tensors, graph_rewrites)
+
+    return GraphView(graph, inputs, outputs, fetch, dump=dump, measure=measure)
 
 
 def _info(name: str, spec) -> TensorInfo:
