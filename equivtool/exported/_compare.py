@@ -214,7 +214,7 @@ def _make_inputs(old: Side, new: Side, inputs, data_loader, shapes, ranges, seed
         feeds = record.input_batches()
         if record is new:  # the record's names are NEW's; OLD's feeds are mapped back below
             return feeds, f"the inputs of golden record {record.path}", [], True
-        return feeds, f"the inputs of golden record {record.path} ({record.meta.get('provenance')})", [], False
+        return feeds, record.input_provenance(), [], False
     if inputs is not None:
         feeds = [{k: np.asarray(v) for k, v in inputs.items()}] if isinstance(inputs, Mapping) else (
             _load_inputs_file(os.fspath(inputs)) if isinstance(inputs, (str, os.PathLike)) else
@@ -256,6 +256,7 @@ def compare_models(
     save_outputs: Optional[str] = None,
     load_op_library: Sequence[str] = (),
     graph_rewrites: str = "as_written",
+    old_python: Optional[Union[str, os.PathLike]] = None,
     meta: Optional[Mapping[str, Any]] = None,
 ) -> EquivalenceReport:
     """Compare two exported models (or golden records) output by output.
@@ -266,6 +267,15 @@ def compare_models(
     (``equivtool compare --help``), as keyword arguments; list-valued options
     take a mapping or ``"A=B,..."`` / ``"NAME:VALUE"`` strings. Bad options and
     artifacts raise ``ValueError`` with one line before anything runs.
+
+    ``old_python``: the path of another Python interpreter (TensorFlow 1.15, as
+    ``equivtool tf1-env`` makes) that runs OLD, a TF1 SavedModel or frozen
+    graph, with the recorder ``equivtool record-script`` prints; its record (a
+    temporary file, removed on every exit) is then compared with NEW, and the
+    report names the TensorFlow and Python OLD ran under
+    (:mod:`equivtool.exported._old_python`). Inputs are generated there with the
+    same seed and rules, or read from ``inputs`` (one batch); ``data_loader``
+    is refused.
     """
     started = time.perf_counter()
     shapes, ranges = parse_input_shapes(input_shapes), parse_val_ranges(val_range)
@@ -280,8 +290,59 @@ def compare_models(
         raise ModelLoadError(str(exc)) from None
     if isinstance(load_op_library, (str, os.PathLike)):
         load_op_library = [load_op_library]
+    interpreter = None
+    if old_python is not None:
+        interpreter = _check_old_python(old_python, old, data_loader)
     load_op_libraries([os.fspath(p) for p in load_op_library])
     owned = []
+    with contextlib.ExitStack() as stack:
+        if interpreter is not None:  # OLD is recorded there first, into a folder removed on every exit
+            from equivtool.engine.signals import sigterm_unwinds
+            stack.enter_context(sigterm_unwinds())
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="equivtool-old-python-"))
+            stack.callback(lambda: [side.close() for side in owned])  # before the folder goes
+            old = _record_in_old_python(interpreter, os.fspath(old), folder, signature, tags, graph_in, graph_out,
+                                        shapes, ranges, seed, inputs, batches, localize, graph_rewrites)
+            owned.append(old)
+            inputs = None
+            meta = {"old_ran_under": old.ran_under(), **dict(meta or {})}
+        return _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes,
+                              ranges, tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize,
+                              save_outputs, meta, started)
+
+
+def _check_old_python(old_python, old, data_loader):
+    """The probed old interpreter, after checking what it is to run (before any work)."""
+    from equivtool.exported import _old_python
+    from equivtool.exported._sides import detect_kind
+    if isinstance(old, Side):
+        raise ModelLoadError("--old-python: OLD must be a path (a TF1 SavedModel folder or a frozen graph .pb), "
+                             f"not a loaded {type(old).__name__}")
+    _old_python.check_old(detect_kind(os.fspath(old)), os.fspath(old))
+    if data_loader is not None:
+        raise ModelLoadError("--data-loader: not with --old-python (the loader runs here); give --inputs "
+                             "FILE.npz or generated inputs")
+    return _old_python.probe_old_python(os.fspath(old_python))
+
+
+def _record_in_old_python(interpreter, old: str, folder: str, signature, tags, graph_in, graph_out, shapes,
+                          ranges, seed, inputs, batches, localize, graph_rewrites):
+    from equivtool.exported import _old_python
+    tags = tuple(t for t in tags.split(",") if t) if isinstance(tags, str) else tuple(tags)
+    out = os.path.join(folder, "old.npz")
+    command = _old_python.recorder_command(
+        interpreter.path, _old_python.script_path(folder), os.path.abspath(old), out, signature=signature,
+        tags=tags, graph_inputs=graph_in, graph_outputs=graph_out, input_shapes=shapes, val_range=ranges,
+        seed=seed, batches=batches, inputs_file=_old_python.inputs_file(inputs, folder), intermediates=localize,
+        graph_rewrites=graph_rewrites)
+    _old_python.run_recorder(command, old)
+    return _old_python.OldInterpreterSide(out, old, interpreter)
+
+
+def _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes, ranges,
+                   tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize, save_outputs, meta,
+                   started) -> EquivalenceReport:
+    from equivtool._platform import execution as _execution
     try:
         sides = []
         for which, side in (("OLD", old), ("NEW", new)):

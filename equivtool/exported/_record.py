@@ -94,6 +94,10 @@ class RecordSide(Side):
             return "the record holds no intermediates (record it with --localize or --intermediates)"
         return None
 
+    def input_provenance(self) -> str:
+        """Where the inputs this record replays came from, for the report."""
+        return f"the inputs of golden record {self.path} ({self.meta.get('provenance')})"
+
     def input_batches(self) -> list:
         return [dict(inputs) for inputs, _ in self.batches]
 

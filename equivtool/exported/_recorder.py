@@ -11,7 +11,10 @@
 #   python record.py MODEL OUT.npz [--signature S] [--tags T]
 #       [--graph-inputs NAME=TENSOR,...] [--graph-outputs NAME=TENSOR,...]
 #       [--inputs FILE.npz] [--input-shapes NAME:D,D,...] [--val-range NAME:LO,HI]
-#       [--seed N] [--batches N] [--intermediates]
+#       [--seed N] [--batches N] [--intermediates] [--graph-rewrites as_written|tensorflow_default]
+#
+# In TensorFlow 1.x, tf.contrib's ops (Resampler, ...) are registered only once
+# tf.contrib is imported, so it is imported before a model is loaded there.
 #
 # Record format (version 1): one .npz file holding
 #   "__record__"            uint8, UTF-8 JSON: format, version, writer, model,
@@ -23,6 +26,7 @@
 #   "node/<k>"              the k-th intermediate, batch 0 (with --intermediates)
 #   "__graph__"             uint8, the serialized GraphDef (with --intermediates)
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -172,7 +176,22 @@ def _write_array(archive, key, value):
 def writer_info(tool):
     import tensorflow as tf
     return {"tool": tool, "equivtool": EQUIVTOOL_VERSION, "tensorflow": tf.__version__,
-            "numpy": np.__version__, "python": platform.python_version()}
+            "numpy": np.__version__, "python": platform.python_version(), "executable": sys.executable,
+            "machine": platform.machine()}
+
+
+def register_contrib_ops(tf):
+    """Import tf.contrib on TensorFlow 1.x, whose ops it registers (a SavedModel
+    using them does not load otherwise: "Op type not registered 'Resampler'").
+    Returns whether it was imported; TensorFlow 2.x has no tf.contrib."""
+    version = tf.__version__
+    if not version.startswith("1."):
+        return False
+    try:
+        importlib.import_module("tensorflow.contrib")
+    except ImportError:
+        return False
+    return True
 
 
 # -- the graph -------------------------------------------------------------
@@ -314,10 +333,11 @@ def _parse_ranges(items):
 
 def record(args):
     import tensorflow as tf
+    contrib = register_contrib_ops(tf)
     config = tf.compat.v1.ConfigProto()
     rewrites = config.graph_options.rewrite_options
-    for name in NUMERIC_PASSES:  # run the graph as written, as equivtool's sessions do
-        if name in rewrites.DESCRIPTOR.fields_by_name:
+    for name in NUMERIC_PASSES if args.graph_rewrites == "as_written" else ():
+        if name in rewrites.DESCRIPTOR.fields_by_name:  # run the graph as written, as equivtool's sessions do
             setattr(rewrites, name, 2)  # RewriterConfig.OFF
     graph, session, inputs, outputs, model = load_model(
         tf, args.model, args.signature, args.tags.split(","), parse_pairs(args.graph_inputs, "--graph-inputs"),
@@ -356,7 +376,9 @@ def record(args):
 
     nodes = [{"tensor": t.name, "op": op.name, "type": op.type} for t, op in tapped]
     graph_def = graph.as_graph_def().SerializeToString() if tapped else None
-    meta = {"writer": writer_info("equivtool record-script"), "model": model, "inputs": in_specs,
+    writer = writer_info("equivtool record-script")
+    writer.update(contrib=contrib, graph_rewrites=args.graph_rewrites)
+    meta = {"writer": writer, "model": model, "inputs": in_specs,
             "outputs": out_specs, "provenance": provenance, "notes": notes}
     return write_record(args.out, meta, batches, output_batches, nodes, node_values(), graph_def)
 
@@ -376,6 +398,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batches", type=int, default=1)
     parser.add_argument("--intermediates", action="store_true", help="also record every named intermediate")
+    parser.add_argument("--graph-rewrites", choices=("as_written", "tensorflow_default"), default="as_written",
+                        help="as_written (default): Grappler's numerics-changing passes off")
     args = parser.parse_args(argv)
     try:
         if args.batches < 1:
