@@ -3,7 +3,10 @@
 # SavedModelBuilder. tests/test_tf1_interpreter.py runs it in a TensorFlow 1.15
 # interpreter (Python 3.6+ syntax; TensorFlow and NumPy only):
 #
-#   python tf1_contrib_model.py EXPORT_DIR
+#   python tf1_contrib_model.py EXPORT_DIR [--resampler]
+#
+# --resampler exports a graph with contrib's Resampler op instead: TensorFlow
+# 1.15 registers it only once tf.contrib is imported.
 #
 # ``weights()`` needs NumPy only, so the test builds the TF2 rewrite here with
 # the same values.
@@ -49,5 +52,21 @@ def export(folder):
             builder.save()
 
 
+def export_resampler(folder):
+    import tensorflow as tf
+    graph = tf.Graph()
+    with graph.as_default():
+        data = tf.placeholder(tf.float32, [1, 4, 4, 1], name="data")
+        warp = tf.placeholder(tf.float32, [1, 2, 2], name="warp")
+        out = tf.contrib.resampler.resampler(data, warp)
+        with tf.Session(graph=graph) as session:
+            builder = tf.saved_model.builder.SavedModelBuilder(folder)
+            signature = tf.saved_model.signature_def_utils.predict_signature_def(
+                {"data": data, "warp": warp}, {"out": out})
+            builder.add_meta_graph_and_variables(session, [tf.saved_model.tag_constants.SERVING],
+                                                 signature_def_map={"serving_default": signature})
+            builder.save()
+
+
 if __name__ == "__main__":
-    export(sys.argv[1])
+    (export_resampler if "--resampler" in sys.argv[2:] else export)(sys.argv[1])

@@ -176,6 +176,13 @@ def probe(python: str, argument: str = "--tf1-python") -> Interpreter:
                        machine=info.get("machine", ""), error=info.get("error"))
 
 
+def default_env() -> str:
+    """Where ``./dev test`` keeps its TensorFlow 1.15 environment: ``$EQUIVTOOL_TF1_ENV``,
+    else ``~/.cache/equivtool/tf1-env-1.15`` (outside the repository, kept across clones)."""
+    return os.path.abspath(os.environ.get("EQUIVTOOL_TF1_ENV")
+                           or os.path.expanduser("~/.cache/equivtool/tf1-env-1.15"))
+
+
 def env_python(folder: str) -> str:
     return os.path.join(os.path.abspath(folder), "bin", "python")
 

@@ -29,6 +29,7 @@ import argparse
 import importlib
 import json
 import os
+import pkgutil
 import platform
 import sys
 import tempfile
@@ -58,6 +59,10 @@ NUMERIC_PASSES = ("remapping", "arithmetic_optimization", "constant_folding", "l
 
 class RecordError(ValueError):
     """A bad argument, model or input: one line, exit code 2."""
+
+
+class UnregisteredOpError(RecordError):
+    """The model uses an op this TensorFlow has not registered (yet: see register_contrib_ops)."""
 
 
 # -- inputs ----------------------------------------------------------------
@@ -180,17 +185,26 @@ def writer_info(tool):
             "machine": platform.machine()}
 
 
-def register_contrib_ops(tf):
+def register_contrib_ops(tf, everything=False):
     """Import tf.contrib on TensorFlow 1.x, whose ops it registers (a SavedModel
     using them does not load otherwise: "Op type not registered 'Resampler'").
-    Returns whether it was imported; TensorFlow 2.x has no tf.contrib."""
+    Returns whether it was imported; TensorFlow 2.x has no tf.contrib.
+    Some packages of tf.contrib load (and register their ops) only when first
+    used; ``everything=True`` imports each of them too (slow: for a model
+    that needs one)."""
     version = tf.__version__
     if not version.startswith("1."):
         return False
     try:
-        importlib.import_module("tensorflow.contrib")
+        contrib = importlib.import_module("tensorflow.contrib")
     except ImportError:
         return False
+    if everything:
+        for info in pkgutil.iter_modules(contrib.__path__):
+            try:
+                importlib.import_module("tensorflow.contrib." + info.name)
+            except Exception:  # noqa: BLE001 - a package this build cannot load (tensorrt ...) registers nothing
+                pass
     return True
 
 
@@ -279,7 +293,9 @@ def load_model(tf, path, signature, tags, graph_inputs, graph_outputs, config):
             meta["kind"] = "tf1-saved-model"
             try:
                 meta_graph = tf.compat.v1.saved_model.loader.load(session, list(tags), path)
-            except (RuntimeError, IOError, ValueError) as exc:
+            except (RuntimeError, IOError, ValueError, tf.errors.OpError) as exc:
+                if "Op type not registered" in str(exc):
+                    raise UnregisteredOpError("%s: %s" % (path, _one_line(exc)))
                 raise RecordError("%s: cannot load the SavedModel with tags %s: %s"
                                   % (path, ",".join(tags), _one_line(exc)))
             meta["tensorflow_version"] = meta_graph.meta_info_def.tensorflow_version
@@ -297,7 +313,12 @@ def load_model(tf, path, signature, tags, graph_inputs, graph_outputs, config):
                     graph_def.ParseFromString(f.read())
             except Exception as exc:  # DecodeError: a truncated or corrupt file
                 raise RecordError("%s: not a readable GraphDef (.pb): %s" % (path, exc))
-            tf.compat.v1.import_graph_def(graph_def, name="")
+            try:
+                tf.compat.v1.import_graph_def(graph_def, name="")
+            except (ValueError, tf.errors.OpError) as exc:
+                if "Op type not registered" in str(exc):
+                    raise UnregisteredOpError("%s: %s" % (path, _one_line(exc)))
+                raise RecordError("%s: cannot import the graph: %s" % (path, _one_line(exc)))
             if not graph_inputs or not graph_outputs:
                 raise RecordError("a frozen graph needs --graph-inputs NAME=TENSOR,... and --graph-outputs NAME=TENSOR,...")
             try:
@@ -339,9 +360,14 @@ def record(args):
     for name in NUMERIC_PASSES if args.graph_rewrites == "as_written" else ():
         if name in rewrites.DESCRIPTOR.fields_by_name:  # run the graph as written, as equivtool's sessions do
             setattr(rewrites, name, 2)  # RewriterConfig.OFF
-    graph, session, inputs, outputs, model = load_model(
-        tf, args.model, args.signature, args.tags.split(","), parse_pairs(args.graph_inputs, "--graph-inputs"),
-        parse_pairs(args.graph_outputs, "--graph-outputs"), config)
+    load = (tf, args.model, args.signature, args.tags.split(","), parse_pairs(args.graph_inputs, "--graph-inputs"),
+            parse_pairs(args.graph_outputs, "--graph-outputs"), config)
+    try:
+        graph, session, inputs, outputs, model = load_model(*load)
+    except UnregisteredOpError:
+        if not register_contrib_ops(tf, everything=True):
+            raise
+        graph, session, inputs, outputs, model = load_model(*load)  # the op may be in a package loaded now
     in_specs = [tensor_spec(k, t) for k, t in inputs.items()]
     out_specs = [tensor_spec(k, t) for k, t in outputs.items()]
     notes = []
