@@ -37,7 +37,7 @@ PINS = ("tensorflow-cpu==1.15.0", "numpy<1.19", "protobuf<3.21")
 PYTHONS = ((3, 7), (3, 6))  # in order of preference
 CREATING = ".equivtool-tf1-env-creating"  # there while a creation runs: an interrupted one is resumed
 PROBE_SECONDS = 180
-INSTALL_HINT = ("install one (e.g. `pyenv install 3.7.16`, or your system's python3.7 package) "
+INSTALL_HINT = ("install one (`pyenv install 3.7.16`, or your system's python3.7 package) "
                 "or pass --python PATH")
 
 # Run in the probed interpreter (Python 2.7 to 3.x syntax): one JSON line on stdout.
@@ -146,7 +146,7 @@ def find_base_python(python: Optional[str] = None) -> str:
         if _version_of(candidate) in PYTHONS:
             return candidate
     raise Tf1PythonError("no Python 3.6 or 3.7 found (looked in pyenv's versions and for python3.7/python3.6 "
-                         f"on PATH); TensorFlow 1.15 needs one: {INSTALL_HINT}")
+                         f"on PATH), and TensorFlow 1.15 needs one: {INSTALL_HINT}")
 
 
 def probe(python: str, argument: str = "--tf1-python") -> Interpreter:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
+from equivtool.exported._record import recorder_source  # what record-script prints
+
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 
 
@@ -109,10 +111,6 @@ def _write_error_report(args, exc) -> None:
     print(f"JSON report (the old interpreter's stderr): {os.path.abspath(args.json)}", file=sys.stderr)
 
 
-def recorder_source() -> str:
-    from equivtool.exported import _recorder
-    with open(_recorder.__file__.replace(".pyc", ".py"), encoding="utf-8") as f:
-        return f.read()
 
 
 def run_record_script(args) -> int:

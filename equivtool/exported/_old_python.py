@@ -26,7 +26,7 @@ from typing import Mapping, Optional
 import numpy as np
 
 from equivtool.exported._errors import short
-from equivtool.exported._record import RecordSide
+from equivtool.exported._record import RecordSide, recorder_source
 from equivtool.exported._sides import ModelLoadError
 
 _RECORDABLE = ("tf1-saved-model", "frozen-graph")
@@ -158,7 +158,6 @@ class OldInterpreterSide(RecordSide):
 
 def script_path(folder: str) -> str:
     """The recorder's source written into ``folder`` (the same text ``record-script`` prints)."""
-    from equivtool.exported._cli import recorder_source
     path = os.path.join(folder, "record.py")
     with open(path, "w", encoding="utf-8") as f:
         f.write(recorder_source())

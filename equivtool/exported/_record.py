@@ -19,6 +19,12 @@ from equivtool.exported import _recorder
 from equivtool.exported._sides import GraphView, ModelLoadError, Side, TensorInfo, check_registered_ops
 
 
+def recorder_source() -> str:
+    """The recorder's source: what ``equivtool record-script`` prints and ``--old-python`` runs."""
+    with open(_recorder.__file__.replace(".pyc", ".py"), encoding="utf-8") as f:
+        return f.read()
+
+
 def _version_tuple(text: str) -> tuple:
     parts = []
     for part in str(text).split("."):
