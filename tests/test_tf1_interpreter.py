@@ -16,7 +16,6 @@ through ``tf.compat.v1``) on a TF1 SavedModel built here.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import stat
@@ -330,6 +329,71 @@ def test_ctrl_c_while_the_old_side_runs_stops_it_and_removes_the_folder(small_tf
         equivtool.compare_models(small_tf1, small_tf1, old_python=sys.executable)
     assert len(started) == 1 and started[0].returncode is not None  # killed and reaped, not left running
     assert os.listdir(temp_root) == []
+
+
+_SIGTERM_CHILD = """
+import sys
+import equivtool
+equivtool.compare_models(sys.argv[1], sys.argv[1], old_python=sys.argv[2])
+"""
+
+
+def test_sigterm_while_the_old_side_runs_stops_it_and_removes_the_folder(small_tf1, tmp_path):
+    """A real SIGTERM to a compare whose old interpreter is busy: the compare ends by
+    SIGTERM, its folder is gone, and the old interpreter is killed."""
+    import signal
+    root, fifo = tmp_path / "tmp", tmp_path / "started"
+    root.mkdir()
+    os.mkfifo(fifo)
+    # probes as this Python; as the recorder, says it started (its pid) and waits for a signal
+    old = _fake_python(tmp_path / "old" / "python", "unused")
+    with open(old, "w") as f:
+        f.write(f'#!/bin/sh\nif [ "$1" = "-c" ]; then exec "{sys.executable}" "$@"; fi\n'
+                f'echo $$ > "{fifo}"\nexec sleep 600\n')
+    env = dict(os.environ, TMPDIR=str(root), PYTHONPATH=os.pathsep.join(sys.path))
+    child = subprocess.Popen([sys.executable, "-c", _SIGTERM_CHILD, small_tf1, old], env=env,
+                             stderr=subprocess.PIPE)
+    recorder_pid = None
+    try:
+        recorder_pid, stderr = _wait_for_recorder(str(fifo), child)
+        child.send_signal(signal.SIGTERM)
+        code = child.wait(timeout=120)
+        assert code == -signal.SIGTERM, (stderr + child.stderr.read().decode(errors="replace"))[-2000:]
+        assert os.listdir(root) == []
+        assert not _alive(recorder_pid)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        child.stderr.close()
+        if recorder_pid is not None and _alive(recorder_pid):  # the fault this test is for: end it
+            os.kill(recorder_pid, signal.SIGKILL)
+
+
+def _wait_for_recorder(fifo: str, child) -> tuple:
+    """(the recorder's pid, read from ``fifo`` when it starts, and the child's stderr so far);
+    fails if the child ends first or nothing comes in 180 s."""
+    import select
+    fd, stderr = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), b""
+    try:
+        while True:
+            ready, _, _ = select.select([fd, child.stderr], [], [], 180)
+            assert ready, "neither the recorder nor the compare said anything in 180 s"
+            if fd in ready:
+                return int(os.read(fd, 64)), stderr.decode(errors="replace")
+            chunk = os.read(child.stderr.fileno(), 65536)
+            assert chunk, f"the compare ended before its recorder ran: {stderr.decode(errors='replace')[-2000:]}"
+            stderr += chunk
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_old_python_refusals_come_before_any_work(small_tf1, tmp_path, temp_root):

@@ -300,10 +300,9 @@ def compare_models(
             from equivtool.engine.signals import sigterm_unwinds
             stack.enter_context(sigterm_unwinds())
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="equivtool-old-python-"))
-            stack.callback(lambda: [side.close() for side in owned])  # before the folder goes
             old = _record_in_old_python(interpreter, os.fspath(old), folder, signature, tags, graph_in, graph_out,
                                         shapes, ranges, seed, inputs, batches, localize, graph_rewrites)
-            owned.append(old)
+            owned.append(old)  # closed by _compare_sides, before the folder goes
             inputs = None
             meta = {"old_ran_under": old.ran_under(), **dict(meta or {})}
         return _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes,
