@@ -20,14 +20,12 @@ Nothing here imports TensorFlow in this process. Errors are
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 

@@ -111,8 +111,6 @@ def _write_error_report(args, exc) -> None:
     print(f"JSON report (the old interpreter's stderr): {os.path.abspath(args.json)}", file=sys.stderr)
 
 
-
-
 def run_record_script(args) -> int:
     sys.stdout.write(recorder_source())
     return EXIT_OK
