@@ -1,4 +1,4 @@
-"""``equivtool`` command line: doctor | check | demo | audit | build-ops | convert-checkpoint.
+"""``equivtool`` command line: doctor | check | demo | audit | build-ops | convert-checkpoint | tf1-env.
 
 Exit codes (all commands):
 
@@ -191,7 +191,10 @@ def cmd_doctor(args) -> int:
     _doctor.clear_cache()
     problems = []
     print(f"equivtool doctor (Python {platform.python_version()}, {platform.machine()})")
-    for label, check in DOCTOR_CHECKS:
+    checks = list(DOCTOR_CHECKS)
+    if getattr(args, "tf1_python", None) is not None:
+        checks += _doctor.tf1_python_checks(args.tf1_python)
+    for label, check in checks:
         try:
             ok, text = check()
         except Exception as exc:  # noqa: BLE001 - report, don't crash: this is the diagnostic command
@@ -409,6 +412,17 @@ def cmd_audit(args) -> int:
     return audit_main(args.target, args.runs, json_path=args.json, html_path=args.html)
 
 
+def cmd_tf1_env(args) -> int:
+    from equivtool._platform import tf1_python as _tf1
+    try:
+        found, created = _tf1.create_env(args.dir, args.python, log=lambda text: print(text, flush=True))
+    except _tf1.Tf1PythonError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"{'created' if created else 'reused'} {found}")
+    print(f"old side: equivtool compare --old-python {shlex.quote(found.path)} OLD NEW")
+    return EXIT_OK
+
+
 def cmd_build_ops(args) -> int:
     from equivtool.ops import build_ops
     from equivtool.ops._build import BuildError
@@ -445,7 +459,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     doctor = sub.add_parser("doctor", help="check that this environment can run equivtool")
+    doctor.add_argument("--tf1-python", default=None, metavar="PATH",
+                        help="also check an old interpreter: its Python, TensorFlow 1.x and tf.contrib")
     doctor.set_defaults(run=cmd_doctor)
+
+    tf1_env = sub.add_parser(
+        "tf1-env", help="create (or reuse) a TensorFlow 1.15 environment in DIR for the old side",
+        description="Create a virtual environment in DIR with TensorFlow 1.15 (tensorflow-cpu==1.15.0, "
+                    "numpy<1.19, protobuf<3.21) from a Python 3.6 or 3.7 (--python, else pyenv's, else "
+                    "python3.7/python3.6 on PATH). A complete one is reused. Prints the interpreter to pass "
+                    "as --old-python / --tf1-python.")
+    tf1_env.add_argument("dir", metavar="DIR")
+    tf1_env.add_argument("--python", default=None, metavar="PY", help="the Python 3.6/3.7 to build it from")
+    tf1_env.set_defaults(run=cmd_tf1_env)
 
     check = sub.add_parser("check", help="run check_equivalence on MODULE:TF1_FN and MODULE:TF2_FACTORY")
     check.add_argument("tf1_fn", metavar="MODULE:TF1_FN", help="tf1_fn(inputs, training) -> outputs")

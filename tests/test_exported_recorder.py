@@ -84,8 +84,8 @@ def test_the_recorder_parses_as_python_3_6_and_imports_nothing_but_tf_and_numpy(
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
-    assert imported <= {"argparse", "json", "os", "platform", "sys", "tempfile", "zipfile", "numpy",
-                        "tensorflow"}, imported
+    assert imported <= {"argparse", "importlib", "json", "os", "pkgutil", "platform", "sys", "tempfile",
+                        "zipfile", "numpy", "tensorflow"}, imported
     assert "allow_pickle=True" not in source
 
 

@@ -156,6 +156,46 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
 ]
 
 
+def tf1_python_checks(python: str) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
+    """``equivtool doctor --tf1-python PATH``: the old interpreter's Python, its
+    TensorFlow (1.x, where the old side ran) and ``tf.contrib``, probed once."""
+    probed = functools.lru_cache(maxsize=1)(lambda: _tf1_probe(python))
+
+    def python_check() -> tuple[bool, str]:
+        found = probed()
+        if isinstance(found, str):
+            return False, found
+        return True, f"{found.path}: Python {found.python} ({found.machine})"
+
+    def tensorflow_check() -> tuple[bool, str]:
+        found = probed()
+        if isinstance(found, str):
+            return False, "not probed (see: tf1 python)"
+        if found.tensorflow is None:
+            return False, found.error or "TensorFlow does not import"
+        if not found.is_tf1:
+            return False, (f"{found.tensorflow} is not TensorFlow 1.x (the old side would run through "
+                           "tf.compat.v1, not as it ran; make a 1.15 one with: equivtool tf1-env DIR)")
+        return True, f"{found.tensorflow} ({'CPU' if found.cpu_build else 'CUDA'} build)"
+
+    def contrib_check() -> tuple[bool, str]:
+        found = probed()
+        if isinstance(found, str) or not found.is_tf1:  # the line above is the problem
+            return True, "not checked (see: tf1 tensorflow)"
+        return (True, "importable") if found.contrib else (False, found.error or "does not import")
+
+    return [("tf1 python", python_check), ("tf1 tensorflow", tensorflow_check), ("tf1 contrib", contrib_check)]
+
+
+def _tf1_probe(python: str):
+    """The probed interpreter, or the one-line reason it could not be probed."""
+    from equivtool._platform import tf1_python as _tf1
+    try:
+        return _tf1.probe(python)
+    except _tf1.Tf1PythonError as exc:
+        return str(exc)
+
+
 def clear_cache() -> None:
     """Forget the versions read by an earlier run (each ``equivtool doctor`` reads them afresh)."""
     _versions.cache_clear()

@@ -8,7 +8,9 @@ script ``equivtool record-script`` prints. This package loads each as a side
 (:mod:`._sides`, :mod:`._record`), compares every signature output with
 ``equivtool.comparison.compare`` and its three-state verdicts
 (:mod:`._compare`), and with ``localize=True`` finds the first node whose
-output differs (:mod:`._localize`). The public names are exported from
+output differs (:mod:`._localize`). With ``old_python=`` (``--old-python``) OLD
+runs in another interpreter, a real TensorFlow 1.15, through that same
+recorder (:mod:`._old_python`). The public names are exported from
 ``equivtool``: ``compare_models``, ``load_side``, ``ModelLoadError``.
 """
 

@@ -7,7 +7,10 @@ or format error, printed as one line (never a traceback).
 
 from __future__ import annotations
 
+import os
 import sys
+
+from equivtool.exported._record import recorder_source  # what record-script prints
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 
@@ -52,6 +55,9 @@ def add_parsers(subparsers, check_output_path) -> None:
     compare.add_argument("--graph-rewrites", choices=("as_written", "tensorflow_default"), default="as_written",
                          help="as_written (default): Grappler's numerics-changing passes off in both sides' "
                               "sessions; tensorflow_default: TensorFlow's defaults (the verdict may depend on the CPU)")
+    compare.add_argument("--old-python", default=None, metavar="PATH",
+                         help="run OLD (a TF1 SavedModel or .pb) in this interpreter, e.g. a TensorFlow 1.15 "
+                              "one made by `equivtool tf1-env DIR`, with the record-script recorder")
     compare.add_argument("--json", default=None, help="write a JSON report here")
     compare.add_argument("--html", default=None, help="write an HTML report here")
     compare.set_defaults(run=run_compare, check_output_path=check_output_path)
@@ -81,9 +87,11 @@ def run_compare(args) -> int:
             map_inputs=args.map_inputs, map_outputs=args.map_outputs, atol=args.atol, rtol=args.rtol,
             localize=args.localize, save_outputs=args.save_outputs, overwrite=args.overwrite,
             load_op_library=args.load_op_library,
-            graph_rewrites=args.graph_rewrites)
+            graph_rewrites=args.graph_rewrites, old_python=args.old_python)
     except ValueError as exc:  # the CLI's UsageError included
         print(f"equivtool compare: error: {_one_line(exc)}", file=sys.stderr)
+        if getattr(exc, "stderr", None) and args.json:  # the old interpreter's whole output, kept
+            _write_error_report(args, exc)
         return EXIT_USAGE
     print(report)
     for step in report.steps:  # a localization is in the details of failing steps; show it when passed too
@@ -95,10 +103,15 @@ def run_compare(args) -> int:
     return EXIT_OK if report.passed else EXIT_DIFFERENT
 
 
-def recorder_source() -> str:
-    from equivtool.exported import _recorder
-    with open(_recorder.__file__.replace(".pyc", ".py"), encoding="utf-8") as f:
-        return f.read()
+def _write_error_report(args, exc) -> None:
+    """A JSON report of one errored step holding what the old interpreter wrote on stderr."""
+    from equivtool.report import EquivalenceReport, StepResult
+    step = StepResult(name="outputs", title="signature outputs", status="error", seconds=0.0,
+                      message=_one_line(exc), data={"old_interpreter_stderr": exc.stderr})
+    report = EquivalenceReport((step,), {"command": "compare", "old": args.old, "new": args.new,
+                                         "old_python": args.old_python})
+    report.to_json(args.json)
+    print(f"JSON report (the old interpreter's stderr): {os.path.abspath(args.json)}", file=sys.stderr)
 
 
 def run_record_script(args) -> int:

@@ -244,7 +244,7 @@ def _make_inputs(old: Side, new: Side, inputs, data_loader, shapes, ranges, seed
         feeds = record.input_batches()
         if record is new:  # the record's names are NEW's; OLD's feeds are mapped back below
             return feeds, f"the inputs of golden record {record.path}", [], True
-        return feeds, f"the inputs of golden record {record.path} ({record.meta.get('provenance')})", [], False
+        return feeds, record.input_provenance(), [], False
     if inputs is not None:
         feeds = [{k: np.asarray(v) for k, v in inputs.items()}] if isinstance(inputs, Mapping) else (
             _load_inputs_file(os.fspath(inputs)) if isinstance(inputs, (str, os.PathLike)) else
@@ -287,6 +287,7 @@ def compare_models(
     overwrite: bool = False,
     load_op_library: Sequence[str] = (),
     graph_rewrites: str = "as_written",
+    old_python: Optional[Union[str, os.PathLike]] = None,
     meta: Optional[Mapping[str, Any]] = None,
 ) -> EquivalenceReport:
     """Compare two exported models (or golden records) output by output.
@@ -302,16 +303,26 @@ def compare_models(
     file is replaced only with ``overwrite=True``, and never when it is OLD or
     NEW itself. SIGTERM stops the run as Ctrl-C does (its temporary files are
     removed; then the process ends by SIGTERM, see :mod:`equivtool.engine.signals`).
+
+    ``old_python``: the path of another Python interpreter (TensorFlow 1.15, as
+    ``equivtool tf1-env`` makes) that runs OLD, a TF1 SavedModel or frozen
+    graph, with the recorder ``equivtool record-script`` prints; its record (a
+    temporary file, removed on every exit) is then compared with NEW, and the
+    report names the TensorFlow and Python OLD ran under
+    (:mod:`equivtool.exported._old_python`). Inputs are generated there with the
+    same seed and rules, or read from ``inputs`` (one batch); ``data_loader``
+    is refused.
     """
     with _signals.sigterm_unwinds():
         return _compare_models(old, new, signature, tags, graph_inputs, graph_outputs, input_shapes, val_range,
                                seed, inputs, data_loader, batches, map_inputs, map_outputs, atol, rtol,
-                               localize, save_outputs, overwrite, load_op_library, graph_rewrites, meta)
+                               localize, save_outputs, overwrite, load_op_library, graph_rewrites, old_python,
+                               meta)
 
 
 def _compare_models(old, new, signature, tags, graph_inputs, graph_outputs, input_shapes, val_range, seed,
                     inputs, data_loader, batches, map_inputs, map_outputs, atol, rtol, localize, save_outputs,
-                    overwrite, load_op_library, graph_rewrites, meta) -> EquivalenceReport:
+                    overwrite, load_op_library, graph_rewrites, old_python, meta) -> EquivalenceReport:
     started = time.perf_counter()
     shapes, ranges = parse_input_shapes(input_shapes), parse_val_ranges(val_range)
     tolerance = parse_tolerances(atol, rtol)
@@ -325,8 +336,56 @@ def _compare_models(old, new, signature, tags, graph_inputs, graph_outputs, inpu
         raise ModelLoadError(str(exc)) from None
     if isinstance(load_op_library, (str, os.PathLike)):
         load_op_library = [load_op_library]
+    interpreter = None
+    if old_python is not None:
+        interpreter = _check_old_python(old_python, old, data_loader)
     load_op_libraries([os.fspath(p) for p in load_op_library])
     owned = []
+    with contextlib.ExitStack() as stack:
+        if interpreter is not None:  # OLD is recorded there first, into a folder removed on every exit
+            folder = _scratch_folder(stack, "old-python")
+            old = _record_in_old_python(interpreter, os.fspath(old), folder, signature, tags, graph_in, graph_out,
+                                        shapes, ranges, seed, inputs, batches, localize, graph_rewrites)
+            owned.append(old)  # closed by _compare_sides, before the folder goes
+            inputs = None
+            meta = {"old_ran_under": old.ran_under(), **dict(meta or {})}
+        return _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes,
+                              ranges, tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize,
+                              save_outputs, meta, started)
+
+
+def _check_old_python(old_python, old, data_loader):
+    """The probed old interpreter, after checking what it is to run (before any work)."""
+    from equivtool.exported import _old_python
+    from equivtool.exported._sides import detect_kind
+    if isinstance(old, Side):
+        raise ModelLoadError("--old-python: OLD must be a path (a TF1 SavedModel folder or a frozen graph .pb), "
+                             f"not a loaded {type(old).__name__}")
+    _old_python.check_old(detect_kind(os.fspath(old)), os.fspath(old))
+    if data_loader is not None:
+        raise ModelLoadError("--data-loader: not with --old-python (the loader runs here); give --inputs "
+                             "FILE.npz or generated inputs")
+    return _old_python.probe_old_python(os.fspath(old_python))
+
+
+def _record_in_old_python(interpreter, old: str, folder: str, signature, tags, graph_in, graph_out, shapes,
+                          ranges, seed, inputs, batches, localize, graph_rewrites):
+    from equivtool.exported import _old_python
+    tags = tuple(t for t in tags.split(",") if t) if isinstance(tags, str) else tuple(tags)
+    out = os.path.join(folder, "old.npz")
+    command = _old_python.recorder_command(
+        interpreter.path, _old_python.script_path(folder), os.path.abspath(old), out, signature=signature,
+        tags=tags, graph_inputs=graph_in, graph_outputs=graph_out, input_shapes=shapes, val_range=ranges,
+        seed=seed, batches=batches, inputs_file=_old_python.inputs_file(inputs, folder), intermediates=localize,
+        graph_rewrites=graph_rewrites)
+    _old_python.run_recorder(command, old)
+    return _old_python.OldInterpreterSide(out, old, interpreter)
+
+
+def _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes, ranges,
+                   tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize, save_outputs, meta,
+                   started) -> EquivalenceReport:
+    from equivtool._platform import execution as _execution
     try:
         sides = []
         for which, side in (("OLD", old), ("NEW", new)):
@@ -384,7 +443,7 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
     with contextlib.ExitStack() as stack:  # the nodes' values live in a folder until the record holds them
         if localize:
             from equivtool.exported._localize import localize_step
-            folder = _scratch_folder(stack)
+            folder = _scratch_folder(stack, "localize")
             steps[0], nodes, node_values, graph_def = localize_step(
                 steps[0], old, new, feeds[0], new_feeds[0], output_names, tolerance, folder,
                 keep_old=save_outputs is not None, release_old=release_old)
@@ -402,12 +461,13 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
     return EquivalenceReport(tuple(steps), report_meta, coverage=Coverage.from_steps(steps, owed=("outputs",)))
 
 
-def _scratch_folder(stack: contextlib.ExitStack) -> str:
-    """A new folder for node values under TMPDIR, removed when ``stack`` closes (on
-    SIGTERM and Ctrl-C too); those left by killed runs are removed first."""
+def _scratch_folder(stack: contextlib.ExitStack, kind: str) -> str:
+    """A new folder of ``kind`` (node values, an old interpreter's record) under
+    TMPDIR, removed when ``stack`` closes (on SIGTERM and Ctrl-C too); those left
+    by killed runs are removed first."""
     temp = tempfile.gettempdir()
-    scratch.remove_stale(temp, "localize")
-    folder = tempfile.mkdtemp(prefix=scratch.prefix("localize"), dir=temp)
+    scratch.remove_stale(temp, kind)
+    folder = tempfile.mkdtemp(prefix=scratch.prefix(kind), dir=temp)
     stack.callback(_remove_shielded, folder)  # (a kill before this line: the next run removes it)
     return folder
 

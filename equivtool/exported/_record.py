@@ -19,6 +19,12 @@ from equivtool.exported import _recorder
 from equivtool.exported._sides import GraphView, ModelLoadError, Side, TensorInfo, check_registered_ops
 
 
+def recorder_source() -> str:
+    """The recorder's source: what ``equivtool record-script`` prints and ``--old-python`` runs."""
+    with open(_recorder.__file__.replace(".pyc", ".py"), encoding="utf-8") as f:
+        return f.read()
+
+
 def _version_tuple(text: str) -> tuple:
     parts = []
     for part in str(text).split("."):
@@ -93,6 +99,10 @@ class RecordSide(Side):
         if not self.nodes or not self.header.get("graph"):
             return "the record holds no intermediates (record it with --localize or --intermediates)"
         return None
+
+    def input_provenance(self) -> str:
+        """Where the inputs this record replays came from, for the report."""
+        return f"the inputs of golden record {self.path} ({self.meta.get('provenance')})"
 
     def input_batches(self) -> list:
         return [dict(inputs) for inputs, _ in self.batches]

@@ -11,7 +11,10 @@
 #   python record.py MODEL OUT.npz [--signature S] [--tags T]
 #       [--graph-inputs NAME=TENSOR,...] [--graph-outputs NAME=TENSOR,...]
 #       [--inputs FILE.npz] [--input-shapes NAME:D,D,...] [--val-range NAME:LO,HI]
-#       [--seed N] [--batches N] [--intermediates]
+#       [--seed N] [--batches N] [--intermediates] [--graph-rewrites as_written|tensorflow_default]
+#
+# In TensorFlow 1.x, tf.contrib's ops (Resampler, ...) are registered only once
+# tf.contrib is imported, so it is imported before a model is loaded there.
 #
 # Record format (version 1): one .npz file holding
 #   "__record__"            uint8, UTF-8 JSON: format, version, writer, model,
@@ -23,8 +26,10 @@
 #   "node/<k>"              the k-th intermediate, batch 0 (with --intermediates)
 #   "__graph__"             uint8, the serialized GraphDef (with --intermediates)
 import argparse
+import importlib
 import json
 import os
+import pkgutil
 import platform
 import sys
 import tempfile
@@ -54,6 +59,10 @@ NUMERIC_PASSES = ("remapping", "arithmetic_optimization", "constant_folding", "l
 
 class RecordError(ValueError):
     """A bad argument, model or input: one line, exit code 2."""
+
+
+class UnregisteredOpError(RecordError):
+    """The model uses an op this TensorFlow has not registered (yet: see register_contrib_ops)."""
 
 
 # -- inputs ----------------------------------------------------------------
@@ -190,7 +199,31 @@ def _write_array(archive, key, value):
 def writer_info(tool):
     import tensorflow as tf
     return {"tool": tool, "equivtool": EQUIVTOOL_VERSION, "tensorflow": tf.__version__,
-            "numpy": np.__version__, "python": platform.python_version()}
+            "numpy": np.__version__, "python": platform.python_version(), "executable": sys.executable,
+            "machine": platform.machine()}
+
+
+def register_contrib_ops(tf, everything=False):
+    """Import tf.contrib on TensorFlow 1.x, whose ops it registers (a SavedModel
+    using them does not load otherwise: "Op type not registered 'Resampler'").
+    Returns whether it was imported; TensorFlow 2.x has no tf.contrib.
+    Some packages of tf.contrib load (and register their ops) only when first
+    used; ``everything=True`` imports each of them too (slow: for a model
+    that needs one)."""
+    version = tf.__version__
+    if not version.startswith("1."):
+        return False
+    try:
+        contrib = importlib.import_module("tensorflow.contrib")
+    except ImportError:
+        return False
+    if everything:
+        for info in pkgutil.iter_modules(contrib.__path__):
+            try:
+                importlib.import_module("tensorflow.contrib." + info.name)
+            except Exception:  # noqa: BLE001 - a package this build cannot load (tensorrt ...) registers nothing
+                pass
+    return True
 
 
 # -- the graph -------------------------------------------------------------
@@ -278,7 +311,9 @@ def load_model(tf, path, signature, tags, graph_inputs, graph_outputs, config):
             meta["kind"] = "tf1-saved-model"
             try:
                 meta_graph = tf.compat.v1.saved_model.loader.load(session, list(tags), path)
-            except (RuntimeError, IOError, ValueError) as exc:
+            except (RuntimeError, IOError, ValueError, tf.errors.OpError) as exc:
+                if "Op type not registered" in str(exc):
+                    raise UnregisteredOpError("%s: %s" % (path, _one_line(exc)))
                 raise RecordError("%s: cannot load the SavedModel with tags %s: %s"
                                   % (path, ",".join(tags), _one_line(exc)))
             meta["tensorflow_version"] = meta_graph.meta_info_def.tensorflow_version
@@ -296,7 +331,12 @@ def load_model(tf, path, signature, tags, graph_inputs, graph_outputs, config):
                     graph_def.ParseFromString(f.read())
             except Exception as exc:  # DecodeError: a truncated or corrupt file
                 raise RecordError("%s: not a readable GraphDef (.pb): %s" % (path, exc))
-            tf.compat.v1.import_graph_def(graph_def, name="")
+            try:
+                tf.compat.v1.import_graph_def(graph_def, name="")
+            except (ValueError, tf.errors.OpError) as exc:
+                if "Op type not registered" in str(exc):
+                    raise UnregisteredOpError("%s: %s" % (path, _one_line(exc)))
+                raise RecordError("%s: cannot import the graph: %s" % (path, _one_line(exc)))
             if not graph_inputs or not graph_outputs:
                 raise RecordError("a frozen graph needs --graph-inputs NAME=TENSOR,... and --graph-outputs NAME=TENSOR,...")
             try:
@@ -332,14 +372,20 @@ def _parse_ranges(items):
 
 def record(args):
     import tensorflow as tf
+    contrib = register_contrib_ops(tf)
     config = tf.compat.v1.ConfigProto()
     rewrites = config.graph_options.rewrite_options
-    for name in NUMERIC_PASSES:  # run the graph as written, as equivtool's sessions do
-        if name in rewrites.DESCRIPTOR.fields_by_name:
+    for name in NUMERIC_PASSES if args.graph_rewrites == "as_written" else ():
+        if name in rewrites.DESCRIPTOR.fields_by_name:  # run the graph as written, as equivtool's sessions do
             setattr(rewrites, name, 2)  # RewriterConfig.OFF
-    graph, session, inputs, outputs, model = load_model(
-        tf, args.model, args.signature, args.tags.split(","), parse_pairs(args.graph_inputs, "--graph-inputs"),
-        parse_pairs(args.graph_outputs, "--graph-outputs"), config)
+    load = (tf, args.model, args.signature, args.tags.split(","), parse_pairs(args.graph_inputs, "--graph-inputs"),
+            parse_pairs(args.graph_outputs, "--graph-outputs"), config)
+    try:
+        graph, session, inputs, outputs, model = load_model(*load)
+    except UnregisteredOpError:
+        if not register_contrib_ops(tf, everything=True):
+            raise
+        graph, session, inputs, outputs, model = load_model(*load)  # the op may be in a package loaded now
     in_specs = [tensor_spec(k, t) for k, t in inputs.items()]
     out_specs = [tensor_spec(k, t) for k, t in outputs.items()]
     notes = []
@@ -374,7 +420,9 @@ def record(args):
 
     nodes = [{"tensor": t.name, "op": op.name, "type": op.type} for t, op in tapped]
     graph_def = graph.as_graph_def().SerializeToString() if tapped else None
-    meta = {"writer": writer_info("equivtool record-script"), "model": model, "inputs": in_specs,
+    writer = writer_info("equivtool record-script")
+    writer.update(contrib=contrib, graph_rewrites=args.graph_rewrites)
+    meta = {"writer": writer, "model": model, "inputs": in_specs,
             "outputs": out_specs, "provenance": provenance, "notes": notes}
     return write_record(args.out, meta, batches, output_batches, nodes, node_values(), graph_def)
 
@@ -394,6 +442,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batches", type=int, default=1)
     parser.add_argument("--intermediates", action="store_true", help="also record every named intermediate")
+    parser.add_argument("--graph-rewrites", choices=("as_written", "tensorflow_default"), default="as_written",
+                        help="as_written (default): Grappler's numerics-changing passes off")
     args = parser.parse_args(argv)
     try:
         if args.batches < 1:
