@@ -37,7 +37,8 @@ def check_patterns(outputs: Any) -> tuple:
     return tuple(outputs)
 
 
-def _kept(name: str, patterns: Sequence[str]) -> bool:
+def kept(name: str, patterns: Sequence[str]) -> bool:
+    """Whether the leaf called ``name`` is compared under ``patterns``."""
     includes = [p for p in patterns if not p.startswith("!")]
     excludes = [p[1:] for p in patterns if p.startswith("!")]
     if includes and not any(fnmatch.fnmatchcase(name, p) for p in includes):
@@ -47,13 +48,13 @@ def _kept(name: str, patterns: Sequence[str]) -> bool:
 
 def _select(value: Any, name: str, patterns: Sequence[str]) -> Any:
     if isinstance(value, Mapping):
-        kept = {}
+        chosen = {}
         for key, item in value.items():
             selected = _select(item, f"{name}/{key}", patterns)
             if selected is not _DROPPED:
-                kept[key] = selected
-        return kept if kept or not value else _DROPPED
-    return value if _kept(name, patterns) else _DROPPED
+                chosen[key] = selected
+        return chosen if chosen or not value else _DROPPED
+    return value if kept(name, patterns) else _DROPPED
 
 
 def select(expected: Any, actual: Any, label: str, patterns: Sequence[str]) -> tuple | None:

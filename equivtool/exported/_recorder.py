@@ -94,8 +94,9 @@ def generate_inputs(specs, shapes=None, ranges=None, seed=0, batches=1):
             if dtype is None or dtype.kind not in "fiub":
                 raise RecordError("input %r: cannot generate values of dtype %s; give inputs with --inputs FILE.npz"
                                   % (name, spec["dtype"]))
-            if dtype.kind == "f":
+            if dtype.kind == "f":  # HI excluded, also where rounding to dtype would reach it
                 value = rng.uniform(lo, hi, size=shape).astype(dtype)
+                value = np.minimum(value, np.nextafter(dtype.type(hi), dtype.type(lo)))
             elif dtype.kind == "b":
                 value = rng.randint(0, 2, size=shape).astype(dtype)
             else:
@@ -130,6 +131,7 @@ def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), 
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".equivtool-", suffix=".npz", dir=folder)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a record is shared as a report is
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             _write_array(archive, "__record__", _json_bytes(meta))
             for b, (inputs, outputs) in enumerate(zip(batches, output_batches)):
@@ -154,6 +156,13 @@ def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), 
             pass
         raise
     return meta
+
+
+def _umask():
+    """The process's umask (read by setting it, then putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _one_line(exc):

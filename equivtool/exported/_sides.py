@@ -138,6 +138,11 @@ class Side(engine_sides.Side):
     def close(self) -> None:
         pass
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has released what the side runs (it cannot run again)."""
+        return False
+
     def describe(self) -> dict:
         return {"path": self.path, "kind": self.kind, **{k: v for k, v in self.meta.items() if k != "path"},
                 "inputs": [str(t) for t in self.inputs], "outputs": [str(t) for t in self.outputs]}
@@ -211,6 +216,10 @@ class GraphSide(Side):
         if self.session is not None:
             self.session.close()
             self.session = None
+
+    @property
+    def closed(self) -> bool:
+        return self.session is None
 
 
 # --------------------------------------------------------------------------
@@ -441,6 +450,10 @@ class FunctionSide(Side):
 
     def close(self) -> None:
         self.function = self.owner = None  # what holds the loaded variables
+
+    @property
+    def closed(self) -> bool:
+        return self.function is None
 
 
 def load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:
