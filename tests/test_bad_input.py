@@ -215,6 +215,15 @@ def test_the_text_report_shows_notes_and_wraps_long_header_lines(rec):
     assert "/good.npz" in text.split("Notes:")[0].split("new:")[1]  # old:/new: are wrapped, not cut
 
 
+def test_check_outputs_patterns_matching_nothing_are_named():
+    from equivtool.engine.output_filter import leaf_names, unmatched_note
+    names = leaf_names({"logits": 1, "end_points": {"a": 1, "b": 2}}, "outputs")
+    assert names == ["outputs/logits", "outputs/end_points/a", "outputs/end_points/b"]
+    note = unmatched_note(names, ["*/logits", "!*/nothing", "end*"])
+    assert note.startswith("outputs: patterns '!*/nothing', 'end*' match no output leaf"), note
+    assert unmatched_note(names, ["*/logits", "!*/end_points/a"]) is None
+
+
 # --------------------------------------------------------------------------
 # compare_models' own arguments
 # --------------------------------------------------------------------------

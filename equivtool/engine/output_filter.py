@@ -69,6 +69,25 @@ def select(expected: Any, actual: Any, label: str, patterns: Sequence[str]) -> t
     return ({} if expected is _DROPPED else expected), ({} if actual is _DROPPED else actual)
 
 
+def leaf_names(value: Any, name: str) -> list:
+    """The leaf names the patterns are matched against (as :func:`select` walks ``value``)."""
+    if isinstance(value, Mapping):
+        return [leaf for key, item in value.items() for leaf in leaf_names(item, f"{name}/{key}")]
+    return [name]
+
+
+def unmatched_note(names: Sequence[str], patterns: Sequence[str]) -> str | None:
+    """A note naming the patterns that match none of ``names`` (a typo, or a name
+    the report spells otherwise); ``None`` when each matches some leaf."""
+    unmatched = [p for p in patterns if not any(kept(n, (p.lstrip("!"),)) for n in names)]
+    if not unmatched:
+        return None
+    shown = ", ".join(sorted(set(names))[:6]) + (", ..." if len(set(names)) > 6 else "")
+    return (f"outputs: pattern{'s' if len(unmatched) > 1 else ''} {', '.join(repr(p) for p in unmatched)} "
+            f"match{'' if len(unmatched) > 1 else 'es'} no output leaf, so {'they select' if len(unmatched) > 1 else 'it selects'} "
+            f"nothing; the leaves are named {shown} (CLI: --outputs)")
+
+
 def one_side_note(leaves: Sequence, tf_function: bool) -> str | None:
     """A note when keys are missing on one side: they may be end points one side
     collects by scanning its graph."""
