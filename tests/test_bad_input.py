@@ -473,3 +473,26 @@ def test_missing_folders_are_created_and_restore_assert_consumed_holds(ckpt, tmp
     assert int(checkpoint.save_counter.numpy()) == 0 and int(optimizer.iterations.numpy()) == 2
     reader = tf.train.load_checkpoint(ckpt)
     np.testing.assert_array_equal(layer.conv.kernel.numpy(), reader.get_tensor("net/conv1/weights"))
+
+
+# --------------------------------------------------------------------------
+# a record of a TF2 OLD can be localized
+# --------------------------------------------------------------------------
+
+def test_a_record_of_a_tf2_model_names_its_tensors_and_localizes(tmp_path):
+    from tests.exported_models import build_all
+    models = build_all(str(tmp_path / "models"))
+    record = str(tmp_path / "tf2.npz")
+    assert equivtool.compare_models(models["tf2"], models["tf2"], save_outputs=record, localize=True).passed
+    with np.load(record, allow_pickle=False) as data:
+        header = json.loads(bytes(data["__record__"]).decode())
+    assert all(spec["tensor"] for spec in header["inputs"] + header["outputs"]), header["inputs"]
+    bad = equivtool.compare_models(record, models["tf2_bad_eps"], localize=True)
+    found = bad.steps[0].data["localization"]
+    assert not bad.passed and found.status == "diverged" and "FusedBatchNorm" in found.tf1_op, found
+    # a record written before (no tensor names) is refused with the reason, not TensorFlow's
+    unnamed = rewrite_header(record, tmp_path / "unnamed.npz",
+                             inputs=[{**spec, "tensor": ""} for spec in header["inputs"]])
+    with pytest.raises(ModelLoadError, match=r"--localize: OLD .*unnamed.npz: the record does not name the graph "
+                                             r"tensors of images"):
+        equivtool.compare_models(unnamed, models["tf2_bad_eps"], localize=True)

@@ -443,16 +443,16 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
         step = StepResult.from_comparisons(name, title, compare(expected, actual, tolerance),
                                            seconds=time.perf_counter() - t0, notes=notes if b == 0 else ())
         steps.append(step)
-    nodes, node_values, graph_def = (), (), None
+    nodes, node_values, graph_def, graph_tensors = (), (), None, {}
     with contextlib.ExitStack() as stack:  # the nodes' values live in a folder until the record holds them
         if localize:
             from equivtool.exported._localize import localize_step
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="equivtool-localize-"))
-            steps[0], nodes, node_values, graph_def = localize_step(
+            steps[0], nodes, node_values, graph_def, graph_tensors = localize_step(
                 steps[0], old, new, feeds[0], new_feeds[0], output_names, tolerance, folder,
                 keep_old=save_outputs is not None, release_old=release_old)
         if save_outputs is not None:
-            _save(save_outputs, old, feeds, old_outputs, nodes, node_values, graph_def, provenance)
+            _save(save_outputs, old, feeds, old_outputs, nodes, node_values, graph_def, provenance, graph_tensors)
     report_meta = {
         "command": "compare", "old": old.describe(), "new": new.describe(), "inputs": provenance,
         "batches": len(feeds), "input_shapes": {k: list(np.shape(v)) for k, v in feeds[0].items()},
@@ -480,11 +480,19 @@ def _versions() -> dict:
     return {"tensorflow": tf.__version__, "numpy": np.__version__}
 
 
-def _save(path, old: Side, feeds, outputs, nodes, node_values, graph_def, provenance) -> None:
+def _save(path, old: Side, feeds, outputs, nodes, node_values, graph_def, provenance, graph_tensors=None) -> None:
+    """Write OLD's record; ``graph_tensors`` (``{"inputs"|"outputs": {name: tensor}}``)
+    names the recorded graph's tensor of each signature tensor that OLD's signature
+    leaves unnamed (a TF2 function's), so the record can be localized."""
+    def spec(t, role):
+        found = dict(t.as_dict())
+        found["tensor"] = found["tensor"] or (graph_tensors or {}).get(role, {}).get(t.name, "")
+        return found
     header = {"writer": _recorder.writer_info("equivtool compare --save-outputs"),
               "model": {"path": os.path.abspath(old.path), "kind": old.kind, **{k: v for k, v in old.meta.items()
                                                                                    if k != "path"}},
-              "inputs": [t.as_dict() for t in old.inputs], "outputs": [t.as_dict() for t in old.outputs],
+              "inputs": [spec(t, "inputs") for t in old.inputs],
+              "outputs": [spec(t, "outputs") for t in old.outputs],
               "provenance": provenance, "notes": []}
     header["model"].pop("provenance", None)
     _recorder.write_record(path, header, feeds, outputs, nodes, node_values, graph_def)

@@ -146,6 +146,10 @@ class RecordSide(Side):
     def _intermediates_reason(self) -> Optional[str]:
         if not self.nodes or not self.header.get("graph"):
             return "the record holds no intermediates (record it with --localize or --intermediates)"
+        unnamed = [t.name for t in self.inputs + self.outputs if not t.tensor]
+        if unnamed:
+            return (f"the record does not name the graph tensors of {', '.join(unnamed)} (written by an older "
+                    "equivtool from a TF2 model); record it again with --save-outputs --localize")
         return None
 
     def input_batches(self) -> list:
