@@ -124,8 +124,11 @@ def check_equivalence(
       step_tolerances: per-step overrides, e.g. ``{"gradients": Tolerance(atol=1e-4),
         "optimizer": lambda step: Tolerance(atol=1e-5 * 2 ** step)}``.
       loss_fn: ``loss_fn(outputs, regularization_loss) -> scalar`` built with
-        TensorFlow ops (used on both sides); default: mean of squares of the first
-        output plus the regularization loss.
+        TensorFlow ops (used on both sides); ``regularization_loss`` is a float32
+        scalar tensor on both sides, 0.0 when the model has no regularization
+        losses (never None), so ``outputs_loss + regularization_loss`` always
+        works; default: mean of squares of the first output plus the
+        regularization loss.
       optimizers: ``(make_tf1_optimizer, make_tf2_optimizer)`` factories, e.g.
         ``(lambda: tf.compat.v1.train.AdamOptimizer(1e-3), lambda: tf.keras.optimizers.Adam(1e-3))``.
       train_steps: number of optimizer steps.

@@ -496,3 +496,32 @@ def test_a_record_of_a_tf2_model_names_its_tensors_and_localizes(tmp_path):
     with pytest.raises(ModelLoadError, match=r"--localize: OLD .*unnamed.npz: the record does not name the graph "
                                              r"tensors of images"):
         equivtool.compare_models(unnamed, models["tf2_bad_eps"], localize=True)
+
+
+# --------------------------------------------------------------------------
+# conventions: map_variables with a layer instance, loss_fn's regularization_loss
+# --------------------------------------------------------------------------
+
+def test_map_variables_takes_a_layer_instance_made_before_the_tf1_graph():
+    from tests import checkpoint_models as cm
+    instance = cm.NativeNet()  # made before map_variables builds the tf-slim graph
+    by_instance = equivtool.map_variables(cm.slim_net, instance, cm.images())
+    by_factory = equivtool.map_variables(cm.slim_net, cm.NativeNet, cm.images())
+    assert by_instance.rules == by_factory.rules and len(by_instance.rules) == 8
+    assert {v.name for v in instance.variables}  # the caller's layer itself was built
+
+
+def test_loss_fn_gets_a_zero_scalar_regularization_loss_without_regularizers():
+    import tensorflow as tf
+    from tests import checkpoint_models as cm
+    received = []
+
+    def loss_fn(outputs, regularization_loss):
+        received.append(regularization_loss)
+        return tf.reduce_mean(tf.square(outputs["fc3"])) + regularization_loss  # failed on None
+
+    rename = equivtool.map_variables(cm.two_dense, cm.TwoDense, cm.images())
+    report = equivtool.check_equivalence(cm.two_dense, cm.TwoDense, cm.images(), steps=["gradients"],
+                                         rename=rename, loss_fn=loss_fn)
+    assert report.step("gradients").status == "passed", str(report)
+    assert len(received) >= 2 and all(r is not None and r.shape.rank == 0 for r in received)
