@@ -525,3 +525,103 @@ def test_loss_fn_gets_a_zero_scalar_regularization_loss_without_regularizers():
                                          rename=rename, loss_fn=loss_fn)
     assert report.step("gradients").status == "passed", str(report)
     assert len(received) >= 2 and all(r is not None and r.shape.rank == 0 for r in received)
+
+
+# --------------------------------------------------------------------------
+# composite outputs: ragged and sparse, compared by their parts
+# --------------------------------------------------------------------------
+
+def composites(x, split=1):
+    """A dense, a non-uniform ragged and a sparse output of ``x`` (rows of the ragged
+    one: all values but the last ``split``, then those); ``split`` plants a fault
+    in the row partition alone (the flat values are the same)."""
+    import tensorflow as tf
+    flat = tf.reshape(x, [-1])
+    count = tf.size(flat, out_type=tf.int64)
+    ragged = tf.RaggedTensor.from_row_lengths(flat, tf.stack([count - split, tf.constant(split, tf.int64)]))
+    sparse = tf.sparse.from_dense(tf.where(x > 0.5, x, tf.zeros_like(x)))
+    return {"dense": x * 2.0, "ragged": ragged, "sparse": sparse}
+
+
+def composites_tf1(x, training):
+    return composites(x)
+
+
+def _composite_layer(split=1, pad=False):
+    import tensorflow as tf
+
+    class Composites(tf.keras.layers.Layer):
+        def call(self, x, training=None):
+            outputs = composites(x, split)
+            if pad:  # the same indices and values in a larger dense shape
+                outputs["sparse"] = tf.sparse.reset_shape(outputs["sparse"], tf.shape(x, out_type=tf.int64) + 1)
+            return outputs
+    return Composites
+
+
+COMPOSITE_X = np.array([[0.2, 0.7, 0.9], [0.6, 0.1, 0.8]], np.float32)
+
+
+def test_check_compares_ragged_and_sparse_outputs_by_their_parts():
+    report = equivtool.check_equivalence(composites_tf1, _composite_layer(), COMPOSITE_X, steps=["fixed_weights"])
+    leaves = {leaf.name: leaf for leaf in report.step("fixed_weights").leaves}
+    assert report.passed, str(report)
+    for name in ("ragged/flat_values", "ragged/row_splits_0", "sparse/indices", "sparse/values",
+                 "sparse/dense_shape"):
+        assert leaves[f"end_points/{name}"].compared > 0, sorted(leaves)
+    moved = equivtool.check_equivalence(composites_tf1, _composite_layer(split=2), COMPOSITE_X,
+                                        steps=["fixed_weights"])
+    assert not moved.passed and moved.step("fixed_weights").first_divergence == "end_points/ragged/row_splits_0"
+    padded = equivtool.check_equivalence(composites_tf1, _composite_layer(pad=True), COMPOSITE_X,
+                                         steps=["fixed_weights"])
+    assert not padded.passed and padded.step("fixed_weights").first_divergence == "end_points/sparse/dense_shape"
+
+
+@pytest.fixture(scope="module")
+def composite_models(tmp_path_factory):
+    import tensorflow as tf
+    root = tmp_path_factory.mktemp("composite")
+    paths = {}
+    for name, split in (("tf2", 1), ("tf2_moved", 2)):
+        class Module(tf.Module):
+            @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+            def serve(self, x, split=split):
+                return composites(x, split)
+        module = Module()
+        paths[name] = str(root / name)
+        tf.saved_model.save(module, paths[name], signatures={"serving_default": module.serve})
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default(), v1.Session(graph=graph) as session:
+        x = v1.placeholder(tf.float32, [None, 3], name="x")
+        paths["tf1"] = str(root / "tf1")
+        builder = v1.saved_model.Builder(paths["tf1"])
+        signature = v1.saved_model.predict_signature_def({"x": x}, composites(x))
+        builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={"serving_default": signature})
+        builder.save()
+    return paths
+
+
+def test_compare_two_identical_tf2_models_with_ragged_and_sparse_outputs(composite_models):
+    report = equivtool.compare_models(composite_models["tf2"], composite_models["tf2"], input_shapes="x:2,3")
+    names = [leaf.name for leaf in report.step("outputs").leaves]
+    assert report.passed, str(report)
+    assert names == ["dense", "ragged/flat_values", "ragged/row_splits_0", "sparse/indices", "sparse/values",
+                     "sparse/dense_shape"]
+
+
+def test_compare_a_tf1_model_with_ragged_and_sparse_signature_outputs(composite_models):
+    report = equivtool.compare_models(composite_models["tf1"], composite_models["tf2"], input_shapes="x:2,3")
+    assert report.passed and all(leaf.compared for leaf in report.step("outputs").leaves), str(report)
+    moved = equivtool.compare_models(composite_models["tf1"], composite_models["tf2_moved"], input_shapes="x:2,3")
+    assert not moved.passed and moved.step("outputs").first_divergence == "ragged/row_splits_0"
+
+
+def test_a_record_of_ragged_and_sparse_outputs_replays(composite_models, tmp_path, capsys):
+    record = tmp_path / "composite.npz"
+    code, out, err = compare_cli(composite_models["tf2"], composite_models["tf1"], "--input-shapes", "x:2,3",
+                                 "--save-outputs", record, capsys=capsys)
+    assert code == 0 and record.exists(), out + err
+    code, out, err = compare_cli(record, composite_models["tf2_moved"], capsys=capsys)
+    assert code == 1 and "'ragged/row_splits_0': NOT close" in out, out + err
+    assert equivtool.compare_models(str(record), composite_models["tf1"]).passed

@@ -259,6 +259,33 @@ def parse_pairs(text, argument):
     return result
 
 
+def signature_tensors(graph, name, info):
+    """[(name, tensor)] of one signature output: a dense tensor is itself; a sparse
+    one its indices, values and dense_shape ("NAME/indices" ...); a ragged one its
+    flat values and row partitions ("NAME/flat_values", "NAME/row_splits_0" ...),
+    the names the TF2 side gives the same components."""
+    encoding = info.WhichOneof("encoding")
+    if encoding == "name":
+        return [(name, graph.get_tensor_by_name(info.name))]
+    suffixes = ["indices", "values", "dense_shape"]
+    if encoding == "coo_sparse":
+        sparse = info.coo_sparse
+        tensors = [sparse.indices_tensor_name, sparse.values_tensor_name, sparse.dense_shape_tensor_name]
+        return [(name + "/" + s, graph.get_tensor_by_name(t)) for s, t in zip(suffixes, tensors)]
+    if encoding == "composite_tensor":
+        spec = info.composite_tensor.type_spec
+        field = spec.DESCRIPTOR.fields_by_name["type_spec_class"]
+        kind = field.enum_type.values_by_number[spec.type_spec_class].name
+        components = [c.name for c in info.composite_tensor.components]
+        if kind == "RAGGED_TENSOR_SPEC":
+            suffixes = ["flat_values"] + ["row_splits_%d" % i for i in range(len(components) - 1)]
+        elif kind != "SPARSE_TENSOR_SPEC":
+            raise RecordError("signature output %r is a composite tensor (%s); equivtool compares dense, ragged "
+                              "and sparse outputs" % (name, kind))
+        return [(name + "/" + s, graph.get_tensor_by_name(t)) for s, t in zip(suffixes, components)]
+    raise RecordError("signature output %r has no tensor (encoding %s)" % (name, encoding))
+
+
 def load_model(tf, path, signature, tags, graph_inputs, graph_outputs, config):
     """(graph, session, {name: input tensor}, {name: output tensor}, model meta)."""
     graph = tf.compat.v1.Graph()
@@ -278,7 +305,7 @@ def load_model(tf, path, signature, tags, graph_inputs, graph_outputs, config):
                                   % (signature, ", ".join(sorted(meta_graph.signature_def)) or "none"))
             sig = meta_graph.signature_def[signature]
             inputs = dict((k, graph.get_tensor_by_name(v.name)) for k, v in sorted(sig.inputs.items()))
-            outputs = dict((k, graph.get_tensor_by_name(v.name)) for k, v in sorted(sig.outputs.items()))
+            outputs = dict(pair for k, v in sorted(sig.outputs.items()) for pair in signature_tensors(graph, k, v))
         else:
             meta["kind"] = "frozen-graph"
             graph_def = tf.compat.v1.GraphDef()
