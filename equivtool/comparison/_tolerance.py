@@ -108,6 +108,15 @@ def _key_matches(key: str, name: str) -> Optional[int]:
     return None
 
 
+def unmatched_keys(spec: ToleranceSpec, names: Sequence[str]) -> list:
+    """The keys of a tolerance mapping (``"*"`` aside) that would give no leaf
+    among ``names`` a tolerance (as :func:`resolve_tolerance` matches them):
+    checked before a run, a typo'd key is found before any work."""
+    if not isinstance(spec, Mapping):
+        return []
+    return [key for key in spec if key != "*" and not any(_key_matches(key, n) is not None for n in names)]
+
+
 def _resolve(spec: ToleranceSpec, names: Sequence[str]) -> tuple[Tolerance, Optional[str]]:
     if spec is None:
         return Tolerance(), None

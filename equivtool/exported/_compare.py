@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from equivtool._base.cli_tolerances import tolerance_spec
-from equivtool.comparison import compare
+from equivtool.comparison import compare, unmatched_keys
 from equivtool.exported import _recorder
 from equivtool.exported._load import load_side
 from equivtool.exported._sides import ModelLoadError, Side, load_op_libraries
@@ -260,9 +260,6 @@ def _filter_names(names: Mapping[str, str], old: Side, new: Side, patterns: tupl
     return {k: v for k, v in names.items() if kept(k, patterns)}
 
 
-def _unmatched_tolerance_keys(tolerance: Mapping, names) -> list:
-    from equivtool.comparison._tolerance import _key_matches
-    return [key for key in tolerance if key != "*" and not any(_key_matches(key, n) is not None for n in names)]
 
 
 def _make_inputs(old: Side, new: Side, inputs, data_loader, shapes, ranges, seed, batches):
@@ -409,7 +406,7 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
     renamed = {v: k for k, v in output_names.items()}
     compared = {name for name in [t.name for t in old.outputs] + [renamed.get(t.name, t.name) for t in new.outputs]
                 if not patterns or _kept_name(name, patterns)}
-    unmatched = _unmatched_tolerance_keys(tolerance, sorted(compared))
+    unmatched = unmatched_keys(tolerance, sorted(compared))
     if unmatched and strict_tolerances:
         raise ModelLoadError(f"--strict-tolerances: --atol/--rtol key(s) {', '.join(unmatched)} match no "
                              f"compared output; the outputs are {', '.join(sorted(compared))}")
