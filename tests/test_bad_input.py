@@ -589,7 +589,9 @@ def composite_models(tmp_path_factory):
                 return composites(x, split)
         module = Module()
         paths[name] = str(root / name)
-        tf.saved_model.save(module, paths[name], signatures={"serving_default": module.serve})
+        # a second signature name for the same function: --old-signature/--new-signature pick one per side
+        tf.saved_model.save(module, paths[name], signatures={"serving_default": module.serve,
+                                                             "composites": module.serve})
     v1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default(), v1.Session(graph=graph) as session:
@@ -598,6 +600,7 @@ def composite_models(tmp_path_factory):
         builder = v1.saved_model.Builder(paths["tf1"])
         signature = v1.saved_model.predict_signature_def({"x": x}, composites(x))
         builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={"serving_default": signature})
+        builder.add_meta_graph(["exported", "tf1"], signature_def_map={"serving_default": signature})
         builder.save()
     return paths
 
@@ -625,3 +628,25 @@ def test_a_record_of_ragged_and_sparse_outputs_replays(composite_models, tmp_pat
     code, out, err = compare_cli(record, composite_models["tf2_moved"], capsys=capsys)
     assert code == 1 and "'ragged/row_splits_0': NOT close" in out, out + err
     assert equivtool.compare_models(str(record), composite_models["tf1"]).passed
+
+
+SIDE_OPTIONS = [
+    ("each side its signature", ["--new-signature", "composites"], 0, "Verdict: EQUIVALENT"),
+    ("each side its tags", ["--old-tags", "exported,tf1"], 0, "Verdict: EQUIVALENT"),
+    ("--signature sets both sides", ["--signature", "composites"], 2,
+     "--signature: {tf1} has no signature 'composites'"),
+    ("--tags sets both sides", ["--tags", "exported,tf1"], 2, "--tags: {tf2} has no MetaGraph tagged 'exported,tf1'"),
+    ("--old-signature is named in its error", ["--old-signature", "composites"], 2,
+     "--old-signature: {tf1} has no signature 'composites'"),
+    ("--new-tags is named in its error", ["--new-tags", "exported"], 2, "--new-tags: {tf2} has no MetaGraph"),
+]
+
+
+@pytest.mark.parametrize("case", SIDE_OPTIONS, ids=[c[0] for c in SIDE_OPTIONS])
+def test_signature_and_tags_per_side(composite_models, case, capsys):
+    _, options, expected_code, words = case
+    words = words.format(**composite_models)
+    code, out, err = compare_cli(composite_models["tf1"], composite_models["tf2"], "--input-shapes", "x:2,3",
+                                 *options, capsys=capsys)
+    assert code == expected_code, out + err
+    assert words in (out if code != 2 else err), out + err

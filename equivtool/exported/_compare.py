@@ -371,11 +371,19 @@ def compare_models(
     owned = []
     try:
         sides = []
-        for side, side_signature, side_tags in ((old, old_signature, old_tags), (new, new_signature, new_tags)):
+        for which, side, side_signature, side_tags in (("old", old, old_signature, old_tags),
+                                                      ("new", new, new_signature, new_tags)):
             if not isinstance(side, Side):
-                side = load_side(side, signature=signature if side_signature is None else side_signature,
-                                 tags=tags if side_tags is None else side_tags, graph_inputs=graph_in,
-                                 graph_outputs=graph_out, graph_rewrites=graph_rewrites)
+                try:
+                    side = load_side(side, signature=signature if side_signature is None else side_signature,
+                                     tags=tags if side_tags is None else side_tags, graph_inputs=graph_in,
+                                     graph_outputs=graph_out, graph_rewrites=graph_rewrites)
+                except ModelLoadError as exc:  # name the option that chose this side's signature or tags
+                    text = str(exc)
+                    for option, own in (("signature", side_signature), ("tags", side_tags)):
+                        if own is not None and text.startswith(f"--{option}:"):
+                            text = f"--{which}-{option}:" + text[len(option) + 3:]
+                    raise ModelLoadError(text) from None
                 owned.append(side)
             sides.append(side)
         old_side, new_side = sides
