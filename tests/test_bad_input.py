@@ -650,3 +650,14 @@ def test_signature_and_tags_per_side(composite_models, case, capsys):
                                  *options, capsys=capsys)
     assert code == expected_code, out + err
     assert words in (out if code != 2 else err), out + err
+
+
+def test_the_recorder_script_refuses_the_same_ranges():
+    """record-script runs alone in an old environment: its generator refuses what compare refuses."""
+    bool_spec, half_spec = {"name": "b", "dtype": "bool", "shape": [3]}, {"name": "h", "dtype": "float16", "shape": [3]}
+    with pytest.raises(_recorder.RecordError, match="a bool input takes no range"):
+        _recorder.generate_inputs([bool_spec], ranges={"b": (0, 1)})
+    with pytest.raises(_recorder.RecordError, match="float16 holds at most 65504"):
+        _recorder.generate_inputs([half_spec], ranges={"h": (0, 1e5)})
+    batches, _ = _recorder.generate_inputs([bool_spec, {**half_spec, "shape": [4000]}], ranges={"h": (0, 1)})
+    assert batches[0]["b"].dtype == bool and batches[0]["h"].max() < 1  # HI excluded after rounding to float16

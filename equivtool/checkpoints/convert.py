@@ -119,7 +119,8 @@ def _output_files(output: str) -> list:
 
 def check_output(output, overwrite: bool) -> str:
     """``output`` as an absolute prefix, refused (``ValueError``) when it exists
-    (unless ``overwrite``), is a symlink, or its folder does not exist."""
+    (unless ``overwrite``), is a symlink, or its nearest existing folder is not a
+    folder or not writable (missing folders are created on writing)."""
     if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
         raise TypeError(f"output: expected the prefix of the checkpoint to write (str or os.PathLike), "
                         f"got {output!r}")

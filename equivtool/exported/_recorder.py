@@ -94,6 +94,11 @@ def generate_inputs(specs, shapes=None, ranges=None, seed=0, batches=1):
             if dtype is None or dtype.kind not in "fiub":
                 raise RecordError("input %r: cannot generate values of dtype %s; give inputs with --inputs FILE.npz"
                                   % (name, spec["dtype"]))
+            if dtype.kind == "b" and name in ranges:
+                raise RecordError("--val-range %s:%s,%s: a bool input takes no range" % (name, lo, hi))
+            if dtype.kind == "f" and max(abs(lo), abs(hi)) > float(np.finfo(dtype).max):
+                raise RecordError("--val-range %s:%s,%s: %s holds at most %g in magnitude"
+                                  % (name, lo, hi, dtype, float(np.finfo(dtype).max)))
             if dtype.kind == "f":  # HI excluded, also where rounding to dtype would reach it
                 value = rng.uniform(lo, hi, size=shape).astype(dtype)
                 value = np.minimum(value, np.nextafter(dtype.type(hi), dtype.type(lo)))
