@@ -480,7 +480,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--inputs", default=None, metavar="FILE.npz",
                        help="inputs from np.savez: keys arr_0..arr_N give a list, other keys a dict")
     check.add_argument("--input", action="append", default=None, metavar="NAME:SHAPE:DTYPE[:LO,HI]",
-                       help="one generated input of a dict (repeatable), e.g. input_ids:2,128:int32:0,30522")
+                       help="one generated input of a dict (repeatable), e.g. input_ids:2,128:int32:0,30521: "
+                            "integers from [LO, HI] (HI included, default 0,1), floats from [LO, HI) (HI "
+                            "excluded; without a range standard normal), bool takes no range; a range the "
+                            "dtype cannot hold is refused (as compare --val-range)")
     check.add_argument("--outputs", action="append", default=None, metavar="PATTERNS",
                        help="compare only these output leaves: comma-separated patterns, '!' excludes "
                             "(e.g. '!*/depthwise_output'); repeatable")

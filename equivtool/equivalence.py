@@ -125,10 +125,12 @@ def check_equivalence(
       step_tolerances: per-step overrides, e.g. ``{"gradients": Tolerance(atol=1e-4),
         "optimizer": lambda step: Tolerance(atol=1e-5 * 2 ** step)}``.
       loss_fn: ``loss_fn(outputs, regularization_loss) -> scalar`` built with
-        TensorFlow ops (used on both sides; ``regularization_loss`` is the total
-        regularization loss). Default: mean of squares of the primary output plus
-        the regularization loss, where the primary output is the output itself;
-        of a tuple or list its first element (slim's ``(logits, end_points)``); of
+        TensorFlow ops (used on both sides); ``regularization_loss`` is a float32
+        scalar tensor on both sides, 0.0 when the model has no regularization
+        losses (never None), so ``outputs_loss + regularization_loss`` always
+        works. Default: mean of squares of the primary output plus the
+        regularization loss, where the primary output is the output itself; of
+        a tuple or list its first element (slim's ``(logits, end_points)``); of
         a dict its last entry (end points in forward order: the head), applied
         until a tensor is reached. The gradients step's report names it, and
         lists trainable variables the loss reaches on neither side.

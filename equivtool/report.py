@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 import traceback as _traceback
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -471,7 +472,7 @@ class EquivalenceReport:
         return "\n".join(_render.text_table(header, rows, "<<>>", free_last=True))
 
     def _meta_items(self) -> list:
-        return [f"{k}: {_shorten(_fmt_meta_value(v), 80)}" for k, v in self.meta.items()
+        return [f"{k}: {_fmt_meta_value(v)}" for k, v in self.meta.items()
                 if k not in ("platform", _UNMATCHED)]  # lines of their own (see __str__)
 
     def platform_lines(self) -> list:
@@ -513,9 +514,18 @@ class EquivalenceReport:
                 f"(a typo?): {', '.join(map(str, keys))}")
 
     def meta_lines(self, width: int = 100) -> list:
-        """The metadata as ``key: value`` items, packed into indented lines of at most ``width``."""
+        """The metadata as ``key: value`` items, packed into indented lines of at most
+        ``width``; an item longer than a line is wrapped, never cut (the end of a
+        value, such as a caveat, is often what matters)."""
         lines, current = [], ""
         for item in self._meta_items():
+            if len(item) > width - 2:
+                if current:
+                    lines.append("  " + current)
+                    current = ""
+                lines += ["  " + line for line in textwrap.wrap(item, width - 2, subsequent_indent="    ",
+                                                                break_on_hyphens=False)]
+                continue
             if current and len(current) + 2 + len(item) > width - 2:
                 lines.append("  " + current)
                 current = item
@@ -536,6 +546,10 @@ class EquivalenceReport:
             parts.append(self.tolerance_warning())
         for section in _step_sections(self.steps):
             parts += ["", section]
+        quiet = [(s.name, note) for s in self.steps if not (s.failed or s.inconclusive or s.status == "error")
+                 for note in s.notes]
+        if quiet:  # the notes of passed and skipped steps (a failed step's are in its section)
+            parts += ["", "Notes:"] + [f"  {name}: {note}" for name, note in quiet]
         return "\n".join(parts)
 
     def raise_for_failure(self) -> "EquivalenceReport":

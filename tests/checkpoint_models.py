@@ -168,3 +168,20 @@ EMBEDDING_RENAME = [(r"^emb(?:_\d+)?/embedding(?:_\d+)?/embeddings$", "emb/table
 
 def keras_adagrad():
     return tf.keras.optimizers.Adagrad(0.1, epsilon=0.0)
+
+
+def rewrite_checkpoint(path, out, **changes):
+    """A copy of the checkpoint at ``path`` with some values changed (or removed: None)."""
+    reader = tf.train.load_checkpoint(path)
+    graph = tf.Graph()
+    with graph.as_default():
+        variables = []
+        for name in reader.get_variable_to_shape_map():
+            if name in changes and changes[name] is None:
+                continue
+            value = changes.get(name, reader.get_tensor(name))
+            variables.append(v1.Variable(np.asarray(value, reader.get_variable_to_dtype_map()[name].as_numpy_dtype),
+                                         name=name))
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            return v1.train.Saver(variables).save(session, out)

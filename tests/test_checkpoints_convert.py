@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from equivtool.checkpoints.mapping import VariableMapping
 from tests import checkpoint_models as cm
+from tests.checkpoint_models import rewrite_checkpoint as _rewrite
 
 v1 = tf.compat.v1
 
@@ -110,23 +111,6 @@ def test_partitioned_table_and_its_slots_are_stitched(tmp_path):
     assert np.count_nonzero(m.numpy().any(axis=1)) < cm.VOCAB  # sparse: only looked-up rows moved
 
 
-def _rewrite(path, out, **changes):
-    """A copy of the checkpoint at ``path`` with some values changed (or removed: None)."""
-    reader = tf.train.load_checkpoint(path)
-    graph = tf.Graph()
-    with graph.as_default():
-        variables = []
-        for name in reader.get_variable_to_shape_map():
-            if name in changes and changes[name] is None:
-                continue
-            value = changes.get(name, reader.get_tensor(name))
-            variables.append(v1.Variable(np.asarray(value, reader.get_variable_to_dtype_map()[name].as_numpy_dtype),
-                                         name=name))
-        with v1.Session() as session:
-            session.run(v1.global_variables_initializer())
-            return v1.train.Saver(variables).save(session, out)
-
-
 def _refused(match, tmp_path, *args, **kwargs):
     before = sorted(os.listdir(tmp_path))
     with pytest.raises((ValueError, TypeError), match=match):
@@ -159,8 +143,9 @@ def test_every_bad_input_is_named_and_nothing_is_written(adam_ckpt, mapping, tmp
     _refused("tf2_layer: expected a zero-argument factory", tmp_path, adam_ckpt, 5, cm.images(), out)
     _refused(r"tf2_layer: .*a layer instance would have its weights replaced", tmp_path, adam_ckpt, cm.NativeNet(),
              cm.images(), out)
-    _refused("output: folder .* does not exist", tmp_path, adam_ckpt, cm.NativeNet, cm.images(),
-             tmp_path / "no" / "x")
+    (tmp_path / "file").write_text("")
+    _refused("output: .*file' is not a folder", tmp_path, adam_ckpt, cm.NativeNet, cm.images(),
+             tmp_path / "file" / "x")
 
 
 def test_beta_powers_that_disagree_with_global_step_are_refused(adam_ckpt, mapping, tmp_path):

@@ -21,7 +21,7 @@ def test_input_specs_give_a_dict_with_integer_ranges():
     inputs, described = cli_inputs(None, None, ["ids:2,5:int32:3,7", "mask:2,5:bool", "x:3:float16:-1,1"], 0, 100)
     assert set(inputs) == {"ids", "mask", "x"}
     assert inputs["ids"].dtype == np.int32 and inputs["ids"].shape == (2, 5)
-    assert inputs["ids"].min() >= 3 and inputs["ids"].max() < 7
+    assert inputs["ids"].min() >= 3 and inputs["ids"].max() <= 7  # integers: HI included
     assert inputs["mask"].dtype == bool and inputs["x"].dtype == np.float16 and np.abs(inputs["x"]).max() <= 1
     assert "ids[2, 5] int32" in described
 
@@ -30,7 +30,7 @@ def test_input_specs_give_a_dict_with_integer_ranges():
     ("ids:2,5", "--input: expected NAME:SHAPE:DTYPE"),
     ("ids:2,x:int32", "SHAPE must be comma-separated positive integers"),
     ("ids:2,5:str", "DTYPE must be a float, integer or bool dtype"),
-    ("ids:2,5:int32:5,1", "LO,HI must be two numbers with LO < HI"),
+    ("ids:2,5:int32:5,1", "LO,HI must be two numbers with LO <= HI"),
     ("ids:2,5:int32:0.5,3", "integer DTYPE needs integer LO,HI"),
     ("ids:1000,1000:int32", "at most 100 per input"),
 ])
@@ -63,7 +63,7 @@ def test_npz_numbered_keys_give_a_list_other_keys_a_dict(tmp_path):
 
 
 def test_check_a_dict_of_int32_inputs_from_the_command_line(capsys):
-    code = cli.main(ENCODER + ["--input", "input_ids:2,5:int32:0,11", "--input", "input_mask:2,5:int32:1,2",
+    code = cli.main(ENCODER + ["--input", "input_ids:2,5:int32:0,11", "--input", "input_mask:2,5:int32:1,1",
                                "--steps", "fixed_weights"])
     out = capsys.readouterr().out
     assert code == cli.EXIT_OK, out

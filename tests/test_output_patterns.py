@@ -64,6 +64,11 @@ def test_an_include_pattern_that_matches_nothing_compares_nothing_and_is_not_a_p
     assert not any(n.startswith("end_points") for n in names)
     # only the regularization loss (0 on both sides, below atol) is left: inconclusive
     assert step.status == "inconclusive" and not report.passed
+    # and the report names the pattern that selected nothing (issue 34), in the text too
+    assert any("outputs: pattern 'end_points/none*' matches no output leaf" in n for n in step.notes)
+    assert "pattern 'end_points/none*' matches no output leaf" in str(report)
+    matched = equivtool.check_equivalence(scan_net, ScanShim, X, outputs=["end_points/*"], **FORWARD)
+    assert not any("matches no output leaf" in n for s in matched.steps for n in s.notes)
 
 
 @pytest.mark.parametrize("bad, error, words", [

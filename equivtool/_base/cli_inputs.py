@@ -9,10 +9,15 @@ Exactly one of:
     a, b)`` writes them) give a list in that order, ``arr_0`` alone gives that
     array, other keys give a dict (``np.savez(path, input_ids=..., mask=...)``).
 ``--input NAME:SHAPE:DTYPE[:LO,HI]`` (repeatable)
-    a dict of generated arrays: ``input_ids:2,128:int32:0,30522`` draws
-    integers uniformly from ``[LO, HI)`` (default ``[0, 2)``), a float dtype
+    a dict of generated arrays: ``input_ids:2,128:int32:0,30521`` draws
+    integers uniformly from ``[LO, HI]`` (default ``[0, 1]``), a float dtype
     draws uniformly from ``[LO, HI)`` or, without a range, standard normal;
-    ``bool`` draws True/False.
+    ``bool`` draws True/False and takes no range.
+
+One rule for range ends, here and in ``equivtool compare --val-range``
+(:func:`check_range`): integers include HI, floats exclude it; a range the
+dtype cannot hold (int8 ``0,1000``, uint8 ``-5,5``, float16 ``0,1e5``) or
+that is not finite is refused, never wrapped or overflowed.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import re
 import numpy as np
 
 _SPEC = re.compile(r"^(?P<name>[^:]+):(?P<shape>[^:]+):(?P<dtype>[^:]+)(?::(?P<range>[^:]+))?$")
-_FORM = "NAME:SHAPE:DTYPE[:LO,HI], e.g. input_ids:2,128:int32:0,30522 or x:2,8:float32"
+_FORM = "NAME:SHAPE:DTYPE[:LO,HI], e.g. input_ids:2,128:int32:0,30521 or x:2,8:float32"
+RANGE_RULE = "integers are drawn from [LO, HI] (HI included), floats from [LO, HI) (HI excluded)"
 _ARRAY_KEY = re.compile(r"^arr_(\d+)$")
 
 
@@ -52,18 +58,51 @@ def _dtype(text: str, option: str) -> np.dtype:
     return dtype
 
 
+def check_range(dtype: np.dtype, low: float, high: float, option: str) -> None:
+    """Refuse (:class:`InputError`, naming ``option``) a range ``dtype`` cannot
+    draw from under the one rule (:data:`RANGE_RULE`): not finite, empty, an
+    integer range with fractional ends or outside the dtype's limits, a float
+    range beyond the dtype's largest value, or any range for ``bool``."""
+    text = f"{low},{high}" if dtype.kind in "iu" else f"{low:g},{high:g}"
+    if dtype.kind == "b":
+        raise InputError(f"{option}: a bool input takes no LO,HI range (it draws False and True), got {text}")
+    if not (np.isfinite(low) and np.isfinite(high)):
+        raise InputError(f"{option}: LO,HI must be finite numbers, got {text}")
+    if dtype.kind in "iu":
+        if low != int(low) or high != int(high):
+            raise InputError(f"{option}: an integer DTYPE needs integer LO,HI, got {text}")
+        if not low <= high:
+            raise InputError(f"{option}: LO,HI must be two numbers with LO <= HI (HI included for integers), "
+                             f"got {text}")
+        info = np.iinfo(dtype)
+        if low < info.min or high > info.max:
+            raise InputError(f"{option}: {dtype.name} holds {info.min}..{info.max}; LO,HI {text} "
+                             "is outside it (values would wrap)")
+        return
+    if not low < high:
+        raise InputError(f"{option}: LO,HI must be two numbers with LO < HI (HI excluded for floats), got {text}")
+    largest = float(np.finfo(dtype).max)
+    if max(abs(low), abs(high)) > largest or not np.isfinite(high - low):
+        raise InputError(f"{option}: {dtype.name} holds at most {largest:g} in magnitude (and HI - LO must be "
+                         f"finite); LO,HI {text} would overflow to inf")
+
+
 def _range(text: str | None, dtype: np.dtype, option: str) -> tuple | None:
     if text is None:
         return None
     parts = text.split(",")
+    def number(part):  # integers exactly (int64's limits are not floats)
+        try:
+            return int(part) if dtype.kind in "iu" else float(part)
+        except ValueError:
+            return float(part)
     try:
-        low, high = (float(p) for p in parts) if len(parts) == 2 else (None, None)
+        low, high = (number(p) for p in parts) if len(parts) == 2 else (None, None)
     except ValueError:
         low = high = None
-    if low is None or not low < high:
-        raise InputError(f"{option}: LO,HI must be two numbers with LO < HI, like 0,100, got {text!r}")
-    if dtype.kind in "iu" and (low != int(low) or high != int(high)):
-        raise InputError(f"{option}: an integer DTYPE needs integer LO,HI, got {text!r}")
+    if low is None:
+        raise InputError(f"{option}: LO,HI must be two numbers like 0,100, got {text!r}")
+    check_range(dtype, low, high, option)
     return low, high
 
 
@@ -86,11 +125,15 @@ def generate(spec: tuple, rng: np.random.RandomState) -> np.ndarray:
     if dtype.kind == "b":
         return rng.randint(0, 2, size=shape).astype(bool)
     if dtype.kind in "iu":
-        low, high = (0, 2) if bounds is None else (int(bounds[0]), int(bounds[1]))
-        return rng.randint(low, high, size=shape, dtype=np.int64).astype(dtype)
+        low, high = (0, 1) if bounds is None else (int(bounds[0]), int(bounds[1]))
+        if high + 1 > np.iinfo(np.int64).max:  # beyond int64: drawn in the dtype itself
+            return rng.randint(low, high + 1, size=shape, dtype=dtype)
+        return rng.randint(low, high + 1, size=shape, dtype=np.int64).astype(dtype)
     if bounds is None:
         return rng.standard_normal(shape).astype(dtype)
-    return rng.uniform(bounds[0], bounds[1], size=shape).astype(dtype)
+    value = rng.uniform(bounds[0], bounds[1], size=shape).astype(dtype)
+    # rounding to a narrow dtype may reach HI (float16: 0.99995 -> 1.0); HI stays excluded
+    return np.minimum(value, np.nextafter(dtype.type(bounds[1]), dtype.type(bounds[0])))
 
 
 def load_npz(path: str):

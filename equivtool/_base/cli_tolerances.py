@@ -30,14 +30,16 @@ def tolerance_spec(atol, rtol) -> dict:
                 name, _, number = str(text).rpartition(":")
                 items.append((name or "*", number))
         result = {}
-        for name, number in items:
+        for name, text in items:
+            where = name + ":" if name != "*" else ""
             try:
-                number = float(number)
+                number = float(text)
             except (TypeError, ValueError):
-                number = float("nan")
+                raise ValueError(f"{argument}: not a number: {str(text)!r}" + (f" (in {where}{text})" if where
+                                 else "") + "; expected [OUTPUT:]VALUE with VALUE a finite number >= 0") from None
             if not np.isfinite(number) or number < 0:
                 raise ValueError(f"{argument}: expected [OUTPUT:]VALUE with VALUE a finite number >= 0, "
-                                     f"got {name + ':' if name != '*' else ''}{number}")
+                                 f"got {where}{number}")
             result[name] = number
         return result
 

@@ -9,7 +9,7 @@ recognised by their ``numpy()`` method), so the NumPy-only comparison can use it
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -78,11 +78,48 @@ def sparse_paths(structure, path: tuple = ()) -> list:
     return []
 
 
+def composite_parts(value: Any) -> Optional[dict]:
+    """The component arrays of a ragged or sparse value, as a dict compared leaf by
+    leaf (``None`` for anything else): ``tf.RaggedTensor`` / ``RaggedTensorValue``
+    -> ``flat_values``, ``row_splits_0`` ... (outermost partition first);
+    ``tf.SparseTensor`` / ``SparseTensorValue`` -> ``indices``, ``values``,
+    ``dense_shape``. Both sides give the same keys, so values, row partitions,
+    indices and dense shape are each compared (the names match
+    :func:`equivtool.exported._sides.component_names`)."""
+    name = type(value).__name__
+    if name in ("RaggedTensor", "RaggedTensorValue") and hasattr(value, "nested_row_splits"):
+        parts = {"flat_values": _array(value.flat_values)}
+        parts.update((f"row_splits_{i}", _array(s)) for i, s in enumerate(value.nested_row_splits))
+        return parts
+    if name in ("SparseTensor", "SparseTensorValue") and all(
+            hasattr(value, field) for field in ("indices", "values", "dense_shape")):
+        return {"indices": _array(value.indices), "values": _array(value.values),
+                "dense_shape": _array(value.dense_shape)}
+    return None
+
+
+def expand_composites(structure):
+    """``structure`` with each ragged or sparse value replaced by its parts
+    (:func:`composite_parts`), everything else left as it is (a session's results)."""
+    parts = composite_parts(structure)
+    if parts is not None:
+        return parts
+    if isinstance(structure, Mapping):
+        return _rebuild_mapping(structure, [(k, expand_composites(v)) for k, v in structure.items()])
+    if isinstance(structure, (list, tuple)) and not is_sparse(structure):
+        return _rebuild_sequence(structure, [expand_composites(v) for v in structure])
+    return structure
+
+
 def to_numpy(structure):
     """Tensors (eager) to NumPy, keeping dict insertion order and containers;
-    sparse gradients (``tf.IndexedSlices``, ``IndexedSlicesValue``) become dense arrays."""
+    sparse gradients (``tf.IndexedSlices``, ``IndexedSlicesValue``) become dense arrays;
+    ragged and sparse tensors their components (:func:`composite_parts`)."""
     if is_sparse(structure):
         return dense_gradient(structure)[0]
+    parts = composite_parts(structure)
+    if parts is not None:
+        return parts
     if isinstance(structure, Mapping):
         return _rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
     if isinstance(structure, (list, tuple)):

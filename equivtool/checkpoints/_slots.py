@@ -185,7 +185,14 @@ def iterations_from_betas(beta1_power: float, beta2_power: float, beta_1: float,
     which disagree."""
     found = {}
     for name, power, beta in (("beta1_power", beta1_power, beta_1), ("beta2_power", beta2_power, beta_2)):
-        got = _steps_from_power(float(power), float(beta))
+        power = np.asarray(power)
+        if power.size != 1:
+            raise ValueError(f"tf1_checkpoint: {name} has shape {list(power.shape)}; expected a scalar")
+        power = float(power.reshape(()))
+        if not (math.isfinite(power) and 0 <= power <= 1):
+            raise ValueError(f"tf1_checkpoint: {name} = {power:.9g}; Adam's beta power is beta ** (step + 1), "
+                             "a number in [0, 1]: the checkpoint holds another value")
+        got = _steps_from_power(power, float(beta))
         if got is None:
             continue
         t, exact = got

@@ -70,6 +70,43 @@ class Conversion:
         return "\n".join(lines)
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class _Reader:
+    """A checkpoint reader whose read errors (a data file missing, truncated, or
+    failing its checksum) are one-line ``ValueError``s naming the key."""
+
+    def __init__(self, reader, path: str):
+        self._reader, self._path = reader, path
+
+    def get_variable_to_shape_map(self):
+        return self._reader.get_variable_to_shape_map()
+
+    def get_variable_to_dtype_map(self):
+        return self._reader.get_variable_to_dtype_map()
+
+    def get_tensor(self, key: str) -> np.ndarray:
+        try:
+            return self._reader.get_tensor(key)
+        except (tf.errors.OpError, ValueError, IndexError) as exc:  # IndexError: a data file cut short
+            raise ValueError(f"tf1_checkpoint: {self._path!r}: {key!r} cannot be read (a data file missing, "
+                             f"truncated or corrupt?): {_one_line(exc)}") from None
+
+
+def _scalar(name: str, value) -> np.ndarray:
+    """A checkpoint scalar (global_step, a beta power), refused naming the key
+    when it is a vector or not finite."""
+    value = np.asarray(value)
+    if value.size != 1 or value.ndim > 1:
+        raise ValueError(f"tf1_checkpoint: {name} has shape {list(value.shape)}; expected a scalar")
+    if value.dtype.kind in "fc" and not np.isfinite(value).all():
+        raise ValueError(f"tf1_checkpoint: {name} = {value.reshape(()).item()}; expected a finite number")
+    return value.reshape(())
+
+
 def checkpoint_path(value, argument: str = "tf1_checkpoint") -> str:
     """The checkpoint prefix ``value`` names (a folder: its latest checkpoint),
     or ``ValueError`` saying what was expected."""
@@ -95,7 +132,8 @@ def _output_files(output: str) -> list:
 
 def check_output(output, overwrite: bool) -> str:
     """``output`` as an absolute prefix, refused (``ValueError``) when it exists
-    (unless ``overwrite``), is a symlink, or its folder does not exist."""
+    (unless ``overwrite``), is a symlink, or its nearest existing folder is not a
+    folder or not writable (missing folders are created on writing)."""
     if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
         raise TypeError(f"output: expected the prefix of the checkpoint to write (str or os.PathLike), "
                         f"got {output!r}")
@@ -103,8 +141,13 @@ def check_output(output, overwrite: bool) -> str:
         raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
     path = os.path.abspath(os.fspath(output))
     folder = os.path.dirname(path)
-    if not os.path.isdir(folder):
-        raise ValueError(f"output: folder {folder!r} does not exist")
+    existing_folder = folder  # a missing folder is created on writing, as tf.train.Checkpoint.write does
+    while not os.path.lexists(existing_folder):
+        existing_folder = os.path.dirname(existing_folder)
+    if not os.path.isdir(existing_folder):
+        raise ValueError(f"output: {existing_folder!r} is not a folder; expected a checkpoint prefix in a folder")
+    if not os.access(existing_folder, os.W_OK | os.X_OK):
+        raise ValueError(f"output: folder {existing_folder!r} is not writable; choose another OUTPUT")
     if os.path.isdir(path):
         raise ValueError(f"output: {path!r} is a folder; expected a checkpoint prefix such as {path}/model")
     existing = _output_files(path)
@@ -183,9 +226,9 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
         raise TypeError(f"optimizer: expected a tf-keras optimizer or a zero-argument factory, "
                         f"got {type(optimizer).__name__}")
     try:
-        reader = tf.train.load_checkpoint(path)
+        reader = _Reader(tf.train.load_checkpoint(path), path)
     except (tf.errors.OpError, ValueError) as exc:
-        raise ValueError(f"tf1_checkpoint: {path!r} cannot be read: {exc}") from None
+        raise ValueError(f"tf1_checkpoint: {path!r} cannot be read: {_one_line(exc)}") from None
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     if "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes:
         raise ValueError(f"tf1_checkpoint: {path!r} is a TF2 object-based checkpoint; expected a TF1 "
@@ -221,7 +264,7 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
         if parent in used or parent in keys.values():
             slot_suffixes.setdefault(parent, []).append(suffix)
         elif key in ("global_step", "beta1_power", "beta2_power"):
-            non_slot[key] = reader.get_tensor(key)
+            non_slot[key] = _scalar(key, reader.get_tensor(key))
         else:
             unmatched.append(key)
     problems += [f"TF1 variable {key!r} has no TF2 counterpart" for key in unmatched]
@@ -262,6 +305,10 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
                     slot_problems.append(f"the tf-keras {kind} has no slot {keras_slot!r} for {name!r}")
                     continue
                 value = reader.get_tensor(source)
+                if tuple(value.shape) != tuple(target.shape.as_list()):
+                    slot_problems.append(f"slot {source!r} has shape {list(value.shape)} in the checkpoint; "
+                                         f"tf-keras {keras_slot!r} of {name!r} has {target.shape.as_list()}")
+                    continue
                 if transform == "times_minus_lr":
                     value = -lr * value
                 slots.append((target, source, transform))
@@ -297,12 +344,19 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
                      + ", ".join(shown))
         if global_step is not None and family != "Adam":
             notes.append(f"iterations = global_step = {global_step}")
-    for variable, value in assignments:
+    values = [(variable, reader.get_tensor(key)) for variable, key in model]  # every read before any assign
+    for variable, value in assignments + values:
         variable.assign(value)
-    for variable, key in model:
-        variable.assign(reader.get_tensor(key))
-    written = _write_atomically(
-        tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {})), out)
+    checkpoint = tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {}))
+    # tf.train.Checkpoint.restore creates save_counter; written here (0), the
+    # idiomatic restore(prefix).assert_consumed() finds it in the file.
+    checkpoint.save_counter  # noqa: B018 - the property creates the variable
+    made = _make_folders(os.path.dirname(out))
+    try:
+        written = _write_atomically(checkpoint, out)
+    except BaseException:
+        _remove_folders(made)
+        raise
     conversion = Conversion(
         written, tuple((strip_output_index(v.name), k) for v, k in model),
         tuple((strip_output_index(t.name), s, how) for t, s, how in slots), tuple(left_out), iterations,
@@ -425,6 +479,31 @@ def _write_atomically(checkpoint, output: str) -> str:
     return output
 
 
+def _make_folders(folder: str) -> list:
+    """Create ``folder`` and its missing parents (as ``tf.train.Checkpoint.write``
+    does); returns those created, outermost first, for :func:`_remove_folders`."""
+    made, missing = [], folder
+    while not os.path.isdir(missing):
+        made.insert(0, missing)
+        missing = os.path.dirname(missing)
+    try:
+        for new_folder in made:
+            os.mkdir(new_folder)
+    except OSError as exc:
+        _remove_folders(made)
+        raise ValueError(f"output: cannot create folder {folder!r}: {_one_line(exc)}") from None
+    return made
+
+
+def _remove_folders(made: list) -> None:
+    """Remove the folders a failed write created (innermost first), if empty."""
+    for created in reversed(made):
+        try:
+            os.rmdir(created)
+        except OSError:
+            pass
+
+
 def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, inputs: Any,
                        output: str | os.PathLike, *, rename=None, optimizer=None,
                        overwrite: bool = False) -> str:
@@ -437,7 +516,8 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
         :func:`equivtool.check_equivalence`); it is called once on ``inputs``
         to create its variables.
       inputs: a NumPy array (or nested structure) to build the layer with.
-      output: the prefix to write (its folder must exist).
+      output: the prefix to write (missing folders are created, as
+        ``tf.train.Checkpoint.write`` does).
       rename: rules mapping each TF2 variable name to its TF1 name, or a
         :class:`~equivtool.VariableMapping` from :func:`equivtool.map_variables`.
       optimizer: a tf-keras optimizer (``Adam``, ``SGD``, ``RMSprop``,
@@ -448,7 +528,9 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
       overwrite: replace a checkpoint at ``output``.
 
     Returns the prefix written; restore it with
-    ``tf.train.Checkpoint(model=layer, optimizer=optimizer).read(prefix)``.
+    ``tf.train.Checkpoint(model=layer, optimizer=optimizer).restore(prefix)``
+    (``.assert_consumed()`` holds: the checkpoint has a ``save_counter``, 0)
+    or ``.read(prefix)``.
 
     Every problem is named before anything is written (``ValueError``): a
     path that is not a checkpoint, TF1 or TF2 variables without a

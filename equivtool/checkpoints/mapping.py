@@ -301,7 +301,7 @@ def tf1_graph_variables(tf1_fn: Callable, inputs, training: bool = False) -> Var
 
 def make_layer(tf2_layer: Any, argument: str = "tf2_layer"):
     """``tf2_layer()`` when it is a factory, else the layer itself."""
-    if isinstance(tf2_layer, tf.Module) or hasattr(tf2_layer, "variables") and not isinstance(tf2_layer, type):
+    if not _is_factory(tf2_layer):
         return tf2_layer
     if not callable(tf2_layer):
         raise TypeError(f"{argument}: expected a zero-argument factory returning a Keras layer or tf.Module, "
@@ -325,7 +325,9 @@ def map_variables(tf1_fn: Callable, tf2_layer: Any, inputs, *, training: bool = 
     Args:
       tf1_fn: ``tf1_fn(inputs, training)`` building the TF1 forward pass, as
         for :func:`equivtool.check_equivalence`.
-      tf2_layer: a zero-argument factory returning the TF2 layer (or a layer).
+      tf2_layer: a zero-argument factory returning the TF2 layer, or a layer
+        instance (called on ``inputs`` before the TF1 graph is built, as a
+        Keras layer cannot be called after a tf-slim graph build).
       inputs: a NumPy array (or nested structure) both are called on once.
       training: the ``training`` flag of that call.
 
@@ -339,9 +341,22 @@ def map_variables(tf1_fn: Callable, tf2_layer: Any, inputs, *, training: bool = 
     if not callable(tf2_layer):
         raise TypeError(f"tf2_layer: expected a zero-argument factory returning a Keras layer or tf.Module, "
                         f"got {type(tf2_layer).__name__}")
-    # The TF1 graph first: a Keras layer made before a tf-slim graph build is
-    # left in an invalid state by it.
+    # A factory's layer is made after the TF1 graph: a Keras layer made before
+    # a tf-slim graph build cannot be called after it ("invalid state"). A layer
+    # instance was made already, so it is called (its variables created) first,
+    # and only its variables are read after the TF1 build.
+    instance = make_layer(tf2_layer) if not _is_factory(tf2_layer) else None
+    if instance is not None:
+        instance(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=training)
     tf1 = tf1_graph_variables(tf1_fn, inputs, training)
-    layer = make_layer(tf2_layer)
-    layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=training)
+    layer = instance
+    if layer is None:
+        layer = make_layer(tf2_layer)
+        layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=training)
     return propose(tf1, VariableSet.from_layer(layer))
+
+
+def _is_factory(tf2_layer: Any) -> bool:
+    """Whether ``tf2_layer`` is a factory (a class or function), not a layer (as :func:`make_layer` tells)."""
+    return not (isinstance(tf2_layer, tf.Module) or hasattr(tf2_layer, "variables")
+                and not isinstance(tf2_layer, type))

@@ -69,7 +69,8 @@ from equivtool.comparison._advice import tolerance_advice
 from equivtool.comparison._results import Comparison, LeafComparison
 from equivtool.comparison._tolerance import (_COMPLEX, _EXACT, _FLOAT, _OTHER, Index, Tolerance, ToleranceSpec,
                                   _close_mask, _common_kind, _compared, _kind, _max_errors,
-                                  _nothing_compared, _resolve, _scalar, _validate_spec, resolve_tolerance)
+                                  _nothing_compared, _resolve, _scalar, _validate_spec, resolve_tolerance,
+                                  unmatched_keys)
 from equivtool._base.tree import is_namedtuple as _is_namedtuple
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "Comparison",
     "compare",
     "resolve_tolerance",
+    "unmatched_keys",
 ]
 
 

@@ -108,6 +108,15 @@ def _key_matches(key: str, name: str) -> Optional[int]:
     return None
 
 
+def unmatched_keys(spec: ToleranceSpec, names: Sequence[str]) -> list:
+    """The keys of a tolerance mapping (``"*"`` aside) that would give no leaf
+    among ``names`` a tolerance (as :func:`resolve_tolerance` matches them):
+    checked before a run, a typo'd key is found before any work."""
+    if not isinstance(spec, Mapping):
+        return []
+    return [key for key in spec if key != "*" and not any(_key_matches(key, n) is not None for n in names)]
+
+
 def _resolve(spec: ToleranceSpec, names: Sequence[str]) -> tuple[Tolerance, Optional[str]]:
     if spec is None:
         return Tolerance(), None
@@ -214,6 +223,20 @@ def _as_number_array(x: np.ndarray, kind: str) -> np.ndarray:
     return x.astype(np.float64, copy=False)
 
 
+def _integer_diff(e: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """``|a - e|`` of two integer arrays, as float64, nonzero wherever they differ:
+    float64 holds 53 bits, so converting first would make 2**62 and 2**62 + 1
+    equal and report a difference of 0 for a mismatch. The difference is taken
+    in uint64 (modulo 2**64 it is exact, as |a - e| < 2**64 for 64-bit values)."""
+    e, a = np.broadcast_arrays(e, a)
+    signed = e.dtype.kind == "i" or a.dtype.kind == "i"
+    if signed and (e.dtype == np.uint64 or a.dtype == np.uint64):  # no common 64-bit type: Python ints
+        return np.abs(a.astype(object) - e.astype(object)).astype(np.float64)
+    common = np.int64 if signed else np.uint64
+    high, low = np.maximum(e.astype(common), a.astype(common)), np.minimum(e.astype(common), a.astype(common))
+    return (high.astype(np.uint64) - low.astype(np.uint64)).astype(np.float64)
+
+
 def _close_mask(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> tuple[np.ndarray, Optional[dict]]:
     """The closeness mask and, for numbers, what the error statistics need:
     ``diff`` (|a - e|), ``abs_e`` (|e|), ``finite`` (None when all positions
@@ -226,7 +249,7 @@ def _close_mask(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> tupl
             return close, None
         e64, a64 = e.astype(np.float64), a.astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.abs(a64 - e64)
+            diff = _integer_diff(e, a) if e.dtype.kind in "iu" and a.dtype.kind in "iu" else np.abs(a64 - e64)
         return close, {"diff": diff, "abs_e": np.abs(e64), "finite": None, "nan": 0, "inf": 0}
     e64, a64 = _as_number_array(e, kind), _as_number_array(a, kind)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -37,7 +37,8 @@ def check_patterns(outputs: Any) -> tuple:
     return tuple(outputs)
 
 
-def _kept(name: str, patterns: Sequence[str]) -> bool:
+def kept(name: str, patterns: Sequence[str]) -> bool:
+    """Whether the leaf called ``name`` is compared under ``patterns``."""
     includes = [p for p in patterns if not p.startswith("!")]
     excludes = [p[1:] for p in patterns if p.startswith("!")]
     if includes and not any(fnmatch.fnmatchcase(name, p) for p in includes):
@@ -47,13 +48,13 @@ def _kept(name: str, patterns: Sequence[str]) -> bool:
 
 def _select(value: Any, name: str, patterns: Sequence[str]) -> Any:
     if isinstance(value, Mapping):
-        kept = {}
+        chosen = {}
         for key, item in value.items():
             selected = _select(item, f"{name}/{key}", patterns)
             if selected is not _DROPPED:
-                kept[key] = selected
-        return kept if kept or not value else _DROPPED
-    return value if _kept(name, patterns) else _DROPPED
+                chosen[key] = selected
+        return chosen if chosen or not value else _DROPPED
+    return value if kept(name, patterns) else _DROPPED
 
 
 def select(expected: Any, actual: Any, label: str, patterns: Sequence[str]) -> tuple | None:
@@ -66,6 +67,25 @@ def select(expected: Any, actual: Any, label: str, patterns: Sequence[str]) -> t
     if expected is _DROPPED and actual is _DROPPED:
         return None
     return ({} if expected is _DROPPED else expected), ({} if actual is _DROPPED else actual)
+
+
+def leaf_names(value: Any, name: str) -> list:
+    """The leaf names the patterns are matched against (as :func:`select` walks ``value``)."""
+    if isinstance(value, Mapping):
+        return [leaf for key, item in value.items() for leaf in leaf_names(item, f"{name}/{key}")]
+    return [name]
+
+
+def unmatched_note(names: Sequence[str], patterns: Sequence[str]) -> str | None:
+    """A note naming the patterns that match none of ``names`` (a typo, or a name
+    the report spells otherwise); ``None`` when each matches some leaf."""
+    unmatched = [p for p in patterns if not any(kept(n, (p.lstrip("!"),)) for n in names)]
+    if not unmatched:
+        return None
+    shown = ", ".join(sorted(set(names))[:6]) + (", ..." if len(set(names)) > 6 else "")
+    return (f"outputs: pattern{'s' if len(unmatched) > 1 else ''} {', '.join(repr(p) for p in unmatched)} "
+            f"match{'' if len(unmatched) > 1 else 'es'} no output leaf, so {'they select' if len(unmatched) > 1 else 'it selects'} "
+            f"nothing; the leaves are named {shown} (CLI: --outputs)")
 
 
 def one_side_note(leaves: Sequence, tf_function: bool) -> str | None:

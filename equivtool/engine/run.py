@@ -234,10 +234,16 @@ class Engine:
                 if stripped:
                     notes.append(f"end-point keys: the TF2 layer's own name scope {stripped!r} removed "
                                  "(the only difference from the TF1 keys)")
+                names = []
                 for sub_label, sub_expected, sub_actual in split_outputs(expected, actual):
+                    names += output_filter.leaf_names(sub_expected, sub_label)
+                    names += output_filter.leaf_names(sub_actual, sub_label)
                     part = output_filter.select(sub_expected, sub_actual, sub_label, self.options.outputs)
                     if part is not None:
                         comparisons.append(self.compare(name, *part, sub_label))
+                unmatched = output_filter.unmatched_note(names, self.options.outputs)
+                if unmatched:
+                    notes.append(unmatched)
                 one_side = output_filter.one_side_note([leaf for c in comparisons for leaf in c.leaves],
                                                        self.options.tf_function)
                 if one_side:

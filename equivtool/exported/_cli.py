@@ -26,24 +26,42 @@ def add_parsers(subparsers, check_output_path) -> None:
         epilog="Exit codes: 0 equivalent, 1 not equivalent or inconclusive, 2 usage, load or format error.")
     compare.add_argument("old", metavar="OLD")
     compare.add_argument("new", metavar="NEW")
-    compare.add_argument("--signature", default="serving_default", help="signature name (default serving_default)")
-    compare.add_argument("--tags", default="serve", help="MetaGraph tags, comma-separated (default serve)")
+    compare.add_argument("--signature", default="serving_default",
+                         help="signature name of both sides (default serving_default)")
+    compare.add_argument("--tags", default="serve", help="MetaGraph tags of both sides, comma-separated "
+                                                         "(default serve)")
+    compare.add_argument("--old-signature", default=None, metavar="NAME", help="OLD's signature (else --signature)")
+    compare.add_argument("--new-signature", default=None, metavar="NAME", help="NEW's signature (else --signature)")
+    compare.add_argument("--old-tags", default=None, metavar="TAGS", help="OLD's MetaGraph tags (else --tags)")
+    compare.add_argument("--new-tags", default=None, metavar="TAGS", help="NEW's MetaGraph tags (else --tags)")
     compare.add_argument("--graph-inputs", action="append", default=None, metavar="NAME=TENSOR,...",
                          help="a .pb side's input tensors, with the names used for matching")
     compare.add_argument("--graph-outputs", action="append", default=None, metavar="NAME=TENSOR,...")
     compare.add_argument("--input-shapes", action="append", default=None, metavar="NAME:D,D,...",
                          help="shape of an input with unknown dimensions (else they are 1); repeatable")
     compare.add_argument("--val-range", action="append", default=None, metavar="NAME:LO,HI",
-                         help="range of generated values (default 0,1; integers include HI); repeatable")
+                         help="range of generated values (default 0,1): integers from [LO, HI] (HI included), "
+                              "floats from [LO, HI) (HI excluded), as check --input; a range the dtype cannot "
+                              "hold is refused; repeatable")
     compare.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
-    compare.add_argument("--inputs", default=None, metavar="FILE.npz", help="inputs: one array per input name")
+    compare.add_argument("--inputs", default=None, metavar="FILE.npz",
+                         help="inputs: one array per input name (not with --data-loader, --input-shapes, "
+                              "--val-range)")
     compare.add_argument("--data-loader", default=None, metavar="FILE.py:FN",
-                         help="FN() yields dicts input name -> array, one per batch")
+                         help="FN() yields dicts input name -> array, one per batch (not with --inputs, "
+                              "--input-shapes, --val-range)")
     compare.add_argument("--batches", type=int, default=1, help="batches to generate or load (default 1)")
     compare.add_argument("--map-inputs", action="append", default=None, metavar="OLD=NEW,...")
     compare.add_argument("--map-outputs", action="append", default=None, metavar="OLD=NEW,...")
     compare.add_argument("--atol", action="append", default=None, metavar="[OUT:]V", help="repeatable")
     compare.add_argument("--rtol", action="append", default=None, metavar="[OUT:]V", help="repeatable")
+    compare.add_argument("--strict-tolerances", action="store_true",
+                         help="an OUT of --atol/--rtol that matches no compared output is an error (exit 2), "
+                              "not a note")
+    compare.add_argument("--outputs", action="append", default=None, metavar="PATTERNS",
+                         help="compare only the outputs these comma-separated patterns match ('logits', "
+                              "'pool*'; '!aux*' leaves out); a pattern matching no output is an error; "
+                              "repeatable")
     compare.add_argument("--localize", action="store_true",
                          help="find the first node, in topological order, whose output differs")
     compare.add_argument("--save-outputs", default=None, metavar="FILE.npz",
@@ -86,8 +104,10 @@ def run_compare(args) -> int:
             seed=args.seed, inputs=args.inputs, data_loader=args.data_loader, batches=args.batches,
             map_inputs=args.map_inputs, map_outputs=args.map_outputs, atol=args.atol, rtol=args.rtol,
             localize=args.localize, save_outputs=args.save_outputs, overwrite=args.overwrite,
-            load_op_library=args.load_op_library,
-            graph_rewrites=args.graph_rewrites, old_python=args.old_python)
+            load_op_library=args.load_op_library, graph_rewrites=args.graph_rewrites, old_python=args.old_python,
+            outputs=[p for text in args.outputs for p in text.split(",") if p] if args.outputs else None,
+            strict_tolerances=args.strict_tolerances, old_signature=args.old_signature,
+            new_signature=args.new_signature, old_tags=args.old_tags, new_tags=args.new_tags)
     except ValueError as exc:  # the CLI's UsageError included
         print(f"equivtool compare: error: {_one_line(exc)}", file=sys.stderr)
         if getattr(exc, "stderr", None) and args.json:  # the old interpreter's whole output, kept

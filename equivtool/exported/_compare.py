@@ -23,7 +23,7 @@ import numpy as np
 
 from equivtool._base import scratch
 from equivtool._base.cli_tolerances import tolerance_spec
-from equivtool.comparison import compare
+from equivtool.comparison import compare, unmatched_keys
 from equivtool.engine import signals as _signals
 from equivtool.exported import _recorder
 from equivtool.exported._load import load_side
@@ -230,6 +230,64 @@ def _check_options(seed, batches, save_outputs, overwrite, sides) -> None:
         if os.path.lexists(save_outputs) and not overwrite:
             raise ModelLoadError(f"--save-outputs: {save_outputs!r} exists; pass --overwrite (overwrite=True) "
                                  "to replace it")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ModelLoadError(f"--save-outputs: folder {folder!r} is not writable; choose another FILE.npz")
+
+
+def _check_inputs_option(inputs, data_loader, input_shapes, val_range) -> None:
+    """``inputs`` of a form compare_models reads, and at most one source of inputs."""
+    if inputs is not None:
+        is_batches = (isinstance(inputs, (list, tuple)) and inputs
+                      and all(isinstance(feed, Mapping) for feed in inputs))
+        if not (isinstance(inputs, (str, os.PathLike, Mapping)) or is_batches):
+            got = (f"an empty {type(inputs).__name__}" if isinstance(inputs, (list, tuple)) and not inputs
+                   else type(inputs).__name__)
+            raise ModelLoadError(f"--inputs: expected an .npz path, a mapping input name -> array, or a "
+                                 f"non-empty list of such mappings (one per batch); got {got}")
+    given = [flag for flag, value in (("--inputs", inputs), ("--data-loader", data_loader)) if value is not None]
+    generated = [flag for flag, value in (("--input-shapes", input_shapes), ("--val-range", val_range)) if value]
+    if len(given) > 1 or (given and generated):
+        raise ModelLoadError(f"{' and '.join(given + generated)} conflict: give the inputs with --inputs "
+                             "FILE.npz, or --data-loader FILE.py:FN, or generate them (--input-shapes, "
+                             "--val-range), not several")
+
+
+def _check_generated(old: Side, shapes: Mapping, ranges: Mapping) -> None:
+    """Generated inputs that fit in memory, with ranges their dtypes hold, checked
+    before anything is allocated (a static shape may ask for tens of GiB)."""
+    from equivtool._base.cli_inputs import InputError, check_range
+    for spec in old.inputs:
+        shape, _ = _recorder.input_shape(spec.as_dict(), shapes)
+        if shape is None or spec.dtype == "string":
+            continue
+        count, itemsize = int(np.prod(shape, dtype=object)), np.dtype(spec.dtype).itemsize
+        if count > _MAX_ELEMENTS:
+            raise ModelLoadError(
+                f"input {spec.name!r}: shape {tuple(shape)} is {count} values ({count * itemsize / 2**30:.1f} GiB "
+                f"of {spec.dtype}); generated inputs hold at most {_MAX_ELEMENTS} values each: give a smaller "
+                f"shape with --input-shapes {spec.name}:D,D,... or the arrays with --inputs FILE.npz")
+        if spec.name in ranges:
+            try:
+                check_range(np.dtype(spec.dtype), *ranges[spec.name], f"--val-range {spec.name}")
+            except InputError as exc:
+                raise ModelLoadError(str(exc)) from None
+
+
+def _filter_names(names: Mapping[str, str], old: Side, new: Side, patterns: tuple) -> dict:
+    """``names`` (OLD output -> NEW output) without the outputs ``--outputs`` leaves
+    out; a pattern that matches no output of either side is an error."""
+    if not patterns:
+        return dict(names)
+    from equivtool.engine.output_filter import kept
+    every = [t.name for t in old.outputs] + [t.name for t in new.outputs]
+    for pattern in patterns:
+        if not any(kept(name, (pattern.lstrip("!"),)) for name in every):
+            raise ModelLoadError(f"--outputs: pattern {pattern!r} matches no output; OLD has "
+                                 f"{', '.join(t.name for t in old.outputs)}, NEW has "
+                                 f"{', '.join(t.name for t in new.outputs)}")
+    return {k: v for k, v in names.items() if kept(k, patterns)}
+
+
 
 
 def _make_inputs(old: Side, new: Side, inputs, data_loader, shapes, ranges, seed, batches):
@@ -289,6 +347,12 @@ def compare_models(
     graph_rewrites: str = "as_written",
     old_python: Optional[Union[str, os.PathLike]] = None,
     meta: Optional[Mapping[str, Any]] = None,
+    outputs: Any = None,
+    strict_tolerances: bool = False,
+    old_signature: Optional[str] = None,
+    new_signature: Optional[str] = None,
+    old_tags: Union[None, str, Sequence[str]] = None,
+    new_tags: Union[None, str, Sequence[str]] = None,
 ) -> EquivalenceReport:
     """Compare two exported models (or golden records) output by output.
 
@@ -312,18 +376,38 @@ def compare_models(
     (:mod:`equivtool.exported._old_python`). Inputs are generated there with the
     same seed and rules, or read from ``inputs`` (one batch); ``data_loader``
     is refused.
+
+    ``signature``/``tags`` apply to both sides unless ``old_signature`` /
+    ``new_signature`` / ``old_tags`` / ``new_tags`` say otherwise. ``outputs``:
+    patterns (as ``check_equivalence``'s: ``'logits'``, ``'end_points/*'``,
+    ``'!aux*'`` excludes) of the outputs compared; a pattern matching no output
+    is an error. ``strict_tolerances``: an ``atol``/``rtol`` key that names no
+    compared output is an error (else a note in the report). Give inputs with
+    at most one of ``inputs``, ``data_loader``, or generated ones
+    (``input_shapes``/``val_range``).
     """
+    arguments = dict(locals())
     with _signals.sigterm_unwinds():
-        return _compare_models(old, new, signature, tags, graph_inputs, graph_outputs, input_shapes, val_range,
-                               seed, inputs, data_loader, batches, map_inputs, map_outputs, atol, rtol,
-                               localize, save_outputs, overwrite, load_op_library, graph_rewrites, old_python,
-                               meta)
+        return _compare_models(**arguments)
 
 
-def _compare_models(old, new, signature, tags, graph_inputs, graph_outputs, input_shapes, val_range, seed,
+def _compare_models(*, old, new, signature, tags, graph_inputs, graph_outputs, input_shapes, val_range, seed,
                     inputs, data_loader, batches, map_inputs, map_outputs, atol, rtol, localize, save_outputs,
-                    overwrite, load_op_library, graph_rewrites, old_python, meta) -> EquivalenceReport:
+                    overwrite, load_op_library, graph_rewrites, old_python, meta, outputs, strict_tolerances,
+                    old_signature, new_signature, old_tags, new_tags) -> EquivalenceReport:
     started = time.perf_counter()
+    _check_inputs_option(inputs, data_loader, input_shapes, val_range)
+    try:
+        from equivtool.engine.output_filter import check_patterns
+        patterns = check_patterns(outputs)
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"--{exc}") from None
+    if not isinstance(strict_tolerances, bool):
+        raise ModelLoadError(f"--strict-tolerances: expected True or False, got {strict_tolerances!r}")
+    for which, side in (("old", old), ("new", new)):
+        if isinstance(side, Side) and side.closed:
+            raise ModelLoadError(f"{which}: the {side.kind} side {side.path} is closed; load it again "
+                                 "(equivtool.exported.load_side) or pass its path")
     shapes, ranges = parse_input_shapes(input_shapes), parse_val_ranges(val_range)
     tolerance = parse_tolerances(atol, rtol)
     in_map, out_map = _pairs(map_inputs, "--map-inputs"), _pairs(map_outputs, "--map-outputs")
@@ -336,6 +420,10 @@ def _compare_models(old, new, signature, tags, graph_inputs, graph_outputs, inpu
         raise ModelLoadError(str(exc)) from None
     if isinstance(load_op_library, (str, os.PathLike)):
         load_op_library = [load_op_library]
+    same = [] if not all(isinstance(p, (str, os.PathLike)) for p in (old, new)) or \
+        os.path.realpath(os.fspath(old)) != os.path.realpath(os.fspath(new)) else \
+        [f"OLD and NEW are the same path ({os.path.realpath(os.fspath(old))}): the model is compared with "
+         "itself, which proves only that it is deterministic"]
     interpreter = None
     if old_python is not None:
         interpreter = _check_old_python(old_python, old, data_loader)
@@ -344,14 +432,17 @@ def _compare_models(old, new, signature, tags, graph_inputs, graph_outputs, inpu
     with contextlib.ExitStack() as stack:
         if interpreter is not None:  # OLD is recorded there first, into a folder removed on every exit
             folder = _scratch_folder(stack, "old-python")
-            old = _record_in_old_python(interpreter, os.fspath(old), folder, signature, tags, graph_in, graph_out,
+            old = _record_in_old_python(interpreter, os.fspath(old), folder,
+                                        signature if old_signature is None else old_signature,
+                                        tags if old_tags is None else old_tags, graph_in, graph_out,
                                         shapes, ranges, seed, inputs, batches, localize, graph_rewrites)
             owned.append(old)  # closed by _compare_sides, before the folder goes
             inputs = None
             meta = {"old_ran_under": old.ran_under(), **dict(meta or {})}
         return _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes,
                               ranges, tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize,
-                              save_outputs, meta, started)
+                              save_outputs, meta, started, patterns=patterns, strict_tolerances=strict_tolerances,
+                              signatures=((old_signature, old_tags), (new_signature, new_tags)), same=same)
 
 
 def _check_old_python(old_python, old, data_loader):
@@ -384,21 +475,30 @@ def _record_in_old_python(interpreter, old: str, folder: str, signature, tags, g
 
 def _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes, ranges,
                    tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize, save_outputs, meta,
-                   started) -> EquivalenceReport:
+                   started, *, patterns, strict_tolerances, signatures, same) -> EquivalenceReport:
     from equivtool._platform import execution as _execution
     try:
         sides = []
-        for which, side in (("OLD", old), ("NEW", new)):
+        for (which, side), (side_signature, side_tags) in zip((("old", old), ("new", new)), signatures):
             if not isinstance(side, Side):
-                side = load_side(side, signature=signature, tags=tags, graph_inputs=graph_in,
-                                 graph_outputs=graph_out, graph_rewrites=graph_rewrites)
+                try:
+                    side = load_side(side, signature=signature if side_signature is None else side_signature,
+                                     tags=tags if side_tags is None else side_tags, graph_inputs=graph_in,
+                                     graph_outputs=graph_out, graph_rewrites=graph_rewrites)
+                except ModelLoadError as exc:  # name the option that chose this side's signature or tags
+                    text = str(exc)
+                    for option, own in (("signature", side_signature), ("tags", side_tags)):
+                        if own is not None and text.startswith(f"--{option}:"):
+                            text = f"--{which}-{option}:" + text[len(option) + 3:]
+                    raise ModelLoadError(text) from None
                 owned.append(side)
             sides.append(side)
         old_side, new_side = sides
         return _compare(old_side, new_side, shapes, ranges, tolerance, in_map, out_map, seed, inputs, data_loader,
                         batches, localize, save_outputs, {"platform": _execution.platform(graph_rewrites, True),
                                                           **dict(meta or {})}, started,
-                        release_old=any(side is old_side for side in owned))
+                        release_old=any(side is old_side for side in owned), patterns=patterns,
+                        strict_tolerances=strict_tolerances, extra_notes=same)
     finally:
         with _signals.shielded():
             for side in owned:
@@ -406,13 +506,27 @@ def _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_
 
 
 def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, seed, inputs, data_loader,
-             batches, localize, save_outputs, extra_meta, started, release_old=False) -> EquivalenceReport:
+             batches, localize, save_outputs, extra_meta, started, release_old=False, patterns=(),
+             strict_tolerances=False, extra_notes=()) -> EquivalenceReport:
     """The comparison; ``release_old``: OLD was loaded here, and ``--localize`` may
     close it once its node values are written (one model in memory at a time)."""
     input_names, notes = match_names(old.inputs, new.inputs, in_map, "input", "--map-inputs", strict=True)
     output_names, out_notes = match_names(old.outputs, new.outputs, out_map, "output", "--map-outputs",
                                           strict=False)
-    notes += out_notes
+    notes = list(extra_notes) + notes + out_notes
+    output_names = _filter_names(output_names, old, new, patterns)
+    renamed = {v: k for k, v in output_names.items()}
+    compared = {name for name in [t.name for t in old.outputs] + [renamed.get(t.name, t.name) for t in new.outputs]
+                if not patterns or _kept_name(name, patterns)}
+    unmatched = unmatched_keys(tolerance, sorted(compared))
+    if unmatched and strict_tolerances:
+        raise ModelLoadError(f"--strict-tolerances: --atol/--rtol key(s) {', '.join(unmatched)} match no "
+                             f"compared output; the outputs are {', '.join(sorted(compared))}")
+    if unmatched:
+        notes.append(f"--atol/--rtol key(s) {', '.join(unmatched)} match no compared output, so their "
+                     "tolerance applied to nothing (--strict-tolerances makes this an error)")
+    if inputs is None and data_loader is None and not any(isinstance(s, _record_side()) for s in (old, new)):
+        _check_generated(old, shapes, ranges)
     feeds, provenance, input_notes, feeds_are_new = _make_inputs(old, new, inputs, data_loader, shapes, ranges,
                                                                  seed, batches)
     notes += input_notes
@@ -426,12 +540,13 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
     if localize and old.capabilities["intermediates"]:
         raise ModelLoadError(f"--localize: OLD {old.path}: {old.capabilities['intermediates']}")
     steps, old_outputs = [], []
-    renamed = {v: k for k, v in output_names.items()}
     for b, (feed, new_feed) in enumerate(zip(feeds, new_feeds)):
         t0 = time.perf_counter()
-        expected = old.run(feed)
+        everything = old.run(feed)
+        expected = {k: v for k, v in everything.items() if not patterns or _kept_name(k, patterns)}
         actual = {renamed.get(k, k): v for k, v in new.run(new_feed).items()}
-        old_outputs.append(expected)
+        actual = {k: v for k, v in actual.items() if not patterns or _kept_name(k, patterns)}
+        old_outputs.append(everything)  # a record holds every output, whatever was compared
         name = "outputs" if len(feeds) == 1 else f"outputs/batch{b}"
         title = "signature outputs" if len(feeds) == 1 else f"signature outputs, batch {b}"
         comparison = compare(expected, actual, tolerance)
@@ -439,16 +554,16 @@ def _compare(old: Side, new: Side, shapes, ranges, tolerance, in_map, out_map, s
                                            notes=notes if b == 0 else (),
                                            data={"proves": {"outputs": output_levels([comparison])}})
         steps.append(step)
-    nodes, node_values, graph_def = (), (), None
+    nodes, node_values, graph_def, graph_tensors = (), (), None, {}
     with contextlib.ExitStack() as stack:  # the nodes' values live in a folder until the record holds them
         if localize:
             from equivtool.exported._localize import localize_step
             folder = _scratch_folder(stack, "localize")
-            steps[0], nodes, node_values, graph_def = localize_step(
+            steps[0], nodes, node_values, graph_def, graph_tensors = localize_step(
                 steps[0], old, new, feeds[0], new_feeds[0], output_names, tolerance, folder,
                 keep_old=save_outputs is not None, release_old=release_old)
         if save_outputs is not None:
-            _save(save_outputs, old, feeds, old_outputs, nodes, node_values, graph_def, provenance)
+            _save(save_outputs, old, feeds, old_outputs, nodes, node_values, graph_def, provenance, graph_tensors)
     report_meta = {
         "command": "compare", "old": old.describe(), "new": new.describe(), "inputs": provenance,
         "batches": len(feeds), "input_shapes": {k: list(np.shape(v)) for k, v in feeds[0].items()},
@@ -477,16 +592,34 @@ def _remove_shielded(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _kept_name(name: str, patterns: tuple) -> bool:
+    from equivtool.engine.output_filter import kept
+    return kept(name, patterns)
+
+
+def _record_side():
+    from equivtool.exported._record import RecordSide
+    return RecordSide
+
+
 def _versions() -> dict:
     import tensorflow as tf
     return {"tensorflow": tf.__version__, "numpy": np.__version__}
 
 
-def _save(path, old: Side, feeds, outputs, nodes, node_values, graph_def, provenance) -> None:
+def _save(path, old: Side, feeds, outputs, nodes, node_values, graph_def, provenance, graph_tensors=None) -> None:
+    """Write OLD's record; ``graph_tensors`` (``{"inputs"|"outputs": {name: tensor}}``)
+    names the recorded graph's tensor of each signature tensor that OLD's signature
+    leaves unnamed (a TF2 function's), so the record can be localized."""
+    def spec(t, role):
+        found = dict(t.as_dict())
+        found["tensor"] = found["tensor"] or (graph_tensors or {}).get(role, {}).get(t.name, "")
+        return found
     header = {"writer": _recorder.writer_info("equivtool compare --save-outputs"),
               "model": {"path": os.path.abspath(old.path), "kind": old.kind, **{k: v for k, v in old.meta.items()
                                                                                    if k != "path"}},
-              "inputs": [t.as_dict() for t in old.inputs], "outputs": [t.as_dict() for t in old.outputs],
+              "inputs": [spec(t, "inputs") for t in old.inputs],
+              "outputs": [spec(t, "outputs") for t in old.outputs],
               "provenance": provenance, "notes": []}
     header["model"].pop("provenance", None)
     folder = os.path.dirname(os.path.abspath(path))

@@ -170,9 +170,11 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *
 def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, tolerance, folder: str,
                   keep_old: bool, release_old: bool = False):
     """``step`` with ``data["localization"]``; and, for ``--save-outputs``, OLD's
-    nodes, their values (read from ``folder`` one at a time, while it exists) and
-    its GraphDef (empty when not kept). ``release_old``: OLD is closed once its
-    values are written (see :func:`localize`)."""
+    nodes, their values (read from ``folder`` one at a time, while it exists),
+    its GraphDef (empty when not kept) and the graph's tensor of each signature
+    input and output (``{"inputs": {name: tensor}, "outputs": ...}``: a TF2
+    signature names none of its own, and a record needs them to be localized).
+    ``release_old``: OLD is closed once its values are written (see :func:`localize`)."""
     import dataclasses
     for side, which in ((old, "OLD"), (new, "NEW")):
         reason = side.capabilities["intermediates"]
@@ -192,8 +194,10 @@ def localize_step(step, old: Side, new: Side, old_feed, new_feed, output_names, 
         keep_old = False
     step = dataclasses.replace(step, data={**dict(step.data), "localization": found})
     if not keep_old:
-        return step, (), (), None
+        return step, (), (), None, {}
     tensors = _tensors(old_ops)
     nodes = [{"tensor": t.name, "op": t.op.name, "type": t.op.type} for t in tensors]
     values = (read_old(t) for t in tensors)  # streamed into the record, one at a time
-    return step, nodes, values, old_view.graph.as_graph_def().SerializeToString()
+    signature = {"inputs": {k: t.name for k, t in old_view.inputs.items()},
+                 "outputs": {k: t.name for k, t in old_view.outputs.items()}}
+    return step, nodes, values, old_view.graph.as_graph_def().SerializeToString(), signature

@@ -46,11 +46,17 @@ def read_header(path: str) -> tuple[dict, np.lib.npyio.NpzFile]:
             meta = json.loads(bytes(data["__record__"]).decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
             raise ModelLoadError(f"{path}: the record's header is not JSON: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a corrupt zip member (BadZipFile, zlib.error, EOFError ...)
+            raise ModelLoadError(f"{path}: the record's header cannot be read (a corrupt or truncated .npz): "
+                                 f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        if not isinstance(meta, dict):
+            raise ModelLoadError(f"{path}: the record's header is JSON {type(meta).__name__}, expected an object")
         if meta.get("format") != _recorder.FORMAT:
             raise ModelLoadError(f"{path}: format {meta.get('format')!r}, expected {_recorder.FORMAT!r}")
         if meta.get("version") != _recorder.VERSION:
             raise ModelLoadError(f"{path}: record format version {meta.get('version')!r}; this equivtool reads "
                                  f"version {_recorder.VERSION} (re-record it with this equivtool's record-script)")
+        _check_header_types(path, meta)
         writer = (meta.get("writer") or {}).get("equivtool", "0")
         from equivtool import __version__
         if _version_tuple(writer) > _version_tuple(__version__):
@@ -60,6 +66,50 @@ def read_header(path: str) -> tuple[dict, np.lib.npyio.NpzFile]:
         data.close()
         raise
     return meta, data
+
+
+def _check_header_types(path: str, meta: dict) -> None:
+    """Each header field of the type the format gives it (a hand-edited or
+    foreign header fails here with one line, not deep in the replay)."""
+    def refuse(field, expected, value):
+        raise ModelLoadError(f"{path}: the record's header field {field!r} is {json.dumps(value)[:80]}, "
+                             f"expected {expected} (a corrupt or hand-edited record; write it again)")
+
+    batches = meta.get("batches")
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        refuse("batches", "a positive integer", batches)
+    for field in ("inputs", "outputs"):
+        specs = meta.get(field)
+        if not isinstance(specs, list) or (field == "inputs" and not specs):
+            refuse(field, "a list of tensor specs" + (" (at least one)" if field == "inputs" else ""), specs)
+        for spec in specs:
+            shape = spec.get("shape") if isinstance(spec, dict) else None
+            if not (isinstance(spec, dict) and isinstance(spec.get("name"), str) and spec["name"]
+                    and isinstance(spec.get("dtype"), str) and isinstance(spec.get("tensor", ""), str)
+                    and (shape is None or (isinstance(shape, list) and all(
+                        d is None or (isinstance(d, int) and not isinstance(d, bool)) for d in shape)))):
+                refuse(field, 'specs {"name": str, "dtype": str, "shape": [int or null, ...] or null, '
+                              '"tensor": str}', spec)
+        names = [spec["name"] for spec in specs]
+        if len(set(names)) != len(names):
+            refuse(field, "specs with distinct names", names)
+    for field, kind, name in (("nodes", list, "a list"), ("notes", list, "a list"),
+                              ("model", dict, "an object"), ("writer", dict, "an object"),
+                              ("provenance", str, "a string")):
+        if meta.get(field) is not None and not isinstance(meta[field], kind):
+            refuse(field, name, meta[field])
+    if not all(isinstance(node, dict) and isinstance(node.get("tensor"), str) for node in meta.get("nodes") or ()):
+        refuse("nodes", 'a list of {"tensor": str, ...}', meta["nodes"])
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal shape, dtype and values, NaN equal to NaN (a batch's inputs may hold NaN)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool(np.array_equal(a, b))
 
 
 class RecordSide(Side):
@@ -80,9 +130,13 @@ class RecordSide(Side):
                 inputs = {t.name: data[f"batch{b}/input/{i}"] for i, t in enumerate(self.inputs)}
                 outputs = {t.name: data[f"batch{b}/output/{i}"] for i, t in enumerate(self.outputs)}
                 self.batches.append((inputs, outputs))
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
             data.close()
             raise ModelLoadError(f"{self.path}: an incomplete or corrupt golden record: missing {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a corrupt member: BadZipFile, zlib.error, EOFError, ValueError
+            data.close()
+            raise ModelLoadError(f"{self.path}: a corrupt golden record (a member cannot be read): "
+                                 f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
         self.nodes = tuple(meta.get("nodes") or ())
         self.header = meta
         model = dict(meta.get("model") or {})
@@ -98,6 +152,10 @@ class RecordSide(Side):
     def _intermediates_reason(self) -> Optional[str]:
         if not self.nodes or not self.header.get("graph"):
             return "the record holds no intermediates (record it with --localize or --intermediates)"
+        unnamed = [t.name for t in self.inputs + self.outputs if not t.tensor]
+        if unnamed:
+            return (f"the record does not name the graph tensors of {', '.join(unnamed)} (written by an older "
+                    "equivtool from a TF2 model); record it again with --save-outputs --localize")
         return None
 
     def input_provenance(self) -> str:
@@ -110,7 +168,7 @@ class RecordSide(Side):
     def _batch(self, feed: Mapping[str, np.ndarray]) -> int:
         self.check_feed(feed)
         for b, (inputs, _) in enumerate(self.batches):
-            if all(np.array_equal(np.asarray(feed[k]), v) for k, v in inputs.items()):
+            if all(_same(feed[k], v) for k, v in inputs.items()):
                 return b
         raise ModelLoadError(f"{self.path}: the record holds no batch with these inputs; a record replays only "
                              "the inputs it was written with")
@@ -150,3 +208,8 @@ class RecordSide(Side):
 
     def close(self) -> None:
         self._data.close()
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return getattr(self, "_closed", False)

@@ -103,8 +103,14 @@ def generate_inputs(specs, shapes=None, ranges=None, seed=0, batches=1):
             if dtype is None or dtype.kind not in "fiub":
                 raise RecordError("input %r: cannot generate values of dtype %s; give inputs with --inputs FILE.npz"
                                   % (name, spec["dtype"]))
-            if dtype.kind == "f":
+            if dtype.kind == "b" and name in ranges:
+                raise RecordError("--val-range %s:%s,%s: a bool input takes no range" % (name, lo, hi))
+            if dtype.kind == "f" and max(abs(lo), abs(hi)) > float(np.finfo(dtype).max):
+                raise RecordError("--val-range %s:%s,%s: %s holds at most %g in magnitude"
+                                  % (name, lo, hi, dtype, float(np.finfo(dtype).max)))
+            if dtype.kind == "f":  # HI excluded, also where rounding to dtype would reach it
                 value = rng.uniform(lo, hi, size=shape).astype(dtype)
+                value = np.minimum(value, np.nextafter(dtype.type(hi), dtype.type(lo)))
             elif dtype.kind == "b":
                 value = rng.randint(0, 2, size=shape).astype(dtype)
             else:
@@ -156,6 +162,7 @@ def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), 
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix, suffix=".npz", dir=folder)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a record is shared as a report is
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             os.fchmod(f.fileno(), _creation_mode())
             _write_array(archive, "__record__", _json_bytes(meta))
@@ -181,6 +188,13 @@ def write_record(path, meta, batches, output_batches, nodes=(), node_values=(), 
             pass
         raise
     return meta
+
+
+def _umask():
+    """The process's umask (read by setting it, then putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _one_line(exc):
@@ -301,6 +315,33 @@ def parse_pairs(text, argument):
     return result
 
 
+def signature_tensors(graph, name, info):
+    """[(name, tensor)] of one signature output: a dense tensor is itself; a sparse
+    one its indices, values and dense_shape ("NAME/indices" ...); a ragged one its
+    flat values and row partitions ("NAME/flat_values", "NAME/row_splits_0" ...),
+    the names the TF2 side gives the same components."""
+    encoding = info.WhichOneof("encoding")
+    if encoding == "name":
+        return [(name, graph.get_tensor_by_name(info.name))]
+    suffixes = ["indices", "values", "dense_shape"]
+    if encoding == "coo_sparse":
+        sparse = info.coo_sparse
+        tensors = [sparse.indices_tensor_name, sparse.values_tensor_name, sparse.dense_shape_tensor_name]
+        return [(name + "/" + s, graph.get_tensor_by_name(t)) for s, t in zip(suffixes, tensors)]
+    if encoding == "composite_tensor":
+        spec = info.composite_tensor.type_spec
+        field = spec.DESCRIPTOR.fields_by_name["type_spec_class"]
+        kind = field.enum_type.values_by_number[spec.type_spec_class].name
+        components = [c.name for c in info.composite_tensor.components]
+        if kind == "RAGGED_TENSOR_SPEC":
+            suffixes = ["flat_values"] + ["row_splits_%d" % i for i in range(len(components) - 1)]
+        elif kind != "SPARSE_TENSOR_SPEC":
+            raise RecordError("signature output %r is a composite tensor (%s); equivtool compares dense, ragged "
+                              "and sparse outputs" % (name, kind))
+        return [(name + "/" + s, graph.get_tensor_by_name(t)) for s, t in zip(suffixes, components)]
+    raise RecordError("signature output %r has no tensor (encoding %s)" % (name, encoding))
+
+
 def load_model(tf, path, signature, tags, graph_inputs, graph_outputs, config):
     """(graph, session, {name: input tensor}, {name: output tensor}, model meta)."""
     graph = tf.compat.v1.Graph()
@@ -322,7 +363,7 @@ def load_model(tf, path, signature, tags, graph_inputs, graph_outputs, config):
                                   % (signature, ", ".join(sorted(meta_graph.signature_def)) or "none"))
             sig = meta_graph.signature_def[signature]
             inputs = dict((k, graph.get_tensor_by_name(v.name)) for k, v in sorted(sig.inputs.items()))
-            outputs = dict((k, graph.get_tensor_by_name(v.name)) for k, v in sorted(sig.outputs.items()))
+            outputs = dict(pair for k, v in sorted(sig.outputs.items()) for pair in signature_tensors(graph, k, v))
         else:
             meta["kind"] = "frozen-graph"
             graph_def = tf.compat.v1.GraphDef()

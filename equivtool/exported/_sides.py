@@ -141,6 +141,11 @@ class Side(engine_sides.Side):
     def close(self) -> None:
         pass
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has released what the side runs (it cannot run again)."""
+        return False
+
     def describe(self) -> dict:
         return {"path": self.path, "kind": self.kind, **{k: v for k, v in self.meta.items() if k != "path"},
                 "inputs": [str(t) for t in self.inputs], "outputs": [str(t) for t in self.outputs]}
@@ -217,6 +222,10 @@ class GraphSide(Side):
         if self.session is not None:
             self.session.close()
             self.session = None
+
+    @property
+    def closed(self) -> bool:
+        return self.session is None
 
 
 # --------------------------------------------------------------------------
@@ -407,6 +416,39 @@ def _info(name: str, spec) -> TensorInfo:
     return TensorInfo(name, dtype, shape)
 
 
+def component_names(name: str, kind: str, count: int) -> list:
+    """The names a composite output's component tensors are compared under: a
+    ``tf.SparseTensor`` ``y`` is ``y/indices``, ``y/values``, ``y/dense_shape``;
+    a ``tf.RaggedTensor`` is ``y/flat_values`` then ``y/row_splits_0`` ... (its
+    row partitions, outermost first), the order ``tf.nest.flatten(...,
+    expand_composites=True)`` gives; a dense tensor is ``y``."""
+    if kind == "sparse":
+        return [f"{name}/indices", f"{name}/values", f"{name}/dense_shape"]
+    if kind == "ragged":
+        return [f"{name}/flat_values"] + [f"{name}/row_splits_{i}" for i in range(count - 1)]
+    return [name]
+
+
+def _component_names(function, output_names) -> list:
+    """One name per tensor of ``function.outputs`` (the flattened outputs: a ragged
+    or sparse output is several tensors), as :func:`component_names` gives them."""
+    import tensorflow as tf
+    structured = function.structured_outputs
+    if not isinstance(structured, Mapping):
+        return list(output_names)
+    names = []
+    for name in output_names:
+        value = structured[name]
+        count = len(tf.nest.flatten(value, expand_composites=True))
+        kind = ("sparse" if isinstance(value, (tf.SparseTensor, tf.SparseTensorSpec)) else
+                "ragged" if isinstance(value, (tf.RaggedTensor, tf.RaggedTensorSpec)) else "dense")
+        if kind == "dense" and count != 1:
+            raise ModelLoadError(f"signature output {name!r} is a composite tensor of type "
+                                 f"{type(value).__name__}; equivtool compares dense, ragged and sparse outputs")
+        names += component_names(name, kind, count)
+    return names
+
+
 class FunctionSide(Side):
     """A TF2 concrete function: a SavedModel's signature, or a tf-keras model's forward pass.
 
@@ -422,7 +464,8 @@ class FunctionSide(Side):
         specs = function.structured_input_signature
         flat_specs = [specs[1][n] for n in self.input_names] if specs[1] else list(specs[0])
         self.inputs = tuple(_info(n, spec) for n, spec in zip(self.input_names, flat_specs))
-        self.outputs = tuple(_info(n, t) for n, t in zip(self.output_names, function.outputs))
+        self.outputs = tuple(_info(n, t) for n, t in zip(_component_names(function, self.output_names),
+                                                          function.outputs))
         self.meta, self.notes, self.graph_rewrites = dict(meta), (), graph_rewrites
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict:
@@ -439,17 +482,23 @@ class FunctionSide(Side):
         except (tf.errors.OpError, ValueError, TypeError) as exc:
             raise ModelLoadError(f"{self.path}: running the model failed: {_short(exc)}") from None
         values = [result[n] for n in self.output_names] if isinstance(result, Mapping) else tf.nest.flatten(result)
-        return {n: v.numpy() for n, v in zip(self.output_names, values)}
+        # a ragged or sparse output is its component tensors (see _component_names)
+        components = [c for v in values for c in tf.nest.flatten(v, expand_composites=True)]
+        return {t.name: c.numpy() for t, c in zip(self.outputs, components)}
 
     def graph_view(self, feed: Mapping[str, np.ndarray]) -> GraphView:
         import tensorflow as tf
         self.check_feed(feed)
         values = [tf.convert_to_tensor(np.asarray(feed[n])) for n in self.input_names]
-        return _inlined_view(self.function, self.input_names, self.output_names, values, self.path,
+        return _inlined_view(self.function, self.input_names, [t.name for t in self.outputs], values, self.path,
                              self.graph_rewrites)
 
     def close(self) -> None:
         self.function = self.owner = None  # what holds the loaded variables
+
+    @property
+    def closed(self) -> bool:
+        return self.function is None
 
 
 def load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:

@@ -27,7 +27,7 @@ from equivtool._platform import execution as _execution
 from equivtool._platform.execution import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
 from equivtool.engine.sides.tf1_graph import align_pass_keys, loop_random_ops
 from equivtool._base.names import strip_output_index
-from equivtool._base.tree import flatten_tensors, pack_like
+from equivtool._base.tree import expand_composites, flatten_tensors, pack_like
 from equivtool.engine.sides import CAPABILITIES, Side
 
 def variable_key(name: str, renamer: Callable[[str], str]) -> str:
@@ -284,7 +284,7 @@ class TF1Side(Side):
         if not self._initialized:
             self.initialize()
         result, _ = self.session.run((fetches, list(update_ops)), feed_dict=self.feed(inputs))
-        return result
+        return expand_composites(result)  # ragged/sparse values as their parts, as the TF2 side's
 
     def read_variables(self) -> dict:
         if not self._initialized:

@@ -74,7 +74,7 @@ class TF2Side(Side):
             regularization = tf.add_n(losses) if losses else tf.constant(0.0)
             loss = scaled = None
             if with_gradients:
-                loss = self.loss_fn(outputs, regularization if losses else None)
+                loss = self.loss_fn(outputs, regularization)  # a zero scalar without regularizers, as TF1
                 scaled = loss * loss_scale if loss_scale != 1.0 else loss
         gradients = None
         if with_gradients:
