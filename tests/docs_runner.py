@@ -17,6 +17,11 @@ Sybil (a maintained runner for examples in documentation) finds the blocks:
 - ``<!-- skip: next "reason" -->`` (Sybil's own directive) skips the next block;
   the reason is required, and is reported.
 
+A ```` ```text ```` block right after a Python or shell block (nothing but blank
+lines between) is what that block prints: each of its lines must be a line of
+the block's output, in order, where ``...`` in a line stands for any text
+(timings, a machine's name) and a line of only ``...`` for any lines.
+
 The outcome of each block (line, kind, ran or skipped and why) is printed as
 one JSON line, so the test can check that every block of the page was either
 run or skipped with a reason. The first block that fails ends the run (exit 1)
@@ -25,6 +30,8 @@ with its traceback or its command's output.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -74,6 +81,30 @@ class FileBlockParser:
 
 
 
+def expected_output(document: Document, example) -> str | None:
+    """The ```` ```text ```` block right after ``example``, or None."""
+    match = re.match(r"\s*```text\n(.*?)^```", document.text[example.end:], re.S | re.M)
+    return match.group(1) if match else None
+
+
+def check_output(expected: str, printed: str) -> None:
+    """Each expected line is a printed line, in order (``...``: any text, or any lines)."""
+    lines = [line.rstrip() for line in printed.splitlines()]
+    position = 0
+    for want in expected.rstrip("\n").splitlines():
+        want = want.rstrip()
+        if want.strip() == "...":
+            continue
+        pattern = re.compile(".*?".join(re.escape(part) for part in want.split("...")) + r"\Z")
+        for index in range(position, len(lines)):
+            if pattern.match(lines[index]):
+                position = index + 1
+                break
+        else:
+            raise AssertionError(f"the block did not print, in order, the line {want!r}; it printed:\n"
+                                 + "\n".join(lines[-60:]))
+
+
 def shell_environment(bindir: str) -> dict:
     """The reader's shell: this checkout's ``equivtool`` and this ``python`` first on PATH."""
     env = dict(os.environ)
@@ -101,6 +132,7 @@ def shell_evaluator(workdir: str, env: dict):
         if result.returncode != 0:
             raise AssertionError(f"the shell block exited {result.returncode}:\n"
                                  f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        sys.stdout.write(result.stdout)  # what it printed, for a following output block
     return tagged(evaluate, "bash")
 
 
@@ -131,12 +163,23 @@ def run_page(page: str, workdir: str, bindir: str) -> list:
                 raise ValueError(f"{page}, line {example.line}: 'skip: next' needs a reason in quotes")
             example.evaluate()
             continue
+        printed = io.StringIO()
         try:
-            example.evaluate()
+            with contextlib.redirect_stdout(printed):
+                example.evaluate()
         except SkipTest as skip:
             outcomes.append({"line": example.line, "kind": kind, "outcome": "skipped", "reason": str(skip)})
             continue
-        outcomes.append({"line": example.line, "kind": kind, "outcome": "ran", "reason": ""})
+        finally:
+            sys.stderr.write(printed.getvalue())  # shown when the page fails
+        expected = expected_output(document, example) if kind != "file" else None
+        if expected is not None:
+            try:
+                check_output(expected, printed.getvalue())
+            except AssertionError as error:
+                raise AssertionError(f"{page}, line {example.line}: {error}") from None
+        outcomes.append({"line": example.line, "kind": kind, "outcome": "ran", "reason": "",
+                         "output_checked": expected is not None})
     return outcomes
 
 

@@ -112,17 +112,28 @@ def test_a_page_runs_its_blocks_in_one_namespace_with_files_and_shell(tmp_path):
                                       '```bash\npython -c "import shown; assert shown.VALUE == 7" && touch ran\n```\n\n'
                                       '<!-- skip: next "it needs a GPU, which this machine has not" -->\n'
                                       '```python\nraise SystemExit(3)\n```\n\n'
-                                      '```python\nimport shown\nassert value + shown.VALUE == 9\n```\n')
+                                      '```python\nimport shown\nassert value + shown.VALUE == 9\n'
+                                      'print("header")\nprint("step  passed  0.47s")\nprint("a")\nprint("Verdict: 9")\n```\n\n'
+                                      '```text\nstep  passed  ...s\n...\nVerdict: 9\n```\n\n'
+                                      '```bash\necho "exit code $((2 + 1))"\n```\n\n```text\nexit code 3\n```\n')
     outcomes = outcomes_of(result)
     check_outcomes(text, outcomes)
     assert [(o["kind"], o["outcome"]) for o in outcomes] == [
-        ("python", "ran"), ("file", "ran"), ("bash", "ran"), ("python", "skipped"), ("python", "ran")]
+        ("python", "ran"), ("file", "ran"), ("bash", "ran"), ("python", "skipped"), ("python", "ran"),
+        ("bash", "ran")]
+    assert [o.get("output_checked") for o in outcomes] == [False, False, False, None, True, True]
     assert (tmp_path / "work" / "ran").exists()
 
 
 def test_a_failing_python_block_fails_the_page(tmp_path):
     _, result = _planted(tmp_path, "# p\n\n```python\nassert 1 + 1 == 3, 'planted'\n```\n")
     assert result.returncode == 1 and "planted" in result.stderr
+
+
+@pytest.mark.parametrize("shown", ["Verdict: EQUIVALENT", "second\nfirst", "first ...x"])
+def test_output_the_block_did_not_print_fails_the_page(tmp_path, shown):
+    _, result = _planted(tmp_path, f"# p\n\n```python\nprint('first line')\nprint('second')\n```\n\n```text\n{shown}\n```\n")
+    assert result.returncode == 1 and "the block did not print, in order, the line" in result.stderr
 
 
 def test_a_failing_shell_block_fails_the_page(tmp_path):
