@@ -115,14 +115,17 @@ def shell_environment(bindir: str) -> dict:
 
 
 def make_bindir(bindir: str) -> None:
+    """``equivtool`` (this checkout's command line) and ``python`` (this interpreter, its
+    virtual environment included: a wrapper, since a symlink to it would lose the venv)."""
     os.makedirs(bindir, exist_ok=True)
-    with open(os.path.join(bindir, "equivtool"), "w") as handle:
-        handle.write(f'#!/bin/sh\nexec "{sys.executable}" -c '
-                     f'"import sys; from equivtool.cli import main; sys.exit(main())" "$@"\n')
-    os.chmod(os.path.join(bindir, "equivtool"), 0o755)
-    python = os.path.join(bindir, "python")
-    if not os.path.lexists(python):
-        os.symlink(sys.executable, python)
+    scripts = {"equivtool": f'exec "{sys.executable}" -c "import sys; from equivtool.cli import main; '
+                            f'sys.exit(main())" "$@"',
+               "python": f'exec "{sys.executable}" "$@"'}
+    for name, line in scripts.items():
+        path = os.path.join(bindir, name)
+        with open(path, "w") as handle:
+            handle.write(f"#!/bin/sh\n{line}\n")
+        os.chmod(path, 0o755)
 
 
 def shell_evaluator(workdir: str, env: dict):
