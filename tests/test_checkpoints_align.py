@@ -45,20 +45,23 @@ def test_a_fault_in_the_rewrite_still_fails(mapping, layer, failing):
     assert {"variables_once", "parity"}.isdisjoint(failed)
 
 
-def test_readme_native_path_runs_end_to_end(tmp_path):
+def test_docs_native_path_runs_end_to_end(tmp_path):
     import os
     import re
     import subprocess
     import sys
-    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-    with open(readme) as handle:
-        blocks = re.findall(r"```python\n(.*?)```", handle.read(), re.S)
-    example = next(block for block in blocks if "equivtool.map_variables(tf1_forward, Native" in block)
+    page = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "native-end-state.md")
+    with open(page) as handle:
+        text = handle.read()
+    (tmp_path / "my_models.py").write_text(re.search(r'```python title="my_models.py"\n(.*?)```', text, re.S).group(1))
+    example = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S)
+                   if "equivtool.map_variables(tf1_forward, Native" in block)
     result = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+                            timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONDONTWRITEBYTECODE="1"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rename = [" in result.stdout and "Verdict: EQUIVALENT (1 passed)" in result.stdout
-    assert sorted(os.listdir(tmp_path)) == ["tf1", "tf2_model.data-00000-of-00001", "tf2_model.index"]
+    assert sorted(os.listdir(tmp_path)) == ["my_models.py", "my_rules.py", "tf1", "tf2_model.data-00000-of-00001",
+                                            "tf2_model.index"]
 
 
 class _FailsInTraining(cm.NativeNet):

@@ -485,12 +485,12 @@ def test_faithful_inception_resnet_v2_reports_no_divergence(logits_only):
             [leaf.max_abs for leaf in localized.step("fixed_weights").leaves]
 
 
-def test_readme_localization_example_names_the_planted_op(tmp_path):
+def test_docs_localization_example_names_the_planted_op(tmp_path):
     import re
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "README.md"), encoding="utf-8") as handle:
+    with open(os.path.join(root, "docs", "checking-a-model.md"), encoding="utf-8") as handle:
         blocks = re.findall(r"```python\n(.*?)```", handle.read(), re.S)
     example = next(block for block in blocks if "localize=True)" in block and "class Migrated" in block)
     result = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True,
