@@ -7,6 +7,7 @@ shown, planted faults still fail, the extra run is one TF1 run and leaves every
 variable as it found it.
 """
 
+import json
 import math
 
 import ml_dtypes
@@ -226,6 +227,7 @@ def adam_ckpt(tmp_path_factory):
 def _resume(layer, optimizers, mapping, path, **kwargs):
     report = equivtool.check_equivalence(cm.slim_net, layer, cm.images(), rename=mapping, checkpoint=path,
                                          optimizers=optimizers, steps=["resume"], train_steps=5, **kwargs)
+    _resume.report = report  # the last report, for the tests that read its JSON and text
     return report.step("resume")
 
 
@@ -240,6 +242,9 @@ def test_a_faithful_rewrite_with_batch_norm_training_resumed_five_steps_passes_w
     difference, level = row["step_5/variables/net/bn1/moving_variance"]
     assert level > 0 and difference is not None
     assert any(note.startswith("noise floor: TF1 run again from the same start") for note in result.notes)
+    as_json = next(s for s in json.loads(_resume.report.to_json())["steps"] if s["name"] == "resume")
+    assert as_json["data"]["noise_floor"]["steps"][4]["step_5/variables/net/bn1/moving_variance"] == [
+        difference, level]
     off = _resume(cm.NativeNet, ADAM, mapping, adam_ckpt, noise_floor=False)
     assert "noise_floor" not in off.data and not any("noise floor" in note for note in off.notes)
 
