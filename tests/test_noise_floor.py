@@ -23,9 +23,8 @@ from equivtool.engine.run import Engine
 from equivtool.engine.sides.runners import TF1Side
 from equivtool.report import StepResult
 from tests import checkpoint_models as cm
+from tests.test_checkpoints_resume import ADAM, adam_ckpt, mapping  # noqa: F401 (the resume tests' fixtures)
 
-v1 = tf.compat.v1
-ADAM = (lambda: v1.train.AdamOptimizer(0.01), lambda: tf.keras.optimizers.Adam(0.01, epsilon=1e-8))
 WRONG_LR = (ADAM[0], lambda: tf.keras.optimizers.Adam(0.0101, epsilon=1e-8))  # 1% off
 
 
@@ -213,16 +212,6 @@ def test_the_optimizer_step_runs_tf1_once_more_at_most_and_restores_every_variab
 
 
 # -- the resume step, end to end -------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def mapping():
-    return equivtool.map_variables(cm.slim_net, cm.NativeNet, cm.images())
-
-
-@pytest.fixture(scope="module")
-def adam_ckpt(tmp_path_factory):
-    return cm.train_tf1(cm.slim_net, cm.images(), ADAM[0], 5, str(tmp_path_factory.mktemp("adam") / "model"))
-
 
 def _resume(layer, optimizers, mapping, path, **kwargs):
     report = equivtool.check_equivalence(cm.slim_net, layer, cm.images(), rename=mapping, checkpoint=path,
