@@ -38,24 +38,24 @@ def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def test_every_float_element_moves_one_ulp_in_a_seeded_direction():
     values = {"w": np.random.RandomState(0).normal(size=(50, 40)).astype(np.float32),
               "step": np.int64(7), "mask": np.array([True, False])}
-    moved = dict(noise_floor.perturbed(values, seed=3))
+    moved = dict(noise_floor.Perturbed(values, seed=3))
     assert np.all(_ulps(values["w"], moved["w"]) == 1)
     up = moved["w"] > values["w"]
     assert 0.4 < up.mean() < 0.6  # both directions, about half each
-    np.testing.assert_array_equal(moved["w"], noise_floor.perturbed(values, seed=3)["w"])  # seeded
-    assert not np.array_equal(moved["w"], noise_floor.perturbed(values, seed=4)["w"])
+    np.testing.assert_array_equal(moved["w"], noise_floor.Perturbed(values, seed=3)["w"])  # seeded
+    assert not np.array_equal(moved["w"], noise_floor.Perturbed(values, seed=4)["w"])
     assert moved["step"] == 7 and moved["mask"].tolist() == [True, False]  # not floats: unchanged
     assert moved["w"].dtype == np.float32
 
 
 def test_zeros_and_non_finite_values_stay_and_other_float_types_move():
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0], np.float32)
-    moved = noise_floor.perturbed({"v": special}, seed=0)["v"]
+    moved = noise_floor.Perturbed({"v": special}, seed=0)["v"]
     np.testing.assert_array_equal(moved[:5], special[:5])
     assert moved[5] != 1.0
     for dtype in (np.float16, np.float64, ml_dtypes.bfloat16):
         value = np.full(64, 1.5, dtype)
-        moved = noise_floor.perturbed({"v": value}, seed=0)["v"]
+        moved = noise_floor.Perturbed({"v": value}, seed=0)["v"]
         up, down = (np.nextafter(value, np.full(64, bound, dtype)) for bound in (np.inf, -np.inf))
         assert moved.dtype == value.dtype
         assert np.all((moved == up) | (moved == down)) and np.any(moved == up) and np.any(moved == down)

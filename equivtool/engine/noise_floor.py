@@ -11,7 +11,7 @@ measurement made in the same run.
 How: the step runs its TF1 side a second time from the same start state,
 with every floating-point variable (model, optimizer slots, step powers and
 moving statistics alike) moved one ULP towards +inf or -inf, the direction
-drawn per element by a seeded generator (:func:`perturbed`); zeros and
+drawn per element by a seeded generator (:class:`Perturbed`); zeros and
 non-finite values are left as they are (a zero's ULP is a subnormal that
 flush-to-zero arithmetic reads as 0, and a negative one would make a
 non-negative accumulator negative). The **floor** of a leaf at a step is the
@@ -47,7 +47,7 @@ import numpy as np
 
 from equivtool.comparison import Comparison, LeafComparison, Tolerance, compare
 
-__all__ = ["DEFAULT_MULTIPLE", "FloorJudgement", "check_multiple", "judge", "judge_runs", "measure", "perturbed"]
+__all__ = ["DEFAULT_MULTIPLE", "FloorJudgement", "check_multiple", "judge", "judge_runs", "measure", "Perturbed"]
 
 DEFAULT_MULTIPLE = 10.0
 PERTURBATION = "one ULP towards +inf or -inf (seeded, per element) in every float variable"
@@ -74,7 +74,7 @@ def _one_ulp(value: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.where(keep, array, moved).astype(array.dtype)
 
 
-class perturbed(collections.abc.Mapping):
+class Perturbed(collections.abc.Mapping):
     """``values`` with every floating-point array one ULP away, computed per key
     when asked (a side loading a chunk at a time holds one chunk, not a second
     copy of the model). The direction of each element comes from a generator

@@ -334,10 +334,10 @@ class TF1Side(Side):
     @contextlib.contextmanager
     def perturbed(self, start: Mapping[str, np.ndarray], seed: int):
         """Every global variable at ``start`` with each float one ULP away
-        (:func:`equivtool.engine.noise_floor.perturbed`), for a noise-floor
+        (:class:`equivtool.engine.noise_floor.Perturbed`), for a noise-floor
         run; ``start`` is loaded back on every exit path."""
         try:
-            self.load_global_state(noise_floor.perturbed(start, seed))
+            self.load_global_state(noise_floor.Perturbed(start, seed))
             yield
         finally:
             self.load_global_state(start)
