@@ -58,6 +58,7 @@ from equivtool._platform import execution as _execution
 from equivtool.comparison import Tolerance
 from equivtool.coverage import Coverage
 from equivtool.engine import registry as _steps
+from equivtool.engine.noise_floor import DEFAULT_MULTIPLE as DEFAULT_NOISE_FLOOR_MULTIPLE
 from equivtool.engine.options import Options
 from equivtool.engine.run import Engine
 from equivtool.report import EquivalenceReport, StepResult
@@ -96,6 +97,8 @@ def check_equivalence(
     disable_arithmetic_optimization: bool | None = None,
     outputs: str | Sequence[str] | None = None,
     strict_tolerances: bool = False,
+    noise_floor: bool = True,
+    noise_floor_multiple: float = DEFAULT_NOISE_FLOOR_MULTIPLE,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -189,6 +192,16 @@ def check_equivalence(
         :class:`UnmatchedToleranceKeys` (a ``ValueError`` holding the report)
         is raised after the run. By default such keys are named in a warning,
         in the text report and in ``meta["unmatched_tolerance_keys"]``.
+      noise_floor: the ``optimizer`` and ``resume`` steps run the TF1 side once
+        more from the same start with every float variable (slots and moving
+        statistics included) one ULP away, and record that run's divergence
+        from the first, per step and leaf: the floor. A leaf that exceeds its
+        tolerance by no more than ``noise_floor_multiple`` times its floor is
+        "consistent with rounding" and passes, with both numbers in a note and
+        in ``step.data["noise_floor"]``; a floor of 0 widens nothing. ``False``
+        skips the extra run. See :mod:`equivtool.engine.noise_floor`.
+      noise_floor_multiple: how many times its floor a leaf's difference may
+        reach (a number >= 1; default 10, one decimal digit).
     """
     options = Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
@@ -196,7 +209,8 @@ def check_equivalence(
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         graph_rewrites=graph_rewrites, seed=seed, progress=progress, meta=meta, strategy=strategy,
         localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization,
-        outputs=outputs, strict_tolerances=strict_tolerances)
+        outputs=outputs, strict_tolerances=strict_tolerances, noise_floor=noise_floor,
+        noise_floor_multiple=noise_floor_multiple)
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None:

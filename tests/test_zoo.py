@@ -155,6 +155,14 @@ def test_align_pass_keys_maps_uniquified_scopes_only():
 
 # -- the zoo ----------------------------------------------------------------------
 
+def test_a_zoo_row_shows_a_training_steps_floor_at_its_largest_difference():
+    import types
+    from examples.slim_zoo.zoo import _floor_of_largest
+    floor = {"steps": [{"a": [1e-5, 1e-3], "b": [4e-5, 2e-2]}, {"c": [None, None], "d": [2e-5, None]}]}
+    assert _floor_of_largest(types.SimpleNamespace(data={"noise_floor": floor})) == " (floor 2.0e-02)"
+    assert _floor_of_largest(types.SimpleNamespace(data={})) == ""
+
+
 ZOO_NAMES = ["resnet_v1_50", "resnet_v2_50", "inception_v3", "inception_v2", "inception_v1", "alexnet_v2",
              "resnet_v1_101", "resnet_v2_101", "overfeat", "vgg_a", "vgg_16", "vgg_19"]
 

@@ -25,6 +25,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from equivtool.engine import noise_floor
 from equivtool.engine.steps import SplitStep
 from equivtool._platform.tf_internals import save_slice_info
 from equivtool.checkpoints.convert import checkpoint_path, convert
@@ -87,9 +88,8 @@ def _resume_tf1(e) -> dict:
             slots = [(v, optimizer.get_slot(v, name)) for name in optimizer.get_slot_names() for v in trainable]
             slots = [(v, s) for v, s in slots if s is not None]
             non_slot = [v for v in optimizer.variables() if v.op.name in ("beta1_power", "beta2_power")]
-        losses, captures = [], []
-        for _ in range(o.train_steps):
-            losses.append(side.train_step(training))
+        def train_step() -> tuple:
+            loss = side.train_step(training)
             model_values, slot_values, non_slot_values = side.session.run(
                 (side.variables, [s for _, s in slots], non_slot))
             slot_keys = [(v, s.op.name.rsplit("/", 1)[-1]) for v, s in slots]
@@ -102,10 +102,19 @@ def _resume_tf1(e) -> dict:
             for suffix, (variables, values) in by_slot.items():
                 for key, value in _full_values(variables, values, o.renamer).items():
                     slot_capture[f"{key}/{suffix}"] = value
-            captures.append({"variables": _full_values(side.variables, model_values, o.renamer),
-                             "slots": slot_capture,
-                             "optimizer": {v.op.name: np.float32(x) for v, x in zip(non_slot, non_slot_values)}})
-        return {"losses": losses, "captures": captures, "optimizer": type(optimizer).__name__}
+            return loss, {"variables": _full_values(side.variables, model_values, o.renamer),
+                          "slots": slot_capture,
+                          "optimizer": {v.op.name: np.float32(x) for v, x in zip(non_slot, non_slot_values)}}
+
+        start = side.global_state() if o.noise_floor else None
+        steps = [train_step() for _ in range(o.train_steps)]
+        floor_run = None
+        if start is not None:  # the same steps from the same start, 1 ULP away (engine.noise_floor)
+            with side.perturbed(start, o.seed):
+                floor_run = [train_step() for _ in range(o.train_steps)]
+        return {"losses": [loss for loss, _ in steps], "captures": [capture for _, capture in steps],
+                "optimizer": type(optimizer).__name__,
+                "floor_run": floor_run}
     finally:
         side.close()
 
@@ -156,42 +165,58 @@ def _resume_tf2(e, _) -> dict:
             "iterations": conversion.iterations, "notes": list(conversion.notes)}
 
 
+def _resume_expected(tf1_loss, tf1_capture: dict, tf2_capture: dict, lr) -> dict:
+    """What a TF1 step's capture is compared as: a slot in tf-keras' form (Momentum: -lr * a), under its TF1 name."""
+    expected_slots = {}
+    for key, value in tf1_capture["slots"].items():
+        converted = tf2_capture["slots"].get(key)
+        how = converted[1] if converted is not None else "copy"
+        expected_slots[key] = _SLOT_TRANSFORMS[how](value, lr)
+    expected = {"loss": np.float32(tf1_loss), "variables": tf1_capture["variables"], "slots": expected_slots}
+    if tf1_capture["optimizer"]:
+        expected["optimizer"] = tf1_capture["optimizer"]
+    return expected
+
+
 def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
     o = e.options
-    comparisons, failed_at = [], None
+    comparisons = []
     for step, (tf1_loss, tf1_capture, tf2_loss, tf2_capture) in enumerate(
             zip(tf1["losses"], tf1["captures"], tf2["losses"], tf2["captures"])):
-        # A TF1 slot is compared in tf-keras' form (Momentum: -lr * a), under its TF1 name.
-        expected_slots, actual_slots = {}, {}
-        for key, value in tf1_capture["slots"].items():
-            converted = tf2_capture["slots"].get(key)
-            how = converted[1] if converted is not None else "copy"
-            expected_slots[key] = _SLOT_TRANSFORMS[how](value, tf2["lr"])
-            if converted is not None:
-                actual_slots[key] = converted[0]
-        expected = {"loss": np.float32(tf1_loss), "variables": tf1_capture["variables"], "slots": expected_slots}
+        expected = _resume_expected(tf1_loss, tf1_capture, tf2_capture, tf2["lr"])
+        actual_slots = {key: tf2_capture["slots"][key][0] for key in tf1_capture["slots"]
+                        if key in tf2_capture["slots"]}
         actual = {"loss": np.float32(tf2_loss), "variables": tf2_capture["variables"], "slots": actual_slots}
         if tf1_capture["optimizer"]:
-            expected["optimizer"] = tf1_capture["optimizer"]
             t = tf2_capture["iterations"] + 1
             beta_1, beta_2 = tf2_capture["betas"]
             actual["optimizer"] = {"beta1_power": np.float32(beta_1 ** t), "beta2_power": np.float32(beta_2 ** t)}
         comparison = compare(expected, actual, o.tolerances.get("resume", step), name=f"step_{step + 1}")
         comparisons.append(comparison)
-        if not comparison.ok and failed_at is None:
-            failed_at = step + 1
+    floor_notes, floor_data = [], {}
+    if tf1.get("floor_run") is not None:
+        floor = noise_floor.judge_runs(
+            comparisons,
+            [_resume_expected(loss, capture, theirs, tf2["lr"])
+             for loss, capture, theirs in zip(tf1["losses"], tf1["captures"], tf2["captures"])],
+            [_resume_expected(loss, capture, theirs, tf2["lr"])
+             for (loss, capture), theirs in zip(tf1["floor_run"], tf2["captures"])],
+            o.noise_floor_multiple, o.seed)
+        comparisons, floor_notes, floor_data = list(floor.comparisons), list(floor.notes), {"noise_floor": floor.data}
+    failed_at = next((step + 1 for step, comparison in enumerate(comparisons) if not comparison.ok), None)
     notes = [f"{o.train_steps} steps of {tf1['optimizer']} (TF1, restored with its slots) vs "
              f"{tf2['optimizer']} (TF2, from the converted checkpoint)",
              f"converted: {tf2['mapped']} model variables, {tf2['converted']} slots, "
              f"iterations={tf2['iterations']}"]
     notes += [f"conversion: {note}" for note in tf2["notes"]]
+    notes += floor_notes
     if failed_at is not None:
         notes.append(f"first step that exceeds tolerance: {failed_at}")
     losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
     first = (tf1["captures"] or [{}])[0].get("variables", {}), (tf2["captures"] or [{}])[0].get("variables", {})
     return StepResult.from_comparisons("resume", title("resume"), comparisons, notes=notes,
                                        data={"steps": o.train_steps, "first_failing_step": failed_at,
-                                             "losses": losses, "conversion": tf2["conversion"],
+                                             "losses": losses, "conversion": tf2["conversion"], **floor_data,
                                              "proves": {"values": [k for k in first[0] if k in first[1]]}})
 
 

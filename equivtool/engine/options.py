@@ -19,6 +19,7 @@ from equivtool.engine import output_filter
 from equivtool._base.tree import flatten_tensors
 from equivtool._platform import execution as _execution
 from equivtool.comparison import Tolerance
+from equivtool.engine import noise_floor as _noise_floor
 from equivtool.engine import registry as _steps
 from equivtool.engine import send as _send
 from equivtool.engine.registry import MODES, STEPS
@@ -167,6 +168,8 @@ class Options:
     strict_tolerances: bool = False   # a tolerance key that matched no leaf is an error
     outputs: tuple = ()               # include / "!"exclude patterns of compared output leaves
     aligned: str | None = None        # rename=VariableMapping: how both sides' weights are aligned
+    noise_floor: bool = True          # multi-step training judged against a measured floor (engine.noise_floor)
+    noise_floor_multiple: float = _noise_floor.DEFAULT_MULTIPLE
 
     @property
     def want_gradients(self) -> bool:
@@ -177,7 +180,8 @@ class Options:
               optimizers, train_steps, checkpoint, rename, tf_function,
               graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
               workers=1, outputs=None, disable_arithmetic_optimization=None,
-              strict_tolerances=False) -> "Options":
+              strict_tolerances=False, noise_floor=True,
+              noise_floor_multiple=_noise_floor.DEFAULT_MULTIPLE) -> "Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -199,9 +203,11 @@ class Options:
         _check_run_options(tf_function, seed, progress, strategy)
         graph_rewrites = _graph_rewrites(graph_rewrites, disable_arithmetic_optimization)
         _check_checkpoint(checkpoint)
-        for name, flag in (("localize", localize), ("strict_tolerances", strict_tolerances)):
+        for name, flag in (("localize", localize), ("strict_tolerances", strict_tolerances),
+                           ("noise_floor", noise_floor)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected True or False, got {flag!r}")
+        multiple = _noise_floor.check_multiple(noise_floor_multiple)
         if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
             raise ValueError(f"workers: expected an int >= 1 (processes running the two sides), got {workers!r}")
         options = cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
@@ -211,7 +217,8 @@ class Options:
                    graph_rewrites=graph_rewrites, seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, workers=int(workers), outputs=output_patterns,
-                   strict_tolerances=strict_tolerances, aligned=aligned_weights(rename))
+                   strict_tolerances=strict_tolerances, aligned=aligned_weights(rename),
+                   noise_floor=noise_floor, noise_floor_multiple=multiple)
         if options.workers > 1:
             reason = in_process_reason(options)
             if reason is None:

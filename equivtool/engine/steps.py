@@ -31,6 +31,7 @@ from equivtool.engine.sides.tf1_graph import depends_on
 from equivtool.engine.sides.runners import TF1Side, fixed_value, primary_output_path, variable_key
 from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
+from equivtool.engine import noise_floor
 from equivtool.engine.outputs import split_outputs
 from equivtool.engine.registry import SkipStep, title
 from equivtool.seeding._traced import TraceAlignment
@@ -505,11 +506,17 @@ def _optimizer_tf1(e: "Engine") -> dict:
     losses, values = [], []
     with half.preserved():
         training = half.side.build_training(make_tf1, not half.distributed)
+        start = half.side.global_state() if o.noise_floor else None
         for _ in range(o.train_steps):
             # Every step sees each random op's first draw on both sides: a
             # new TF1 session, and a new op per eager call (or per trace).
             losses.append(half.side.train_step(training))
             values.append(half.side.read_variables())
+        floor_run = None
+        if start is not None:  # the same steps from the same start, 1 ULP away (engine.noise_floor)
+            with half.side.perturbed(start, o.seed):
+                floor_run = [(half.side.train_step(training), half.side.read_variables())
+                             for _ in range(o.train_steps)]
     forward = half.gradient_forward()
     gradient_of = forward.gradients or {}
     # A variable's update is explained by the loops when its gradient (in the
@@ -520,6 +527,7 @@ def _optimizer_tf1(e: "Engine") -> dict:
         tensors[f"step_{step + 1}/loss"] = training.loss
         tensors.update({f"step_{step + 1}/variables/{key}": g for key, g in gradient_of.items()})
     return {"losses": losses, "variables": values, "optimizer": type(training.optimizer).__name__,
+            "floor_run": floor_run,
             "sparse": [k for k, g in gradient_of.items() if type(g).__name__ == "IndexedSlices"],
             "loops": loops, "flags": _loop_flags(loops, tensors)}
 
@@ -539,19 +547,31 @@ def _optimizer_tf2(e: "Engine", _) -> dict:
             "sparse": list(half.side.sparse_gradients)}
 
 
+def _optimizer_expected(loss, values: Mapping, tf2_values: Mapping) -> dict:
+    return {"loss": np.float32(loss), "variables": {k: v for k, v in values.items() if k in tf2_values}}
+
+
 def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     o = e.options
-    comparisons, failed_at = [], None
+    comparisons = []
     for step, (tf1_loss, tf1_values, tf2_loss, tf2_values) in enumerate(
             zip(tf1["losses"], tf1["variables"], tf2["losses"], tf2["variables"])):
-        tf1_vars = {k: v for k, v in tf1_values.items() if k in tf2_values}
-        comparison = e.compare("optimizer", {"loss": np.float32(tf1_loss), "variables": tf1_vars},
+        comparison = e.compare("optimizer", _optimizer_expected(tf1_loss, tf1_values, tf2_values),
                                {"loss": np.float32(tf2_loss), "variables": tf2_values},
                                name=f"step_{step + 1}", index=step)
         comparisons.append(comparison)
-        if not comparison.ok and failed_at is None:
-            failed_at = step + 1
     notes = [f"{o.train_steps} steps of {tf1['optimizer']} (TF1) vs {tf2['optimizer']} (TF2)"]
+    floor = None
+    if tf1.get("floor_run") is not None:
+        floor = noise_floor.judge_runs(
+            comparisons,
+            [_optimizer_expected(*pair) for pair in zip(tf1["losses"], tf1["variables"], tf2["variables"])],
+            [_optimizer_expected(loss, values, theirs)
+             for (loss, values), theirs in zip(tf1["floor_run"], tf2["variables"])],
+            o.noise_floor_multiple, o.seed)
+        comparisons = list(floor.comparisons)
+        notes += floor.notes
+    failed_at = next((step + 1 for step, comparison in enumerate(comparisons) if not comparison.ok), None)
     notes += sparse_note(tf1["sparse"], tf2["sparse"], applied=True)
     if o.strategy is not None:
         notes.append(_DISTRIBUTED_NOTE)
@@ -559,9 +579,11 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
         notes.append(f"first step that exceeds tolerance: {failed_at}")
     losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
     compared = [key for key in (tf1["variables"] or [{}])[0] if key in (tf2["variables"] or [{}])[0]]
-    result = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes,
-                                         data={"steps": o.train_steps, "first_failing_step": failed_at,
-                                               "losses": losses, "proves": {"values": compared}})
+    data = {"steps": o.train_steps, "first_failing_step": failed_at, "losses": losses,
+            "proves": {"values": compared}}
+    if floor is not None:
+        data["noise_floor"] = floor.data
+    result = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes, data=data)
     return judge_loop_random(result, tf1["loops"], tf1["flags"])
 
 

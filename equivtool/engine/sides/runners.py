@@ -14,6 +14,7 @@ so a pass whose outputs are compared gets a ``TF1Side`` of its own (see
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -25,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 from equivtool._platform import execution as _execution
 from equivtool._platform.execution import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
+from equivtool.engine import noise_floor
 from equivtool.engine.sides.tf1_graph import align_pass_keys, loop_random_ops
 from equivtool._base.names import strip_output_index
 from equivtool._base.tree import expand_composites, flatten_tensors, pack_like
@@ -332,6 +334,34 @@ class TF1Side(Side):
         self.session.close()
         self.session = tf.compat.v1.Session(graph=self.graph, config=self._config)
         load_by_initializer(self.session, zip(everything, values))
+
+    def global_state(self) -> dict:
+        """``{op name: value}`` of every global variable: the model's, and the
+        optimizer's slots, step powers and counters."""
+        if not self._initialized:
+            self.initialize()
+        with self.graph.as_default():
+            everything = tf.compat.v1.global_variables()
+        return dict(zip((v.op.name for v in everything), self.session.run(everything)))
+
+    def load_global_state(self, values: Mapping[str, np.ndarray]) -> None:
+        """Set every global variable named in ``values`` (by op name), a chunk at a time."""
+        with self.graph.as_default():
+            wanted = [v for v in tf.compat.v1.global_variables() if v.op.name in values]
+        for run in chunked(wanted, variable_bytes):
+            load_by_initializer(self.session, [(variable, values[variable.op.name]) for variable in run])
+        self._initialized = True
+
+    @contextlib.contextmanager
+    def perturbed(self, start: Mapping[str, np.ndarray], seed: int):
+        """Every global variable at ``start`` with each float one ULP away
+        (:class:`equivtool.engine.noise_floor.Perturbed`), for a noise-floor
+        run; ``start`` is loaded back on every exit path."""
+        try:
+            self.load_global_state(noise_floor.Perturbed(start, seed))
+            yield
+        finally:
+            self.load_global_state(start)
 
     # -- training and checkpoints ----------------------------------------------
 
