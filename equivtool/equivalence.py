@@ -90,7 +90,7 @@ def check_equivalence(
     progress: Callable[[StepResult], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
-    localize: bool = False,
+    localize: bool | str = False,
     workers: int = 1,
     disable_arithmetic_optimization: bool | None = None,
     outputs: str | Sequence[str] | None = None,
@@ -154,11 +154,13 @@ def check_equivalence(
         training-output steps are skipped with that reason and gradients and
         optimizer steps use ``training=False`` on both sides.
       localize: for the steps that compare forward outputs (``fixed_weights``,
-        ``random/*``, ``checkpoint``), run the pass once more with every op's
-        output captured on both sides and attach the first op whose output
-        exceeds tolerance as ``step.data["localization"]`` (an
-        :class:`equivtool.localize.Localization`); verdicts and numbers are those
-        of the steps themselves. See :mod:`equivtool.localize`.
+        ``random/*``, ``checkpoint``) and failed, run the pass once more, from
+        the variables the step started from, with every op's output captured on
+        both sides and attach the first op whose output exceeds tolerance as
+        ``step.data["localization"]`` (an
+        :class:`equivtool.localize.Localization`); ``"all"``: passing steps too.
+        Verdicts and numbers are those of the steps themselves. See
+        :mod:`equivtool.localize` and ``docs/localization.md``.
       workers: processes to run the check in, this one included. ``1`` runs
         everything here. With ``N > 1`` the TF1 side and the TF2 side of every
         step run in separate processes (this one and up to ``N - 1`` worker
@@ -240,7 +242,7 @@ def _header(options: Options) -> dict:
         "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(options.inputs)],
         "strategy": None if strategy is None else
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
-        **({"localize": True} if options.localize else {}),
+        **({"localize": options.localize} if options.localize else {}),
         **({"outputs": list(options.outputs)} if options.outputs else {}),
         **({"weights": options.aligned} if options.aligned else {}),
         **({"workers": options.workers if options.in_process is None else

@@ -418,6 +418,9 @@ class EquivalenceReport:
         counts = {status: sum(s.status == status for s in self.steps) for status in STATUSES}
         tally = ", ".join(f"{counts[k]} {k}" for k in STATUSES if counts[k])
         if self.passed:
+            hidden = _localize.hidden_divergence(self.steps)
+            if hidden:
+                return f"Verdict: EQUIVALENT at the outputs; an intermediate differs: {hidden} ({tally})"
             return f"Verdict: EQUIVALENT ({tally})"
         if self.failed_steps:
             names = ", ".join(s.name for s in self.failed_steps)

@@ -161,7 +161,7 @@ class Options:
     progress: Callable[[StepResult], None] | None
     meta: Mapping
     strategy: Any
-    localize: bool = False
+    localize: bool | str = False  # True: the failing forward-pass steps; "all": every one
     workers: int = 1
     in_process: str | None = None     # why workers > 1 still runs in one process
     strict_tolerances: bool = False   # a tolerance key that matched no leaf is an error
@@ -199,9 +199,10 @@ class Options:
         _check_run_options(tf_function, seed, progress, strategy)
         graph_rewrites = _graph_rewrites(graph_rewrites, disable_arithmetic_optimization)
         _check_checkpoint(checkpoint)
-        for name, flag in (("localize", localize), ("strict_tolerances", strict_tolerances)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name}: expected True or False, got {flag!r}")
+        from equivtool.localize import check_localize
+        check_localize(localize)
+        if not isinstance(strict_tolerances, bool):
+            raise TypeError(f"strict_tolerances: expected True or False, got {strict_tolerances!r}")
         if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
             raise ValueError(f"workers: expected an int >= 1 (processes running the two sides), got {workers!r}")
         options = cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,

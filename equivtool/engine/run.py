@@ -246,7 +246,8 @@ class Engine:
             return result
         from equivtool.localize import localize_on_step
         return localize_on_step(result, tf1, tf1_outputs, call_tf2, self.options.tolerances.get(result.name),
-                                state=state, strategy=self.options.strategy)
+                                state=state, strategy=self.options.strategy,
+                                only_failed=self.options.localize != "all")
 
     # -- the loop ----------------------------------------------------------
 

@@ -253,6 +253,7 @@ def compare_models(
     atol: Any = None,
     rtol: Any = None,
     localize: bool = False,
+    strict_intermediates: bool = False,
     save_outputs: Optional[str] = None,
     load_op_library: Sequence[str] = (),
     graph_rewrites: str = "as_written",
@@ -264,7 +265,10 @@ def compare_models(
     ``.pb``; a tf-keras ``.h5``/``.keras`` file; a golden record ``.npz``) or
     sides from :func:`load_side`. The options are those of ``equivtool compare``
     (``equivtool compare --help``), as keyword arguments; list-valued options
-    take a mapping or ``"A=B,..."`` / ``"NAME:VALUE"`` strings. Bad options and
+    take a mapping or ``"A=B,..."`` / ``"NAME:VALUE"`` strings. With
+    ``localize=True`` an intermediate beyond tolerance under passing outputs is
+    named in the verdict line ("EQUIVALENT at the outputs; an intermediate
+    differs: ..."); ``strict_intermediates=True`` fails the step instead. Bad options and
     artifacts raise ``ValueError`` with one line before anything runs.
     """
     started = time.perf_counter()
@@ -273,6 +277,9 @@ def compare_models(
     in_map, out_map = _pairs(map_inputs, "--map-inputs"), _pairs(map_outputs, "--map-outputs")
     graph_in, graph_out = _pairs(graph_inputs, "--graph-inputs"), _pairs(graph_outputs, "--graph-outputs")
     _check_options(seed, batches, save_outputs)
+    if not isinstance(strict_intermediates, bool) or (strict_intermediates and not localize):
+        raise ModelLoadError(f"strict_intermediates: expected True (with localize=True) or False, got "
+                             f"{strict_intermediates!r}" + ("" if localize else " without localize"))
     from equivtool._platform import execution as _execution
     try:
         _execution.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
@@ -291,10 +298,14 @@ def compare_models(
                 owned.append(side)
             sides.append(side)
         old_side, new_side = sides
-        return _compare(old_side, new_side, shapes, ranges, tolerance, in_map, out_map, seed, inputs, data_loader,
-                        batches, localize, save_outputs, {"platform": _execution.platform(graph_rewrites, True),
-                                                          **dict(meta or {})}, started,
-                        release_old=any(side is old_side for side in owned))
+        report = _compare(old_side, new_side, shapes, ranges, tolerance, in_map, out_map, seed, inputs,
+                          data_loader, batches, localize, save_outputs,
+                          {"platform": _execution.platform(graph_rewrites, True), **dict(meta or {})}, started,
+                          release_old=any(side is old_side for side in owned))
+        if not strict_intermediates:
+            return report
+        from equivtool.localize.result import strict_intermediates as _strict
+        return EquivalenceReport(tuple(_strict(s) for s in report.steps), report.meta)
     finally:
         for side in owned:
             side.close()
