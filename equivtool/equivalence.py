@@ -95,6 +95,7 @@ def check_equivalence(
     disable_arithmetic_optimization: bool | None = None,
     outputs: str | Sequence[str] | None = None,
     strict_tolerances: bool = False,
+    strict_intermediates: bool = False,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -159,7 +160,8 @@ def check_equivalence(
         both sides and attach the first op whose output exceeds tolerance as
         ``step.data["localization"]`` (an
         :class:`equivtool.localize.Localization`); ``"all"``: passing steps too.
-        Verdicts and numbers are those of the steps themselves. See
+        Verdicts and numbers are those of the steps themselves (a passing
+        step whose intermediate differs is named in the verdict line). See
         :mod:`equivtool.localize` and ``docs/localization.md``.
       workers: processes to run the check in, this one included. ``1`` runs
         everything here. With ``N > 1`` the TF1 side and the TF2 side of every
@@ -183,6 +185,9 @@ def check_equivalence(
         :class:`UnmatchedToleranceKeys` (a ``ValueError`` holding the report)
         is raised after the run. By default such keys are named in a warning,
         in the text report and in ``meta["unmatched_tolerance_keys"]``.
+      strict_intermediates: with ``localize``: passing forward-pass steps are
+        localized too, and one whose outputs pass while an intermediate op
+        differs beyond tolerance fails.
     """
     options = Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
@@ -190,7 +195,7 @@ def check_equivalence(
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         graph_rewrites=graph_rewrites, seed=seed, progress=progress, meta=meta, strategy=strategy,
         localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization,
-        outputs=outputs, strict_tolerances=strict_tolerances)
+        outputs=outputs, strict_tolerances=strict_tolerances, strict_intermediates=strict_intermediates)
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None:

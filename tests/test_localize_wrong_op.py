@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import types
 
 import numpy as np
@@ -361,3 +362,49 @@ def test_a_hidden_intermediate_is_in_the_verdict_and_fails_when_strict(exported)
                                       strict_intermediates=True)
     assert not strict.passed and strict.step("outputs").status == "failed"
     assert "an intermediate differs beyond tolerance" in strict.step("outputs").message
+
+
+def hidden_head(x, training, fault=False):
+    """A Relu (Relu6 with ``fault``) under a saturated softmax head that hides it."""
+    h = tf.compat.v1.layers.conv2d(x, 4, 3, name="conv1", padding="same")
+    h = (tf.nn.relu6 if fault else tf.nn.relu)(h)
+    logits = tf.compat.v1.layers.dense(tf.reduce_mean(h, [1, 2]), 3, name="fc")
+    return tf.nn.softmax(logits + [[400.0, 0.0, 0.0]])
+
+
+def test_check_names_a_hidden_intermediate_and_strict_intermediates_fails_it():
+    shim, inputs = shim_of(hidden_head), _inputs((2, 6, 6, 3), 40)
+    kwargs = dict(steps=["fixed_weights"])
+    report = check_equivalence(hidden_head, functools.partial(shim, fault=True), inputs, localize="all", **kwargs)
+    assert report.passed, report
+    assert str(report.verdict).startswith(
+        "Verdict: EQUIVALENT at the outputs; an intermediate differs: Relu (step fixed_weights)"), report.verdict
+    strict = check_equivalence(hidden_head, functools.partial(shim, fault=True), inputs, localize=True,
+                               strict_intermediates=True, **kwargs)
+    assert not strict.passed and strict.step("fixed_weights").status == "failed"
+    assert "an intermediate differs beyond tolerance" in strict.step("fixed_weights").message
+    faithful = check_equivalence(hidden_head, shim, inputs, localize=True, strict_intermediates=True, **kwargs)
+    assert faithful.passed and str(faithful.verdict).startswith("Verdict: EQUIVALENT (")
+    with pytest.raises(TypeError, match="strict_intermediates: .* without localize"):
+        check_equivalence(hidden_head, shim, inputs, strict_intermediates=True, **kwargs)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], (False, False)), (["--localize"], (True, False)), (["--localize-all"], ("all", False)),
+    (["--localize", "--strict-intermediates"], (True, True)),
+])
+def test_check_flags_reach_check_equivalence(flags, expected, monkeypatch, capsys):
+    from equivtool import cli
+    seen = {}
+
+    def fake(*args, localize, strict_intermediates, **kwargs):
+        seen["got"] = (localize, strict_intermediates)
+        return EquivalenceReport((StepResult("fixed_weights", "t", "passed", 0.0),))
+    monkeypatch.setattr(equivtool, "check_equivalence", fake)
+    monkeypatch.chdir(os.path.dirname(os.path.abspath(__file__)))
+    cli.main(["check", "small_models:slim_net", "small_models:SlimNetShim", "--input-shape", "2,8,8,3",
+              "--steps", "fixed_weights", *flags])
+    assert seen["got"] == expected
+    help_text = cli.build_parser().format_help() + cli.build_parser()._subparsers._group_actions[0].choices[
+        "check"].format_help()
+    assert "for failing forward-pass steps" in help_text and "--localize-all" in help_text

@@ -162,6 +162,7 @@ class Options:
     meta: Mapping
     strategy: Any
     localize: bool | str = False  # True: the failing forward-pass steps; "all": every one
+    strict_intermediates: bool = False  # a passing step whose localization diverged fails
     workers: int = 1
     in_process: str | None = None     # why workers > 1 still runs in one process
     strict_tolerances: bool = False   # a tolerance key that matched no leaf is an error
@@ -177,7 +178,7 @@ class Options:
               optimizers, train_steps, checkpoint, rename, tf_function,
               graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
               workers=1, outputs=None, disable_arithmetic_optimization=None,
-              strict_tolerances=False) -> "Options":
+              strict_tolerances=False, strict_intermediates=False) -> "Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -201,6 +202,9 @@ class Options:
         _check_checkpoint(checkpoint)
         from equivtool.localize import check_localize
         check_localize(localize)
+        if not isinstance(strict_intermediates, bool) or (strict_intermediates and not localize):
+            raise TypeError(f"strict_intermediates: expected True (with localize=True or 'all') or False, got "
+                            f"{strict_intermediates!r}" + ("" if localize else " without localize"))
         if not isinstance(strict_tolerances, bool):
             raise TypeError(f"strict_tolerances: expected True or False, got {strict_tolerances!r}")
         if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
@@ -211,7 +215,8 @@ class Options:
                    renamer=_make_renamer(as_rename(rename)), tf_function=bool(tf_function),
                    graph_rewrites=graph_rewrites, seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
-                   localize=localize, workers=int(workers), outputs=output_patterns,
+                   localize=localize, strict_intermediates=strict_intermediates, workers=int(workers),
+                   outputs=output_patterns,
                    strict_tolerances=strict_tolerances, aligned=aligned_weights(rename))
         if options.workers > 1:
             reason = in_process_reason(options)
