@@ -1,12 +1,17 @@
 """Where the numbers part: the first TensorFlow op whose output differs between the sides.
 
 ``check_equivalence(..., localize=True)`` (or ``equivtool check --localize``)
-re-runs each forward-pass step (``fixed_weights``, ``random/*``,
-``checkpoint``) with every op's output captured on both sides: the TF1 graph's
+re-runs each failing forward-pass step (``fixed_weights``, ``random/*``,
+``checkpoint``; ``localize="all"``: passing ones too), from the variables the
+step started from, with every op's output captured on both sides: the TF1 graph's
 ops fetched from its session, the TF2 layer's ops seen by TensorFlow's op
 callbacks (eagerly, or under ``tf.function``). Ops are aligned by name first
 (the shim runs the same Python code, so the names under the layer's scope
-agree), then by scope and type in order, then by type and order; the first
+agree; an outer scope is stripped only when every TF1 op is under it), then by
+scope and type in order, then by type and order; a candidate further on whose
+values disagree yields to an op of another type at the record's place (a
+swapped op). An op that compared nothing that could differ is INCONCLUSIVE,
+never a divergence. The first
 aligned op in execution order whose output exceeds tolerance is reported with
 both sides' op names and types, shapes, error statistics, the first
 mismatching index and the source line that created it. The result is a
