@@ -295,11 +295,11 @@ class _Lockstep:
         return op
 
     def _same_place(self, record: _Record, op: _TF1Op) -> Optional[_TF1Op]:
-        """The first unmatched TF1 op of another type between the cursor and ``op``,
-        under the record's scope (compared by structure), whose first output has
-        the record's first output's shape."""
+        """The first unmatched TF1 op of another type between the cursor and ``op``
+        (at most ``_WINDOW`` ops on), under the record's scope (compared by
+        structure), whose first output has the record's first output's shape."""
         base, shapes = _base_scope(record.scope), _record_shapes(record)
-        for other in self.ops[self.cursor + 1:op.index]:
+        for other in self.ops[self.cursor + 1:min(op.index, self.cursor + 1 + _WINDOW)]:
             if other.matched or other.type == record.type or _base_scope(other.scope) != base:
                 continue
             theirs = [other.op.outputs[i].shape for i in other.outputs]
