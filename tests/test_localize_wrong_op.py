@@ -408,3 +408,18 @@ def test_check_flags_reach_check_equivalence(flags, expected, monkeypatch, capsy
     help_text = cli.build_parser().format_help() + cli.build_parser()._subparsers._group_actions[0].choices[
         "check"].format_help()
     assert "for failing forward-pass steps" in help_text and "--localize-all" in help_text
+
+
+def test_an_outer_scope_is_stripped_only_when_every_op_is_under_it():
+    from equivtool.localize._capture import _Naming
+    outer = _Naming(["net/conv1/Conv2D", "net/net/fc/MatMul"])
+    assert outer.outer == "net" and outer.tf1_key("net/net/fc/MatMul") == "fc/MatMul"
+    assert outer.other_scope(["layer", "net", "conv1", "net", "conv1"], layer_scope=True) == ["conv1"]
+    for names in (["conv1/Conv2D", "conv2/Conv2D"], ["net/conv1/Tanh", "Tanh"]):  # none: names stay whole
+        naming = _Naming(names)
+        assert naming.outer is None and [naming.tf1_key(n) for n in names] == names
+    top = _Naming(["conv1/Conv2D", "conv2/Conv2D", "Relu"])
+    assert top.other_scope(["migrated", "conv2"], layer_scope=True) == ["conv2"]
+    assert top.other_scope(["StatefulPartitionedCall", "conv2_1"], layer_scope=False) == ["conv2_1"]
+    assert top.other_scope(["migrated"], layer_scope=True) == []  # an unscoped op under the layer's scope
+    assert top.in_model("migrated/Relu") and not top.in_model("Identity")
