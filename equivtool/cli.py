@@ -260,8 +260,10 @@ def cmd_check(args) -> int:
             report = check_equivalence(
                 tf1_fn, tf2_factory, inputs, tolerance=tolerance, steps=steps, modes=modes,
                 tf_function=args.tf_function,
-                graph_rewrites=args.graph_rewrites, seed=seed, progress=print_progress(start), localize=args.localize,
+                graph_rewrites=args.graph_rewrites, seed=seed, progress=print_progress(start),
+                localize="all" if args.localize_all else args.localize,
                 workers=args.workers, outputs=outputs, strict_tolerances=args.strict_tolerances,
+                strict_intermediates=args.strict_intermediates,
                 meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
@@ -278,7 +280,7 @@ def localize_command(args, report) -> str:
     """The ``equivtool check`` command that localizes this run's failed forward-pass
     steps ("" when it ran localized or none failed)."""
     from equivtool.localize.result import is_localizable
-    if args.localize:
+    if args.localize or getattr(args, "localize_all", False):
         return ""
     failed = [s.name for s in report.steps if s.status == "failed" and is_localizable(s.name)]
     if not failed:
@@ -496,6 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "fused graphs TensorFlow deploys")
     check.add_argument("--localize", action="store_true",
                        help="for failing forward-pass steps, find the first TF op whose output differs")
+    check.add_argument("--localize-all", action="store_true",
+                       help="--localize for every forward-pass step, passing ones included")
+    check.add_argument("--strict-intermediates", action="store_true",
+                       help="with --localize: fail a step whose outputs pass while an intermediate op differs "
+                            "beyond tolerance")
     check.add_argument("--workers", type=int, default=1,
                        help="processes running the TF1 and TF2 sides of each step, this one included (default 1: this process only)")
     check.add_argument("--seed", type=int, default=42, help=f"input and random-tool seed (0 to {MAX_SEED})")

@@ -92,13 +92,14 @@ def check_equivalence(
     progress: Callable[[StepResult], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
-    localize: bool = False,
+    localize: bool | str = False,
     workers: int = 1,
     disable_arithmetic_optimization: bool | None = None,
     outputs: str | Sequence[str] | None = None,
     strict_tolerances: bool = False,
     noise_floor: bool = True,
     noise_floor_multiple: float = DEFAULT_NOISE_FLOOR_MULTIPLE,
+    strict_intermediates: bool = False,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -165,11 +166,14 @@ def check_equivalence(
         training-output steps are skipped with that reason and gradients and
         optimizer steps use ``training=False`` on both sides.
       localize: for the steps that compare forward outputs (``fixed_weights``,
-        ``random/*``, ``checkpoint``), run the pass once more with every op's
-        output captured on both sides and attach the first op whose output
-        exceeds tolerance as ``step.data["localization"]`` (an
-        :class:`equivtool.localize.Localization`); verdicts and numbers are those
-        of the steps themselves. See :mod:`equivtool.localize`.
+        ``random/*``, ``checkpoint``) and failed, run the pass once more, from
+        the variables the step started from, with every op's output captured on
+        both sides and attach the first op whose output exceeds tolerance as
+        ``step.data["localization"]`` (an
+        :class:`equivtool.localize.Localization`); ``"all"``: passing steps too.
+        Verdicts and numbers are those of the steps themselves (a passing
+        step whose intermediate differs is named in the verdict line). See
+        :mod:`equivtool.localize` and ``docs/localization.md``.
       workers: processes to run the check in, this one included. ``1`` runs
         everything here. With ``N > 1`` the TF1 side and the TF2 side of every
         step run in separate processes (this one and up to ``N - 1`` worker
@@ -202,6 +206,9 @@ def check_equivalence(
         skips the extra run. See :mod:`equivtool.engine.noise_floor`.
       noise_floor_multiple: how many times its floor a leaf's difference may
         reach (a number >= 1; default 10, one decimal digit).
+      strict_intermediates: with ``localize``: passing forward-pass steps are
+        localized too, and one whose outputs pass while an intermediate op
+        differs beyond tolerance fails.
     """
     options = Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
@@ -210,7 +217,7 @@ def check_equivalence(
         graph_rewrites=graph_rewrites, seed=seed, progress=progress, meta=meta, strategy=strategy,
         localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization,
         outputs=outputs, strict_tolerances=strict_tolerances, noise_floor=noise_floor,
-        noise_floor_multiple=noise_floor_multiple)
+        noise_floor_multiple=noise_floor_multiple, strict_intermediates=strict_intermediates)
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None:
@@ -262,7 +269,7 @@ def _header(options: Options) -> dict:
         "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(options.inputs)],
         "strategy": None if strategy is None else
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)",
-        **({"localize": True} if options.localize else {}),
+        **({"localize": options.localize} if options.localize else {}),
         **({"outputs": list(options.outputs)} if options.outputs else {}),
         **({"weights": options.aligned} if options.aligned else {}),
         **({"workers": options.workers if options.in_process is None else

@@ -441,6 +441,9 @@ class EquivalenceReport:
         uncovered = self.coverage.not_in_scope if self.coverage is not None else []
         scope = f"; not covered by the steps run: {', '.join(uncovered)}" if uncovered else ""
         if self.passed:
+            hidden = _localize.hidden_divergence(self.steps)
+            if hidden:
+                return f"Verdict: EQUIVALENT at the outputs; an intermediate differs: {hidden} ({tally}){scope}"
             return f"Verdict: EQUIVALENT ({tally}){scope}"
         if self.failed_steps:
             names = ", ".join(s.name for s in self.failed_steps)

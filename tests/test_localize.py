@@ -160,7 +160,7 @@ def test_fault_is_localized_in_every_forward_step_and_under_tf_function():
 def test_faithful_model_reports_no_divergence_and_the_same_verdicts_and_numbers():
     kwargs = dict(steps=("fixed_weights", "random", "checkpoint"), checkpoint=True)
     plain = _run_small(localize=False, **kwargs)
-    localized = _run_small(localize=True, **kwargs)
+    localized = _run_small(localize="all", **kwargs)  # passing steps are localized only when asked
     assert plain.passed and localized.passed
     for step in FORWARD_STEPS:
         before, after = plain.step(step), localized.step(step)
@@ -291,7 +291,7 @@ def test_a_failed_localization_is_inconclusive_and_keeps_the_verdict(small_pair)
 
     def failing():
         raise RuntimeError("boom")
-    result = localize_on_step(step, side, outputs, failing, equivtool.Tolerance())
+    result = localize_on_step(step, side, outputs, failing, equivtool.Tolerance(), only_failed=False)
     assert result.status == step.status == "passed" and result.comparisons == step.comparisons
     found = result.data["localization"]
     assert found.status == "inconclusive" and "RuntimeError: boom" in found.reason
@@ -299,7 +299,7 @@ def test_a_failed_localization_is_inconclusive_and_keeps_the_verdict(small_pair)
 
 
 def test_localize_argument_is_checked_before_any_work():
-    with pytest.raises(TypeError, match="localize: expected True or False"):
+    with pytest.raises(TypeError, match="localize: expected True .*, 'all' .* or False"):
         check_equivalence(slim_net, SlimNetShim, _inputs(), localize="yes")
     with pytest.raises(ValueError, match="budget_bytes"):
         localize_forward(tf.Graph(), [], lambda t: [], lambda: None, budget_bytes=0)
@@ -473,7 +473,7 @@ def test_inception_resnet_v2_fault_is_localized_to_the_exact_op(fault):
 @pytest.mark.slow
 @pytest.mark.parametrize("logits_only", [False, True], ids=["end_points", "logits_only"])
 def test_faithful_inception_resnet_v2_reports_no_divergence(logits_only):
-    localized = _run_irv2(logits_only=logits_only)
+    localized = _run_irv2(logits_only=logits_only, localize="all")  # a passing step: localized when asked
     assert localized.passed
     found = _localization(localized)
     assert found.status == "no_divergence", str(found)

@@ -162,7 +162,8 @@ class Options:
     progress: Callable[[StepResult], None] | None
     meta: Mapping
     strategy: Any
-    localize: bool = False
+    localize: bool | str = False  # True: the failing forward-pass steps; "all": every one
+    strict_intermediates: bool = False  # a passing step whose localization diverged fails
     workers: int = 1
     in_process: str | None = None     # why workers > 1 still runs in one process
     strict_tolerances: bool = False   # a tolerance key that matched no leaf is an error
@@ -181,7 +182,7 @@ class Options:
               graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
               workers=1, outputs=None, disable_arithmetic_optimization=None,
               strict_tolerances=False, noise_floor=True,
-              noise_floor_multiple=_noise_floor.DEFAULT_MULTIPLE) -> "Options":
+              noise_floor_multiple=_noise_floor.DEFAULT_MULTIPLE, strict_intermediates=False) -> "Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -203,8 +204,12 @@ class Options:
         _check_run_options(tf_function, seed, progress, strategy)
         graph_rewrites = _graph_rewrites(graph_rewrites, disable_arithmetic_optimization)
         _check_checkpoint(checkpoint)
-        for name, flag in (("localize", localize), ("strict_tolerances", strict_tolerances),
-                           ("noise_floor", noise_floor)):
+        from equivtool.localize import check_localize
+        check_localize(localize)
+        if not isinstance(strict_intermediates, bool) or (strict_intermediates and not localize):
+            raise TypeError(f"strict_intermediates: expected True (with localize=True or 'all') or False, got "
+                            f"{strict_intermediates!r}" + ("" if localize else " without localize"))
+        for name, flag in (("strict_tolerances", strict_tolerances), ("noise_floor", noise_floor)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected True or False, got {flag!r}")
         multiple = _noise_floor.check_multiple(noise_floor_multiple)
@@ -216,8 +221,8 @@ class Options:
                    renamer=_make_renamer(as_rename(rename)), tf_function=bool(tf_function),
                    graph_rewrites=graph_rewrites, seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
-                   localize=localize, workers=int(workers), outputs=output_patterns,
-                   strict_tolerances=strict_tolerances, aligned=aligned_weights(rename),
+                   localize=localize, strict_intermediates=strict_intermediates, workers=int(workers),
+                   outputs=output_patterns, strict_tolerances=strict_tolerances, aligned=aligned_weights(rename),
                    noise_floor=noise_floor, noise_floor_multiple=multiple)
         if options.workers > 1:
             reason = in_process_reason(options)

@@ -54,6 +54,27 @@ class _Half:
         """The pass the gradients come from: the training pass (distributed: the inference pass)."""
         return self.inference_pass() if self.distributed else self.training_pass()
 
+    def _remember_start(self, key: str, side) -> None:
+        """With ``localize=True``: the variables ``side`` holds as pass ``key`` starts,
+        so that its localization re-run starts from them (see :meth:`as_started`)."""
+        if self.localize:
+            self._starts[key] = (side, side.read_variables())
+
+    @contextlib.contextmanager
+    def as_started(self, key: str):
+        """The variables (moving statistics included) as they were when pass ``key``
+        started, for a localization re-run; the current ones put back on every exit
+        path. Later steps (a training call that updated batch-norm statistics) leave
+        a re-run's numbers unchanged."""
+        self.training_pass() if key == "training" else self.inference_pass()
+        side, values = self._starts[key]
+        saved = side.read_variables()
+        try:
+            side.assign_variables(values)
+            yield
+        finally:
+            side.assign_variables(saved)
+
     @contextlib.contextmanager
     def preserved(self):
         """The variables as they are now, put back on every exit path; yields them."""
@@ -79,6 +100,7 @@ class TF1Half(_Half):
         started = time.perf_counter()
         self.inputs = o.inputs
         self.distributed = o.strategy is not None
+        self.localize, self._starts = o.localize, {}
         self.tool = DeterministicRandomTestTool(seed=o.seed, mode="constant")
 
         def side() -> TF1Side:
@@ -104,6 +126,7 @@ class TF1Half(_Half):
             wanted = tuple(x for x in fetches if x is not None)
             if side is not self.side:  # the first graph's current values, in
                 side.copy_variables_from(self.side)  # (a variable only the training pass creates keeps its own)
+            self._remember_start(key, side)
             # Eager training calls update batch-norm statistics as they run; the
             # TF1 pass runs its UPDATE_OPS alongside so both sides stay equal.
             values = iter(side.run(wanted, update_ops=forward.update_ops))
@@ -148,6 +171,7 @@ class TF2Half(_Half):
         started = time.perf_counter()
         self.inputs = o.inputs
         self.distributed = o.strategy is not None
+        self.localize, self._starts = o.localize, {}
         self.want_gradients = o.want_gradients
         self.tool = DeterministicRandomTestTool(seed=o.seed, mode="constant")
         self._aligned = lambda: tf2_aligned(o)
@@ -164,11 +188,15 @@ class TF2Half(_Half):
 
     def _call(self, key: str, training: bool, with_gradients: bool, guarded: bool) -> tuple:
         if key not in self._results:
+            if training:  # (an inference pass changes no variable: its start is remembered after it,
+                self._remember_start(key, self.side)  # once the layer's first call has built them)
             with self.tool.scope():
                 guard = assert_no_variable_creations() if guarded else self._aligned()
                 with guard:
                     self._results[key] = self.side.forward(self.inputs, training=training,
                                                            with_gradients=with_gradients)
+            if not training:
+                self._remember_start(key, self.side)
         return self._results[key]
 
     def inference_pass(self) -> tuple:

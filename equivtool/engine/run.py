@@ -264,8 +264,12 @@ class Engine:
         if not self.options.localize:
             return result
         from equivtool.localize import localize_on_step
-        return localize_on_step(result, tf1, tf1_outputs, call_tf2, self.options.tolerances.get(result.name),
-                                state=state, strategy=self.options.strategy)
+        from equivtool.localize.result import strict_intermediates
+        strict = self.options.strict_intermediates  # passing steps are localized to be judged
+        found = localize_on_step(result, tf1, tf1_outputs, call_tf2, self.options.tolerances.get(result.name),
+                                 state=state, strategy=self.options.strategy,
+                                 only_failed=self.options.localize != "all" and not strict)
+        return strict_intermediates(found) if strict else found
 
     # -- the loop ----------------------------------------------------------
 

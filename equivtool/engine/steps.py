@@ -329,7 +329,7 @@ def _random_constant_judge(e: "Engine", tf1: dict, tf2: dict, mode: str, trainin
     forward, side = ((tf1_half.training, tf1_half.train_side) if training
                      else (tf1_half.inference, tf1_half.side))
     return e.localized(result, side, forward.outputs, lambda: _localization_call(e, training),
-                       state=lambda: _both_preserved(e))
+                       state=lambda: _as_started(e, "training" if training else "inference"))
 
 
 random_constant = SplitStep(_random_constant_tf1, _random_constant_tf2, _random_constant_judge)
@@ -383,6 +383,14 @@ fixed_weights = SplitStep(_fixed_weights_tf1, _fixed_weights_tf2, _fixed_weights
 @contextlib.contextmanager
 def _both_preserved(e: "Engine"):
     with e.tf1_half.preserved(), e.tf2_half.preserved():
+        yield
+
+
+@contextlib.contextmanager
+def _as_started(e: "Engine", key: str):
+    """Both sides as they were when their pass ``key`` started (for localization),
+    put back afterwards: earlier steps' training calls leak no moving statistics."""
+    with e.tf1_half.as_started(key), e.tf2_half.as_started(key):
         yield
 
 

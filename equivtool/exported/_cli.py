@@ -64,6 +64,9 @@ def add_parsers(subparsers, check_output_path) -> None:
                               "repeatable")
     compare.add_argument("--localize", action="store_true",
                          help="find the first node, in topological order, whose output differs")
+    compare.add_argument("--strict-intermediates", action="store_true",
+                         help="with --localize: fail when the outputs agree but an intermediate node differs "
+                              "beyond tolerance (by default the verdict line names it)")
     compare.add_argument("--save-outputs", default=None, metavar="FILE.npz",
                          help="write OLD's golden record (inputs, outputs; intermediates with --localize), "
                               "atomically; never over OLD or NEW")
@@ -103,7 +106,8 @@ def run_compare(args) -> int:
             graph_outputs=args.graph_outputs, input_shapes=args.input_shapes, val_range=args.val_range,
             seed=args.seed, inputs=args.inputs, data_loader=args.data_loader, batches=args.batches,
             map_inputs=args.map_inputs, map_outputs=args.map_outputs, atol=args.atol, rtol=args.rtol,
-            localize=args.localize, save_outputs=args.save_outputs, overwrite=args.overwrite,
+            localize=args.localize, strict_intermediates=args.strict_intermediates,
+            save_outputs=args.save_outputs, overwrite=args.overwrite,
             load_op_library=args.load_op_library, graph_rewrites=args.graph_rewrites, old_python=args.old_python,
             outputs=[p for text in args.outputs for p in text.split(",") if p] if args.outputs else None,
             strict_tolerances=args.strict_tolerances, old_signature=args.old_signature,

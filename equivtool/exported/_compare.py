@@ -341,6 +341,7 @@ def compare_models(
     atol: Any = None,
     rtol: Any = None,
     localize: bool = False,
+    strict_intermediates: bool = False,
     save_outputs: Optional[str] = None,
     overwrite: bool = False,
     load_op_library: Sequence[str] = (),
@@ -360,7 +361,10 @@ def compare_models(
     ``.pb``; a tf-keras ``.h5``/``.keras`` file; a golden record ``.npz``) or
     sides from :func:`load_side`. The options are those of ``equivtool compare``
     (``equivtool compare --help``), as keyword arguments; list-valued options
-    take a mapping or ``"A=B,..."`` / ``"NAME:VALUE"`` strings. Bad options and
+    take a mapping or ``"A=B,..."`` / ``"NAME:VALUE"`` strings. With
+    ``localize=True`` an intermediate beyond tolerance under passing outputs is
+    named in the verdict line ("EQUIVALENT at the outputs; an intermediate
+    differs: ..."); ``strict_intermediates=True`` fails the step instead. Bad options and
     artifacts raise ``ValueError`` with one line before anything runs.
 
     ``save_outputs`` writes OLD's golden record there, atomically; an existing
@@ -394,7 +398,7 @@ def compare_models(
 def _compare_models(*, old, new, signature, tags, graph_inputs, graph_outputs, input_shapes, val_range, seed,
                     inputs, data_loader, batches, map_inputs, map_outputs, atol, rtol, localize, save_outputs,
                     overwrite, load_op_library, graph_rewrites, old_python, meta, outputs, strict_tolerances,
-                    old_signature, new_signature, old_tags, new_tags) -> EquivalenceReport:
+                    old_signature, new_signature, old_tags, new_tags, strict_intermediates) -> EquivalenceReport:
     started = time.perf_counter()
     _check_inputs_option(inputs, data_loader, input_shapes, val_range)
     try:
@@ -413,6 +417,9 @@ def _compare_models(*, old, new, signature, tags, graph_inputs, graph_outputs, i
     in_map, out_map = _pairs(map_inputs, "--map-inputs"), _pairs(map_outputs, "--map-outputs")
     graph_in, graph_out = _pairs(graph_inputs, "--graph-inputs"), _pairs(graph_outputs, "--graph-outputs")
     _check_options(seed, batches, save_outputs, overwrite, (("OLD", old), ("NEW", new)))
+    if not isinstance(strict_intermediates, bool) or (strict_intermediates and not localize):
+        raise ModelLoadError(f"strict_intermediates: expected True (with localize=True) or False, got "
+                             f"{strict_intermediates!r}" + ("" if localize else " without localize"))
     from equivtool._platform import execution as _execution
     try:
         _execution.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
@@ -442,7 +449,8 @@ def _compare_models(*, old, new, signature, tags, graph_inputs, graph_outputs, i
         return _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes,
                               ranges, tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize,
                               save_outputs, meta, started, patterns=patterns, strict_tolerances=strict_tolerances,
-                              signatures=((old_signature, old_tags), (new_signature, new_tags)), same=same)
+                              signatures=((old_signature, old_tags), (new_signature, new_tags)), same=same,
+                              strict_intermediates=strict_intermediates)
 
 
 def _check_old_python(old_python, old, data_loader):
@@ -475,7 +483,8 @@ def _record_in_old_python(interpreter, old: str, folder: str, signature, tags, g
 
 def _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes, ranges,
                    tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize, save_outputs, meta,
-                   started, *, patterns, strict_tolerances, signatures, same) -> EquivalenceReport:
+                   started, *, patterns, strict_tolerances, signatures, same,
+                   strict_intermediates) -> EquivalenceReport:
     from equivtool._platform import execution as _execution
     try:
         sides = []
@@ -494,11 +503,15 @@ def _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_
                 owned.append(side)
             sides.append(side)
         old_side, new_side = sides
-        return _compare(old_side, new_side, shapes, ranges, tolerance, in_map, out_map, seed, inputs, data_loader,
-                        batches, localize, save_outputs, {"platform": _execution.platform(graph_rewrites, True),
-                                                          **dict(meta or {})}, started,
-                        release_old=any(side is old_side for side in owned), patterns=patterns,
-                        strict_tolerances=strict_tolerances, extra_notes=same)
+        report = _compare(old_side, new_side, shapes, ranges, tolerance, in_map, out_map, seed, inputs,
+                          data_loader, batches, localize, save_outputs,
+                          {"platform": _execution.platform(graph_rewrites, True), **dict(meta or {})}, started,
+                          release_old=any(side is old_side for side in owned), patterns=patterns,
+                          strict_tolerances=strict_tolerances, extra_notes=same)
+        if not strict_intermediates:
+            return report
+        from equivtool.localize.result import strict_intermediates as _strict
+        return EquivalenceReport(tuple(_strict(s) for s in report.steps), report.meta, coverage=report.coverage)
     finally:
         with _signals.shielded():
             for side in owned:

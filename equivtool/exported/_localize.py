@@ -50,24 +50,24 @@ def _computed_from_inputs(graph, inputs) -> set:
     return found
 
 
-def _ops(view, roots=None):
+def _ops(view, naming=None):
     """The compared ops of a graph view (computed from the inputs; in a record, held
-    by it), re-indexed, with keys canonical under ``roots`` (OLD's outer scopes)."""
-    ops, _, own_roots = _capture._tf1_ops(view.graph, list(view.outputs.values()))
+    by it), re-indexed, with keys as ``naming`` (OLD's :class:`_capture._Naming`)
+    makes them; without one, the view is OLD and its own naming is returned."""
+    ops, _, own_naming = _capture._tf1_ops(view.graph, list(view.outputs.values()))
     live = _computed_from_inputs(view.graph, list(view.inputs.values()))
-    roots = own_roots if roots is None else roots
     result = []
     for op in ops:
         if op.op not in live or op.type == "Identity":  # an Identity repeats its input
             continue
         if view.recorded is not None and not all(op.op.outputs[i].name in view.recorded for i in op.outputs):
             continue
-        components = op.name.split("/")
-        key = op.name
-        if any(c in roots for c in components[:-1]):
-            key = "/".join(_capture._canonical_scope(components[:-1], roots) + components[-1:])
+        key = op.key
+        if naming is not None:
+            components = op.name.split("/")
+            key = "/".join(naming.other_scope(components[:-1], layer_scope=False) + components[-1:])
         result.append(_capture._TF1Op(len(result), op.op, op.outputs, key))
-    return result, own_roots
+    return result, own_naming
 
 
 def _tensors(ops) -> list:
@@ -110,7 +110,7 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *
     """
     started = time.perf_counter()
     old_view = old.graph_view(old_feed)
-    old_ops, roots = _ops(old_view)
+    old_ops, naming = _ops(old_view)
     old_tensors = _tensors(old_ops)
     batch = max((int(np.shape(v)[0]) for v in old_feed.values() if np.ndim(v)), default=1)
     os.makedirs(os.path.join(folder, "old"))
@@ -124,7 +124,7 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *
         old.close()
         _return_freed_memory()
     new_view = new.graph_view(new_feed)
-    new_ops, _ = _ops(new_view, roots)
+    new_ops, _ = _ops(new_view, naming)
     new_tensors = _tensors(new_ops)
     os.makedirs(os.path.join(folder, "new"))
     if new_view.dump is not None:  # with what OLD's values left free (the real shapes, when known only now)
@@ -153,15 +153,16 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *
                   tf2_ops=len(new_ops), unaligned_tf1=unaligned[:_LIST_LIMIT],
                   unaligned_tf2=lockstep.unaligned_tf2[:_LIST_LIMIT],
                   unaligned_tf1_count=len(unaligned), unaligned_tf2_count=len(lockstep.unaligned_tf2),
-                  seconds=time.perf_counter() - started)
+                  seconds=time.perf_counter() - started, **lockstep.inconclusive_fields())
     if lockstep.divergence is not None:
         op, record, leaf = lockstep.divergence
         found = Localization("diverged", tf1_op=op.name, tf2_op=record.graph_op.name, tf1_type=op.type,
                              tf2_type=record.type, tf1_source=old.path, tf2_source=new.path,
                              divergence=leaf, path=_capture._path(op, lockstep), notes=notes, **common)
     elif lockstep.compared == 0:
-        found = Localization("inconclusive", reason=f"no node could be aligned: {len(old_ops)} OLD nodes, "
-                             f"{len(new_ops)} NEW nodes computed from the inputs", notes=notes, **common)
+        found = Localization("inconclusive", reason=lockstep.nothing_proven(
+            f"no node could be aligned: {len(old_ops)} OLD nodes, {len(new_ops)} NEW nodes computed from the "
+            "inputs"), notes=notes, **common)
     else:
         found = Localization("no_divergence", notes=notes, **common)
     return found, old_ops, read_old, old_view

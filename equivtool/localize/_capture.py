@@ -92,6 +92,64 @@ def _canonical_scope(components: list, roots: frozenset) -> list:
     return components[last + 1:]
 
 
+# The function graphs of tf.cond / tf.while_loop branches (control flow v2).
+_BRANCH_GRAPHS = frozenset({"CondBranchFuncGraph", "WhileCondFuncGraph", "WhileBodyFuncGraph"})
+_CONTROL_FLOW = frozenset({"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"})
+
+
+class _Naming:
+    """How op names become the keys both sides are aligned on, decided from the
+    TF1 side's compared op names.
+
+    A model that opens one outer scope around every op (``net/conv1/...``,
+    ``net/logits/...``) has it stripped on both sides, wherever it occurs (:func:`_canonical_scope`).
+    A model without one (top-level ``conv1/...``, ``conv2/...``, Keras layers
+    built in a TF1 graph) keeps its names whole: taking every first component
+    for an outer scope would make ``conv1/Conv2D`` and ``conv2/Conv2D`` both
+    ``Conv2D``, and a model compared with itself would blame the wrong layer.
+    The other side's names lose what comes before the first of the TF1 side's
+    top-level scopes (the TF2 layer's own name scope, an exported function's
+    ``StatefulPartitionedCall``), compared without uniquifying suffixes.
+    """
+
+    def __init__(self, names):
+        names = list(names)
+        firsts = {name.split("/", 1)[0] for name in names}
+        scoped = all("/" in name for name in names)
+        self.outer = next(iter(firsts)) if len(firsts) == 1 and scoped else None
+        #: the outer scope, as a set for :func:`_canonical_scope` (empty without one)
+        self.roots = frozenset(firsts) if self.outer is not None else frozenset()
+        #: every first name component of the TF1 side (where its ops live)
+        self.tops = frozenset(name.split("/", 1)[0] for name in names)
+        self._base_tops = frozenset(_UNIQUIFIED_SUFFIX.sub("", top) for top in self.tops)
+
+    def tf1_key(self, name: str) -> str:
+        components = name.split("/")
+        if self.outer is None or len(components) == 1:
+            return name
+        return "/".join(_canonical_scope(components[:-1], self.roots) + components[-1:])
+
+    def in_model(self, name: str) -> bool:
+        """Whether a TF2 graph op ``name`` lies inside the model's scopes (an op
+        outside every scope, such as a function's output identity, does not)."""
+        parts = name.split("/")
+        if not self.tops or any(c in self.tops for c in parts):
+            return True
+        return self.outer is None and len(parts) > 1  # an unscoped TF1 op, under the TF2 layer's scope
+
+    def other_scope(self, parts: list, *, layer_scope: bool) -> list:
+        """The other side's scope ``parts`` as the TF1 keys have it; ``layer_scope``:
+        the first component is the TF2 layer's own name scope when nothing else
+        marks where the model starts."""
+        if self.outer is not None:
+            return _canonical_scope(parts, self.roots) if layer_scope or self.outer in parts else parts
+        start = next((i for i, part in enumerate(parts) if _UNIQUIFIED_SUFFIX.sub("", part) in self._base_tops),
+                     None)
+        if start is None:
+            return parts[1:] if layer_scope else parts
+        return parts[start:]
+
+
 _UNIQUIFIED_SUFFIX = re.compile(r"_\d+$")
 
 
@@ -150,16 +208,9 @@ def _tf1_ops(graph, outputs) -> tuple:
     for op, _ in result:
         root, _, rest = op.name.partition("/")
         names.append(f"{renamed[root]}/{rest}" if root in renamed and rest else op.name)
-    roots = frozenset(name.split("/", 1)[0] for name in names if "/" in name)
-    ops = []
-    for (op, indices), name in zip(result, names):
-        components = name.split("/")
-        if len(components) > 1 and components[0] in roots:
-            key = "/".join(_canonical_scope(components[:-1], roots) + components[-1:])
-        else:
-            key = name
-        ops.append(_TF1Op(len(ops), op, indices, key))
-    return ops, in_loops, roots
+    naming = _Naming(names)
+    ops = [_TF1Op(i, op, indices, naming.tf1_key(name)) for i, ((op, indices), name) in enumerate(zip(result, names))]
+    return ops, in_loops, naming
 
 
 # --------------------------------------------------------------------------
@@ -177,6 +228,13 @@ class _Record:
         self.frames = frames
         self.graph_op = graph_op
         self.nbytes = 0
+
+
+def _record_shapes(record: _Record) -> list:
+    """The shapes of a TF2 record's compared outputs."""
+    if record.graph_op is None:
+        return [tf.TensorShape(np.shape(v)) for v in record.values]
+    return [t.shape for t in record.graph_op.outputs if _is_float(t.dtype)][:len(record.values)]
 
 
 class _Lockstep:
@@ -202,7 +260,8 @@ class _Lockstep:
         self.buffer: list = []
         self.buffered = 0
         self.errors: dict = {}  # tf1 index -> OpError
-        self.compared = 0
+        self.compared = 0  # aligned ops proven equal or divergent
+        self.inconclusive = 0  # aligned ops where nothing that could differ was compared
         self.tf2_seen = 0
         self.unaligned_tf2: list = []
         self.divergence = None  # (tf1 op, record, LeafComparison)
@@ -217,6 +276,51 @@ class _Lockstep:
         return queue[0] if queue else None
 
     def align(self, record: _Record) -> Optional[_TF1Op]:
+        """The TF1 op ``record`` stands for, or None.
+
+        A candidate of the record's type found further on (by name, scope or
+        shape) is checked against the place the record is at: when an unmatched
+        op of another type comes first in the same scope, either that op was
+        swapped (``Relu`` where TF1 has ``Elu``, and the ``Relu`` found is the
+        next layer's) or it exists on the TF1 side only. The record's values
+        decide: if they agree with the candidate, it is the candidate; if not,
+        the op at the record's place is blamed, not one a node later.
+        """
+        op = self._candidate(record)
+        if op is None or op.type != record.type:
+            return op
+        place = self._same_place(record, op)
+        if place is not None and not self._agrees(op, record):
+            return place
+        return op
+
+    def _same_place(self, record: _Record, op: _TF1Op) -> Optional[_TF1Op]:
+        """The first unmatched TF1 op of another type between the cursor and ``op``
+        (at most ``_WINDOW`` ops on), under the record's scope (compared by
+        structure), whose first output has the record's first output's shape."""
+        base, shapes = _base_scope(record.scope), _record_shapes(record)
+        for other in self.ops[self.cursor + 1:min(op.index, self.cursor + 1 + _WINDOW)]:
+            if other.matched or other.type == record.type or _base_scope(other.scope) != base:
+                continue
+            theirs = [other.op.outputs[i].shape for i in other.outputs]
+            if shapes and theirs and shapes[0].is_compatible_with(theirs[0]):
+                return other
+        return None
+
+    def _agrees(self, op: _TF1Op, record: _Record) -> bool:
+        """Whether ``record``'s values are within tolerance of ``op``'s (fetched now)."""
+        record.values = [v() if callable(v) else v for v in record.values]
+        expected = self.run_tf1([op.op.outputs[i] for i in op.outputs])
+        tol = self._tolerance(op)
+        return len(expected) == len(record.values) and not any(
+            leaf.status == "failed" for e, a in zip(expected, record.values) for leaf in compare(e, a, tol).leaves)
+
+    def _tolerance(self, op: _TF1Op) -> Tolerance:
+        if isinstance(self.tolerance, Tolerance):
+            return self.tolerance
+        return resolve_tolerance(self.tolerance, op.name)
+
+    def _candidate(self, record: _Record) -> Optional[_TF1Op]:
         # 1. the same name (tf.function graphs name ops as the TF1 graph does; an eager
         #    op's scope numbers are its own, so under a uniquified scope it goes to 2.)
         op = self.by_name.get(record.name)
@@ -235,10 +339,7 @@ class _Lockstep:
             if op is not None:
                 return op
         # 3. the same type and output shapes, next in order (renamed scopes, loops)
-        if record.graph_op is None:
-            shapes = [tf.TensorShape(np.shape(v)) for v in record.values]
-        else:
-            shapes = [t.shape for t in record.graph_op.outputs if _is_float(t.dtype)][:len(record.values)]
+        shapes = _record_shapes(record)
         for op in self.by_type.get(record.type, ()):
             if op.matched or op.index <= self.cursor:
                 continue
@@ -262,6 +363,18 @@ class _Lockstep:
             if all(a.is_fully_defined() and a.rank and a == b for a, b in zip(shapes, theirs)):
                 return following
         return None
+
+    def inconclusive_fields(self) -> dict:
+        """The :class:`Localization` fields naming the ops where nothing that could differ was compared."""
+        names = [f"{e.name} ({e.op_type})" for e in self.errors.values() if e.inconclusive]
+        return {"inconclusive_ops": names[:_LIST_LIMIT], "inconclusive_count": len(names)}
+
+    def nothing_proven(self, aligned_reason: str) -> str:
+        """Why a walk that found no divergence proved nothing either."""
+        if self.inconclusive:
+            return (f"every aligned op ({self.inconclusive}) was inconclusive: only values below atol or "
+                    "only NaN/inf were compared")
+        return aligned_reason
 
     # -- comparing -----------------------------------------------------------
 
@@ -297,21 +410,26 @@ class _Lockstep:
             record.values = None
 
     def _compare(self, op: _TF1Op, record: _Record, expected: list, actual: list) -> None:
-        tol = resolve_tolerance(self.tolerance, op.name) if not isinstance(self.tolerance, Tolerance) \
-            else self.tolerance
+        tol = self._tolerance(op)
         leaves = []
         for k, (e, a) in enumerate(zip(expected, actual)):
             name = op.name if len(expected) == 1 else f"{op.name}:{op.outputs[k]}"
             leaves.extend(compare(e, a, tol, name=name).leaves)
         if len(actual) != len(expected):
             leaves.extend(compare(expected, actual, tol, name=op.name).leaves)
-        self.compared += 1
         worst = max((leaf.max_abs for leaf in leaves if leaf.max_abs == leaf.max_abs), default=float("nan"))
-        ok = all(leaf.ok for leaf in leaves)
-        self.errors[op.index] = OpError(op.name, op.type, float(worst), float(tol.atol), ok)
-        if not ok:
-            first = next(leaf for leaf in leaves if not leaf.ok)
-            self.divergence = (op, record, first)
+        failed = next((leaf for leaf in leaves if leaf.status == "failed"), None)
+        # an op whose outputs agree only where nothing could differ (all inf on both
+        # sides, every value below atol) is neither proven nor divergent: the walk goes on
+        inconclusive = failed is None and any(leaf.inconclusive for leaf in leaves)
+        if inconclusive:
+            self.inconclusive += 1
+        else:
+            self.compared += 1
+        self.errors[op.index] = OpError(op.name, op.type, float(worst), float(tol.atol),
+                                        failed is None and not inconclusive, inconclusive=inconclusive)
+        if failed is not None:
+            self.divergence = (op, record, failed)
 
 
 # --------------------------------------------------------------------------
@@ -321,9 +439,9 @@ class _Lockstep:
 class _Tap:
     """The op callback, installed for one TF2 call and removed on every exit path."""
 
-    def __init__(self, lockstep: _Lockstep, roots: frozenset, spill_dir: str):
+    def __init__(self, lockstep: _Lockstep, naming: _Naming, spill_dir: str):
         self.lockstep = lockstep
-        self.roots = roots
+        self.naming = naming
         self.spill_dir = spill_dir
         self.local = threading.local()
         self.thread = threading.get_ident()
@@ -339,7 +457,7 @@ class _Tap:
             scope_parts, last = components[:-1], components[-1]
         else:
             scope_parts, last = [c for c in scope.strip("/").split("/") if c], op_type
-        scope = "/".join(_canonical_scope(scope_parts, self.roots))
+        scope = "/".join(self.naming.other_scope(scope_parts, layer_scope=True))
         return (f"{scope}/{last}" if scope else last), scope
 
     def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
@@ -377,9 +495,13 @@ class _Tap:
     def _graph(self, op_type, outputs, indices, op_name) -> None:
         self.graph_mode = True
         op = outputs[0].op
-        if op.control_inputs or (self.roots and not any(c in self.roots for c in op.name.split("/"))):
+        if (op.control_inputs or not self.naming.in_model(op.name) or op_type in _CONTROL_FLOW
+                or type(op.graph).__name__ in _BRANCH_GRAPHS):
             # outside the model's scopes: the function's output identities (which
-            # wait for every stateful op: a sink there would make a cycle), losses
+            # wait for every stateful op: a sink there would make a cycle), losses;
+            # inside a cond or while branch, whose outputs wait for its stateful ops
+            # too. The If/While op is left out as on the TF1 side (not fetchable
+            # there): the Identity ops control flow v2 puts after it carry its outputs
             return
         name, scope = self._names(op.name, op_type, "")
         number = len(self.graph_records)
@@ -421,7 +543,7 @@ def localize_forward(tf1_graph, tf1_outputs, tf1_run: Callable[[list], list], tf
         raise ValueError(f"budget_bytes: expected a positive int, got {budget_bytes!r}")
     started = time.perf_counter()
     tolerance = Tolerance() if tolerance is None else tolerance
-    ops, in_loops, roots = _tf1_ops(tf1_graph, tf1_outputs)
+    ops, in_loops, naming = _tf1_ops(tf1_graph, tf1_outputs)
     lockstep = _Lockstep(ops, tf1_run, tolerance, budget_bytes)
     notes = []
     if in_loops:
@@ -429,7 +551,7 @@ def localize_forward(tf1_graph, tf1_outputs, tf1_run: Callable[[list], list], tf
                      "not compared")
     library_dirs = _stack.find_library_dirs()
     with tempfile.TemporaryDirectory(prefix="equivtool-localize-") as spill_dir:
-        tap = _Tap(lockstep, roots, spill_dir)
+        tap = _Tap(lockstep, naming, spill_dir)
         op_callbacks.add_op_callback(tap)
         try:
             tf2_call()
@@ -450,7 +572,8 @@ def localize_forward(tf1_graph, tf1_outputs, tf1_run: Callable[[list], list], tf
     unaligned_tf1 = [f"{op.name} ({op.type})" for op in examined if not op.matched]
     common = dict(mode=mode, compared=lockstep.compared, tf1_ops=len(ops), tf2_ops=tf2_ops,
                   unaligned_tf1=unaligned_tf1[:_LIST_LIMIT], unaligned_tf2=lockstep.unaligned_tf2[:_LIST_LIMIT],
-                  unaligned_tf1_count=len(unaligned_tf1), unaligned_tf2_count=len(lockstep.unaligned_tf2))
+                  unaligned_tf1_count=len(unaligned_tf1), unaligned_tf2_count=len(lockstep.unaligned_tf2),
+                  **lockstep.inconclusive_fields())
     if lockstep.divergence is not None:
         op, record, leaf = lockstep.divergence
         tf2_frames = record.frames if record.graph_op is None else _graph_frames(record.graph_op)
@@ -460,8 +583,8 @@ def localize_forward(tf1_graph, tf1_outputs, tf1_run: Callable[[list], list], tf
             tf2_source=_user_line(tf2_frames, library_dirs), divergence=leaf,
             path=_path(op, lockstep), seconds=time.perf_counter() - started, notes=notes, **common)
     if lockstep.compared == 0:
-        reason = ("no op could be aligned: " if ops and tf2_ops else "nothing to compare: ") + \
-            f"{len(ops)} TF1 ops, {tf2_ops} TF2 ops captured"
+        reason = lockstep.nothing_proven(("no op could be aligned: " if ops and tf2_ops else "nothing to compare: ")
+                                         + f"{len(ops)} TF1 ops, {tf2_ops} TF2 ops captured")
         return Localization("inconclusive", reason=reason, seconds=time.perf_counter() - started,
                             notes=notes, **common)
     return Localization("no_divergence", seconds=time.perf_counter() - started, notes=notes, **common)

@@ -25,21 +25,37 @@ LOCALIZATION_STATUSES = ("diverged", "no_divergence", "inconclusive")
 
 @dataclass(frozen=True)
 class OpError:
-    """One compared op: its TF1 name and type and its largest absolute error."""
+    """One compared op: its TF1 name and type and its largest absolute error.
+
+    ``ok``: within tolerance with something that could differ compared;
+    ``inconclusive``: no output differs but nothing that could differ was compared
+    (all values below atol, or only NaN/inf): never shown as a difference.
+    """
 
     name: str
     op_type: str
     max_abs: float
     atol: float
     ok: bool
+    inconclusive: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ok and self.inconclusive:
+            raise ValueError(f"OpError {self.name!r}: an inconclusive op cannot be ok")
+
+    @property
+    def mark(self) -> str:
+        """The op's word in a report: "ok", "INCONCLUSIVE" or "DIFFERS"."""
+        return "ok" if self.ok else "INCONCLUSIVE" if self.inconclusive else "DIFFERS"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "op_type": self.op_type, "max_abs": self.max_abs,
-                "atol": self.atol, "ok": self.ok}
+                "atol": self.atol, "ok": self.ok, "inconclusive": self.inconclusive, "mark": self.mark}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "OpError":
-        return cls(str(d["name"]), str(d["op_type"]), _float(d["max_abs"]), _float(d["atol"]), bool(d["ok"]))
+        return cls(str(d["name"]), str(d["op_type"]), _float(d["max_abs"]), _float(d["atol"]), bool(d["ok"]),
+                   bool(d.get("inconclusive", False)))
 
 
 def _float(x: Any) -> float:
@@ -82,6 +98,8 @@ class Localization:
     seconds: float = 0.0
     notes: tuple = field(default=())
     sides: tuple = ("TF1", "TF2")  # what the report calls the two sides (exported models: OLD, NEW)
+    inconclusive_ops: tuple = ()  # (a few of) the aligned ops where nothing that could differ was compared
+    inconclusive_count: int = 0
 
     def __post_init__(self) -> None:
         if self.status not in LOCALIZATION_STATUSES:
@@ -94,6 +112,7 @@ class Localization:
         object.__setattr__(self, "unaligned_tf1", tuple(self.unaligned_tf1))
         object.__setattr__(self, "unaligned_tf2", tuple(self.unaligned_tf2))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
+        object.__setattr__(self, "inconclusive_ops", tuple(self.inconclusive_ops))
         if len(tuple(self.sides)) != 2 or not all(isinstance(x, str) and x for x in self.sides):
             raise ValueError(f"Localization sides must be two names, got {self.sides!r}")
         object.__setattr__(self, "sides", tuple(self.sides))
@@ -118,8 +137,14 @@ class Localization:
                 f"max abs {_fmt_err(d.max_abs)}, first mismatch at {d.first_mismatch_str}")
             return f"first divergent op: {self.tf1_op} [{types}] ({where})"
         if self.status == "no_divergence":
-            return f"no divergence: {self.compared} aligned ops within tolerance"
+            return f"no divergence: {self.compared} aligned ops within tolerance{self._inconclusive_words}"
         return f"localization inconclusive: {self.reason}"
+
+    @property
+    def _inconclusive_words(self) -> str:
+        if not self.inconclusive_count:
+            return ""
+        return f"; {self.inconclusive_count} INCONCLUSIVE (nothing that could differ was compared)"
 
     def __str__(self) -> str:
         lines = [f"Localization ({self.mode}): {self.summary()}",
@@ -132,8 +157,7 @@ class Localization:
             if self.path:
                 lines.append("  path from the input (max abs error per op):")
                 for point in self.path[-12:]:
-                    mark = "ok" if point.ok else "DIFFERS"
-                    lines.append(f"    {point.name} [{point.op_type}] {_fmt_err(point.max_abs)} {mark}")
+                    lines.append(f"    {point.name} [{point.op_type}] {_fmt_err(point.max_abs)} {point.mark}")
                 if len(self.path) > 12:
                     lines.append(f"    ({len(self.path) - 12} earlier ops on the path not shown)")
         elif self.status == "inconclusive" and self.reason:
@@ -145,6 +169,9 @@ class Localization:
                 lines.append(f"    {self.sides[0]}: " + ", ".join(self.unaligned_tf1))
             if self.unaligned_tf2:
                 lines.append(f"    {self.sides[1]}: " + ", ".join(self.unaligned_tf2))
+        if self.inconclusive_ops:
+            lines.append(f"  INCONCLUSIVE ({self.inconclusive_count} ops, only values below atol or only "
+                         "NaN/inf compared): " + ", ".join(self.inconclusive_ops))
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -159,6 +186,7 @@ class Localization:
             "unaligned_tf1": list(self.unaligned_tf1), "unaligned_tf2": list(self.unaligned_tf2),
             "unaligned_tf1_count": self.unaligned_tf1_count, "unaligned_tf2_count": self.unaligned_tf2_count,
             "seconds": self.seconds, "notes": list(self.notes), "sides": list(self.sides),
+            "inconclusive_ops": list(self.inconclusive_ops), "inconclusive_count": self.inconclusive_count,
         }
 
     @classmethod
@@ -177,6 +205,8 @@ class Localization:
             unaligned_tf2_count=int(d.get("unaligned_tf2_count", 0)),
             seconds=_float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", ())),
             sides=tuple(d.get("sides", ("TF1", "TF2"))),
+            inconclusive_ops=tuple(d.get("inconclusive_ops", ())),
+            inconclusive_count=int(d.get("inconclusive_count", 0)),
         )
 
 
@@ -198,10 +228,16 @@ def path_plot_png(localization: Localization, title: str = "") -> str:
     atol = np.array([p.atol for p in path], dtype=float)
     fig, ax, x, shown, _ = log_error_axes(errors, atol, 0.22)
     ok = np.array([p.ok for p in path], dtype=bool)
+    unproven = np.array([p.inconclusive for p in path], dtype=bool)
+    differs = ~ok & ~unproven
     if ok.any():
         ax.scatter(x[ok], shown[ok], color="#176f2c", s=16, zorder=3, label="within tolerance")
-    if (~ok).any():
-        ax.scatter(x[~ok], shown[~ok], color="#b00020", marker="x", s=30, zorder=3, label="exceeds tolerance")
+    if unproven.any():
+        ax.scatter(x[unproven], shown[unproven], color="#777777", marker="s", s=16, zorder=3,
+                   label="inconclusive")
+    if differs.any():
+        ax.scatter(x[differs], shown[differs], color="#b00020", marker="x", s=30, zorder=3,
+                   label="exceeds tolerance")
     if len(atol) and np.all(atol == atol[0]) and atol[0] > 0:
         ax.axhline(atol[0], color="#1f5fbf", linestyle="--", linewidth=1, label=f"atol = {atol[0]:g}")
     ax.set_ylabel(f"max |{localization.sides[1]} - {localization.sides[0]}|")
@@ -235,6 +271,29 @@ def rerun_hint(step_name: str, status: str, data: Mapping) -> Optional[str]:
     return RERUN_HINT.format(step=step)
 
 
+def hidden_divergence(steps) -> str:
+    """``"<node> (step <name>)"`` for the first passing step whose localization
+    found an intermediate beyond tolerance ("" when none): the verdict line says
+    so, since the outputs alone passed."""
+    for step in steps:
+        found = as_localization(step.data.get("localization"))
+        if step.status == "passed" and found is not None and found.diverged:
+            return f"{found.tf1_op} (step {step.name})"
+    return ""
+
+
+def strict_intermediates(step):
+    """``step`` failed when it passed at the outputs but its localization found an
+    intermediate beyond tolerance (``strict_intermediates=True``); else unchanged."""
+    import dataclasses
+    found = as_localization(step.data.get("localization"))
+    if step.status != "passed" or found is None or not found.diverged:
+        return step
+    return dataclasses.replace(step, status="failed", message=(
+        f"the outputs agree, but an intermediate differs beyond tolerance: {found.summary()} "
+        "(strict_intermediates)"))
+
+
 def localization_html(localization: Localization, escape, plot_png: Optional[str]) -> str:
     """The report's section for one step's localization (``escape`` is html.escape)."""
     e = escape
@@ -264,6 +323,9 @@ def localization_html(localization: Localization, escape, plot_png: Optional[str
             parts.append(f"<p>{first}: <code>" + e(", ".join(localization.unaligned_tf1)) + "</code></p>")
         if localization.unaligned_tf2:
             parts.append(f"<p>{second}: <code>" + e(", ".join(localization.unaligned_tf2)) + "</code></p>")
+    if localization.inconclusive_ops:
+        parts.append(f"<p>INCONCLUSIVE ({localization.inconclusive_count} ops, only values below atol or only "
+                     "NaN/inf compared): <code>" + e(", ".join(localization.inconclusive_ops)) + "</code></p>")
     if localization.notes:
         parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in localization.notes) + "</ul>")
     return "".join(parts)
