@@ -127,14 +127,10 @@ class StepResult:
             status, default = "inconclusive", _below_atol_message(leaves)
         else:
             status, default = "passed", ""
-        below = [leaf for leaf in leaves if leaf.below_atol]
-        notes = tuple(notes)
+        below = sum(leaf.below_atol for leaf in leaves)
         if below:
-            data = {**(data or {}), "below_atol_leaves": len(below)}
-            if status != "inconclusive":  # passing leaves beside them do not speak for them
-                notes += (f"{len(below)} of {len(leaves)} leaves are below atol on both sides, so no difference "
-                          f"could show in them: {_names(below, 5)}",)
-        return cls(name, title, status, seconds, comparisons, message or default, notes, data or {})
+            data = {**(data or {}), "below_atol_leaves": below}
+        return cls(name, title, status, seconds, comparisons, message or default, tuple(notes), data or {})
 
     @classmethod
     def from_exception(

@@ -121,7 +121,10 @@ def test_a_fault_living_only_below_atol_is_inconclusive_naming_the_leaf():
     assert report.coverage.unproven_outputs == ["end_points/small"]
     # ... and a passing step lists the leaves that could not have shown a difference
     notes = report.step("fixed_weights").notes
-    assert any("below atol on both sides" in n and "end_points/small" in n for n in notes)
+    assert any(n.startswith("1 of 2 output leaves are below atol on both sides") and "end_points/small" in n
+               for n in notes)
+    # a step whose output leaves are all above atol says nothing of the kind
+    assert not any("below atol" in n for n in check(tolerance=RTOL_FOR_SMALL).step("fixed_weights").notes)
     # the remedy it names finds the fault
     fixed = check(tf2_kwargs={"tiny_fault": True},
                   tolerance=RTOL_FOR_SMALL)

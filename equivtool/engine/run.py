@@ -253,6 +253,11 @@ class Engine:
                 comparisons.append(self.compare(name, expected, actual, label))
         if proves:
             data = {**(data or {}), "proves": proves}
+        below = [leaf for leaf, level in proves.get("outputs", {}).items() if level == "below_atol"]
+        if below and len(below) < len(proves["outputs"]):  # the others passing do not speak for them
+            notes.append(f"{len(below)} of {len(proves['outputs'])} output leaves are below atol on both sides, "
+                         f"so no difference could show in them here: {', '.join(below[:5])}"
+                         + (f" (+{len(below) - 5} more)" if len(below) > 5 else ""))
         return StepResult.from_comparisons(name, _steps.title(name), comparisons, notes=notes, data=data)
 
     def localized(self, result: StepResult, tf1, tf1_outputs, call_tf2: Callable[[], Any],
