@@ -432,3 +432,18 @@ def test_the_docs_example_runs_and_is_equivalent(tmp_path):
                             timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Verdict: EQUIVALENT (7 passed)" in result.stdout, result.stdout
+
+
+def _tf1_dense(x, training):
+    return tf.compat.v1.layers.dense(x, 4, name="dense", kernel_initializer=tf.compat.v1.glorot_uniform_initializer())
+
+
+def _keras3_dense():
+    return keras.layers.Dense(4, name="dense")
+
+
+def test_a_keras3_layer_checks_in_worker_processes_with_every_default_step():
+    x = np.random.RandomState(1).randn(2, 3).astype("float32")
+    report = check_equivalence(_tf1_dense, _keras3_dense, x, workers=2)
+    assert report.passed and len(report.steps) == 8, str(report)
+    assert report.meta.get("worker_jobs")  # it did run in workers
