@@ -554,10 +554,11 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] not in ("-h", "--help"):
-        from equivtool._platform.quiet import quiet_command
-        quiet_command()
+    # TensorFlow is imported (quietly) only once a command will run: --help and
+    # usage errors answer without it (building the parser imports no TensorFlow).
+    from equivtool._platform.quiet import quiet_command
     if argv[:1] == ["demo"]:  # everything after "demo" belongs to the demo's own parser
+        quiet_command()
         rest = argv[1:]
         rest = rest[1:] if rest[:1] == ["--"] else rest
         try:
@@ -572,6 +573,7 @@ def _main(argv=None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: 2 on bad usage, 0 on --help
         return int(exc.code or 0)
+    quiet_command()
     try:
         return args.run(args)
     except UsageError as exc:

@@ -16,6 +16,7 @@ import context``), so importing this module imports nothing. Private
 from __future__ import annotations
 
 import pkgutil
+import sys
 from typing import Any
 
 #: name -> ``"module"`` or ``"module:attribute"``, and who uses it.
@@ -86,6 +87,13 @@ ATTRIBUTES: dict[str, tuple] = {
 
 #: tf-keras' seed source, patched by the random tool (optional: absent without tf-keras).
 KERAS_BACKEND = "tf_keras.src.backend"
+#: Keras 3's TensorFlow-backend random functions, replaced by the random tool (optional: absent
+#: without Keras 3, or before it is imported).
+KERAS3_TF_RANDOM = "keras.src.backend.tensorflow.random"
+#: Keras 3's TensorFlow-backend variable class, whose _initialize weight alignment wraps.
+KERAS3_TF_CORE = "keras.src.backend.tensorflow.core"
+#: Keras 3's "am I inside a shape-inference (stateless) run" query.
+KERAS3_STATELESS_SCOPE = "keras.src.backend.common.stateless_scope"
 #: Where tf-keras moved the legacy layers tf-slim imports (equivtool._platform.env aliases the old name).
 KERAS_LEGACY_TF_LAYERS = "tf_keras.src.legacy_tf_layers"
 
@@ -140,6 +148,26 @@ def keras_seed_generator():
     except ImportError:
         return None
     return getattr(backend, "_SEED_GENERATOR", None)
+
+
+def keras3_random_backend():
+    """Keras 3's TensorFlow-backend random module, or None when Keras 3 (with the
+    TensorFlow backend) has not been imported: nothing can have drawn from it yet."""
+    return sys.modules.get(KERAS3_TF_RANDOM)
+
+
+def keras3_variable_class():
+    """Keras 3's TensorFlow-backend ``Variable`` class (its ``_initialize(value)``
+    creates the ``tf.Variable`` it wraps), or None when Keras 3 is not imported."""
+    module = sys.modules.get(KERAS3_TF_CORE)
+    return getattr(module, "Variable", None)
+
+
+def keras3_in_stateless_scope() -> bool:
+    """True inside Keras 3's stateless scope: the symbolic run by which a Keras 3
+    model infers shapes on its first call, whose values are thrown away."""
+    module = sys.modules.get(KERAS3_STATELESS_SCOPE)
+    return module is not None and bool(module.in_stateless_scope())
 
 
 def variable_creator_slots(graph) -> dict:

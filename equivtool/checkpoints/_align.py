@@ -16,7 +16,10 @@ step's values: kernels scaled by fan-in, batch-norm variances positive):
   no random op and the forward pass's random ops (dropout, noise) get the
   operation seeds they would get first in line;
 * TF2: the variable is created by its own initializer (tf-keras' counter,
-  which seeds no forward op) and then assigned the value.
+  which seeds no forward op) and then assigned the value. A Keras 3 variable
+  wraps a ``tf.Variable`` named by its short name (``kernel``); it is assigned
+  once it exists, by its ``path``, from Keras 3's own ``_initialize`` (wrapped
+  for the scope, on the scope's thread only, and put back on exit).
 
 What those steps then compare is the forward pass's random ops and its
 arithmetic. Each side computes the values itself, so the sides stay
@@ -26,11 +29,14 @@ independent (``workers=2`` still runs them in two processes).
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Callable, Iterator
 
 import tensorflow as tf
 
+from equivtool._platform import tf_internals as _tfi
 from equivtool.engine.sides.runners import fixed_value, variable_key
+from equivtool.variables._flavour import variable_dtype, variable_name, variable_shape
 
 #: How the report says the weights were aligned.
 ALIGNED = ("weights aligned: every variable starts on both sides from a fixed value of its mapped name and "
@@ -68,13 +74,60 @@ def tf2_aligned(options) -> Iterator[None]:
         return
     renamer: Callable[[str], str] = options.renamer
 
+    def assign_fixed(variable) -> None:
+        shape = variable_shape(variable)
+        if shape.is_fully_defined():
+            with tf.init_scope():  # now, not as an op of the function being traced
+                variable.assign(fixed_value(variable_key(variable_name(variable), renamer), shape.as_list(),
+                                            variable_dtype(variable)))
+
     def creator(next_creator, **kwargs):
         variable = next_creator(**kwargs)
-        if variable.shape.is_fully_defined():
-            with tf.init_scope():  # now, not as an op of the function being traced
-                variable.assign(fixed_value(variable_key(variable.name, renamer), variable.shape.as_list(),
-                                            variable.dtype.base_dtype))
+        assign_fixed(variable)  # a Keras 3 variable's inner one is assigned again below, by path
         return variable
 
-    with tf.variable_creator_scope(creator):
+    with tf.variable_creator_scope(creator), _keras3_assigned(assign_fixed):
         yield
+
+
+# Open _keras3_assigned scopes: token -> (thread, assign). Keras 3's _initialize is
+# wrapped while there is one, and put back when the last one ends, in whatever
+# order they end and on whichever thread.
+_keras3_lock = threading.Lock()
+_keras3_scopes: dict = {}
+_keras3_saved: list = []  # [(class, its own _initialize)] while wrapped
+
+
+def _keras3_initialize(original):
+    def _initialize(self, value):
+        original(self, value)
+        here = threading.get_ident()
+        for thread, assign in list(_keras3_scopes.values()):
+            if thread == here:
+                assign(self)
+    return _initialize
+
+
+@contextlib.contextmanager
+def _keras3_assigned(assign: Callable) -> Iterator[None]:
+    """Keras 3 variables created on this thread in the scope get ``assign(variable)``
+    once their value exists."""
+    cls = _tfi.keras3_variable_class()
+    if cls is None:
+        yield
+        return
+    token = object()
+    with _keras3_lock:
+        if not _keras3_saved:
+            original = cls.__dict__["_initialize"]
+            _keras3_saved.append((cls, original))
+            cls._initialize = _keras3_initialize(original)
+        _keras3_scopes[token] = (threading.get_ident(), assign)
+    try:
+        yield
+    finally:
+        with _keras3_lock:
+            _keras3_scopes.pop(token, None)
+            if not _keras3_scopes and _keras3_saved:
+                saved_cls, original = _keras3_saved.pop()
+                saved_cls._initialize = original

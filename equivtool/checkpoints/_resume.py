@@ -31,7 +31,8 @@ from equivtool._platform.tf_internals import save_slice_info
 from equivtool.checkpoints.convert import checkpoint_path, convert
 from equivtool.comparison import compare
 from equivtool.report import StepResult
-from equivtool._base.names import strip_output_index
+from equivtool.checkpoints import _slots
+from equivtool.variables._flavour import variable_name
 from equivtool.engine.sides.runners import TF1Side, variable_key
 from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
@@ -137,25 +138,27 @@ def _resume_tf2(e, _) -> dict:
     conversion, _, _ = convert(o.checkpoint, None, o.inputs, target, rename=o.renamer, optimizer=make_tf2,
                                overwrite=True, layer=writer or side.layer)
     optimizer = side.make_optimizer(make_tf2)
-    status = tf.train.Checkpoint(model=side.layer, optimizer=optimizer).read(conversion.path)
+    # Loaded as its users load it (restore, not read: the file holds save_counter).
+    status = tf.train.Checkpoint(model=side.layer, optimizer=optimizer).restore(conversion.path)
     status.assert_existing_objects_matched()
     lr = float(optimizer.get_config()["learning_rate"]) if any(
         how != "copy" for _, _, how in conversion.slots) else None
+    # A converted slot is "<slot>/<writer's variable name>"; the resumed layer's
+    # names may differ (Keras numbers fresh layers), so both go through rename.
     sources = {}
     for tf2_name, source, how in conversion.slots:
         keras_slot = tf2_name.split("/", 1)[0]
         sources[(keras_slot, source.rpartition("/")[0])] = (source, how)
+    held = _slots.slot_variables(optimizer, side.layer.trainable_variables, tuple(sorted({s for s, _ in sources})))
     losses, captures = [], []
     for _ in range(o.train_steps):
         with tool.scope():
             losses.append(side.train_step(o.inputs, optimizer, training=True))
         slot_capture = {}
-        found = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
-        for variable in found:
-            keras_slot, _, model_name = strip_output_index(variable.name).partition("/")
-            entry = sources.get((keras_slot, o.renamer(model_name)))
+        for keras_slot, variable, slot in held:
+            entry = sources.get((keras_slot, o.renamer(variable_name(variable))))
             if entry is not None:
-                slot_capture[entry[0]] = (variable.numpy(), entry[1])
+                slot_capture[entry[0]] = (slot.numpy(), entry[1])
         captures.append({"variables": side.read_variables(), "slots": slot_capture,
                          "iterations": int(optimizer.iterations.numpy()),
                          "betas": (float(getattr(optimizer, "beta_1", 0) or 0),

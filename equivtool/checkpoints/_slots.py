@@ -12,6 +12,9 @@ Facts from ``tensorflow/python/training`` (``adam.py``, ``momentum.py``,
 * a tf-keras (2.11+) optimizer slot is a variable named
   ``<slot>/<variable name>`` (``m``, ``v``; ``velocity``, ``momentum``,
   ``average_gradient``; ``accumulator``) and the step count is ``iterations``;
+  a Keras 3 optimizer's slot is named ``<variable path, / as _>_<slot>``, its
+  slots the same but for Adam's ``momentum``/``velocity`` (tf-keras ``m``/``v``)
+  and SGD's ``momentum`` (tf-keras ``m``) (:func:`slot_name`, :func:`slot_variables`);
 * Adam's step count is in ``beta1_power = beta1 ** (t + 1)`` and
   ``beta2_power = beta2 ** (t + 1)`` in TF1, and in ``iterations = t`` in
   tf-keras (its update uses ``iterations + 1``).
@@ -29,7 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["SlotLayout", "LAYOUTS", "keras_kind", "layout_for", "tf1_family", "iterations_from_betas"]
+from equivtool._base.names import strip_output_index
+from equivtool.variables._flavour import is_keras3, variable_name
+
+__all__ = ["SlotLayout", "LAYOUTS", "keras_kind", "layout_for", "tf1_family", "iterations_from_betas",
+           "slot_name", "slot_variables"]
 
 
 @dataclass(frozen=True)
@@ -96,18 +103,51 @@ LAYOUTS = {
 _SUFFIX = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9]*)(?:_(?P<n>\d+))?$")
 
 
+_KINDS = ("Adam", "SGD", "RMSprop", "Adagrad")
+# A Keras 3 slot's name where it differs from tf-keras', by optimizer kind.
+_KERAS3_SLOTS = {"Adam": {"m": "momentum", "v": "velocity"}, "SGD": {"m": "momentum"}}
+
+
 def keras_kind(optimizer) -> str:
-    """``"Adam"``, ``"SGD"``, ``"RMSprop"`` or ``"Adagrad"`` for those tf-keras
-    optimizers (exactly those classes); ``ValueError`` for any other."""
-    known = {tf.keras.optimizers.Adam: "Adam", tf.keras.optimizers.SGD: "SGD",
-             tf.keras.optimizers.RMSprop: "RMSprop", tf.keras.optimizers.Adagrad: "Adagrad"}
+    """``"Adam"``, ``"SGD"``, ``"RMSprop"`` or ``"Adagrad"`` for those tf-keras or
+    Keras 3 optimizers (exactly those classes); ``ValueError`` for any other."""
+    known = {getattr(tf.keras.optimizers, kind): kind for kind in _KINDS}
+    if is_keras3(optimizer):
+        import keras  # the optimizer is a Keras 3 object, so Keras 3 is imported
+        known = {getattr(keras.optimizers, kind): kind for kind in _KINDS}
     kind = known.get(type(optimizer))
     if kind is None:
         raise ValueError(
             f"optimizer: the slot layout of {type(optimizer).__module__}.{type(optimizer).__name__} is unknown; "
-            "supported: tf.keras.optimizers.Adam, SGD (with or without momentum, Nesterov), RMSprop, Adagrad "
-            "(the tf-keras 2.11+ optimizers, not optimizers.legacy)")
+            "supported: Adam, SGD (with or without momentum, Nesterov), RMSprop, Adagrad of tf.keras.optimizers "
+            "(the tf-keras 2.11+ optimizers, not optimizers.legacy) or of keras.optimizers (Keras 3)")
     return kind
+
+
+def slot_name(optimizer, kind: str, keras_slot: str) -> str:
+    """The optimizer's own name for the tf-keras slot ``keras_slot`` (a layout's name)."""
+    return _KERAS3_SLOTS.get(kind, {}).get(keras_slot, keras_slot) if is_keras3(optimizer) else keras_slot
+
+
+def _slot_key(optimizer, slot: str, variable) -> str:
+    if is_keras3(optimizer):
+        return f"{variable_name(variable).replace('/', '_')}_{slot}"
+    return f"{slot}/{variable_name(variable)}"
+
+
+def slot_variables(optimizer, variables, slots) -> list:
+    """``(slot, variable, slot variable)`` for each of ``slots`` (the optimizer's
+    own slot names) the built ``optimizer`` keeps for each of ``variables``, in
+    that order; a slot it does not keep is left out."""
+    found = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
+    by_name = {(v.name if is_keras3(v) else strip_output_index(v.name)): v for v in found}
+    out = []
+    for variable in variables:
+        for slot in slots:
+            target = by_name.get(_slot_key(optimizer, slot, variable))
+            if target is not None:
+                out.append((slot, variable, target))
+    return out
 
 
 def tf1_family(slot_suffixes: dict) -> str:

@@ -40,6 +40,7 @@ from equivtool._base.names import strip_output_index
 from equivtool.engine import signals as _signals
 from equivtool.engine.sides.runners import checkpoint_exists
 from equivtool.variables import _make_renamer
+from equivtool.variables._flavour import is_keras3, layer_variables, variable_dtype, variable_name, variable_shape
 
 __all__ = ["convert_checkpoint", "Conversion", "convert"]
 
@@ -47,7 +48,8 @@ __all__ = ["convert_checkpoint", "Conversion", "convert"]
 @dataclasses.dataclass(frozen=True)
 class Conversion:
     """What :func:`convert` wrote: ``(TF2 name, TF1 checkpoint key)`` per model
-    variable, ``(tf-keras slot variable, TF1 key, transform)`` per slot, the
+    variable, ``("<slot>/<TF2 name>", TF1 key, transform)`` per slot (the
+    optimizer's own slot name: tf-keras ``m``, Keras 3 ``momentum``), the
     TF1 keys left out (with why), ``iterations``, and notes on the
     hyperparameters that differ between the two implementations."""
 
@@ -184,15 +186,10 @@ def _make_optimizer(optimizer):
     if callable(optimizer):
         made = optimizer()
         if not hasattr(made, "apply_gradients"):
-            raise TypeError(f"optimizer: the factory returned {type(made).__name__}, not a tf-keras optimizer")
+            raise TypeError(f"optimizer: the factory returned {type(made).__name__}, not a Keras optimizer")
         return made
-    raise TypeError(f"optimizer: expected a tf-keras optimizer or a zero-argument factory, "
+    raise TypeError(f"optimizer: expected a tf-keras optimizer, a Keras 3 optimizer or a zero-argument factory, "
                     f"got {type(optimizer).__name__}")
-
-
-def _optimizer_variables(optimizer) -> dict:
-    found = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
-    return {strip_output_index(v.name): v for v in found}
 
 
 def _learning_rate(optimizer) -> float:
@@ -223,7 +220,7 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
     check_inputs(inputs)
     renamer = _make_renamer(as_rename(rename))
     if optimizer is not None and not (callable(optimizer) or hasattr(optimizer, "apply_gradients")):
-        raise TypeError(f"optimizer: expected a tf-keras optimizer or a zero-argument factory, "
+        raise TypeError(f"optimizer: expected a tf-keras optimizer, a Keras 3 optimizer or a zero-argument factory, "
                         f"got {type(optimizer).__name__}")
     try:
         reader = _Reader(tf.train.load_checkpoint(path), path)
@@ -240,18 +237,18 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
     kind = _slots.keras_kind(opt) if opt is not None else None
 
     problems, model, keys = [], [], {}
-    for variable in layer.variables:
-        name = strip_output_index(variable.name)
+    for variable in layer_variables(layer):
+        name = variable_name(variable)
         key = renamer(name)
         keys[name] = key
         if key not in shapes:
             problems.append(f"TF2 variable {name!r} has no TF1 counterpart (looked up as {key!r})")
             continue
-        if tuple(shapes[key]) != tuple(variable.shape.as_list()):
-            problems.append(f"{key!r}: shape {list(shapes[key])} in the checkpoint, "
-                            f"{variable.shape.as_list()} for TF2 {name!r}")
-        elif dtypes[key].base_dtype != variable.dtype.base_dtype:
-            problems.append(f"{key!r}: dtype {dtypes[key].name} in the checkpoint, {variable.dtype.name} "
+        shape, dtype = variable_shape(variable).as_list(), variable_dtype(variable)
+        if tuple(shapes[key]) != tuple(shape):
+            problems.append(f"{key!r}: shape {list(shapes[key])} in the checkpoint, {shape} for TF2 {name!r}")
+        elif dtypes[key].base_dtype != dtype:
+            problems.append(f"{key!r}: dtype {dtypes[key].name} in the checkpoint, {dtype.name} "
                             f"for TF2 {name!r}")
         else:
             model.append((variable, key))
@@ -284,11 +281,14 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
         layout = _slots.layout_for(family, kind, opt)
         trainable = list(layer.trainable_variables)
         opt.build(trainable)
-        by_name = _optimizer_variables(opt)
+        names = {tf1_slot: _slots.slot_name(opt, kind, keras_slot)
+                 for tf1_slot, _, keras_slot, _ in layout.slots if keras_slot is not None}
+        by_slot = {(slot, id(variable)): target for slot, variable, target
+                   in _slots.slot_variables(opt, trainable, tuple(names.values()))}
         lr = _learning_rate(opt) if any(t == "times_minus_lr" for *_, t in layout.slots) else None
         consumed, slot_problems = set(), []
         for variable in trainable:
-            name = strip_output_index(variable.name)
+            name = variable_name(variable)
             key = keys[name]
             for tf1_slot, suffix, keras_slot, transform in layout.slots:
                 source = f"{key}/{suffix}"
@@ -300,9 +300,9 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
                 if keras_slot is None:
                     left_out.append((source, f"tf-keras {kind} with these settings keeps no {tf1_slot}"))
                     continue
-                target = by_name.get(f"{keras_slot}/{name}")
+                target = by_slot.get((names[tf1_slot], id(variable)))
                 if target is None:
-                    slot_problems.append(f"the tf-keras {kind} has no slot {keras_slot!r} for {name!r}")
+                    slot_problems.append(f"the {kind} optimizer has no slot {names[tf1_slot]!r} for {name!r}")
                     continue
                 value = reader.get_tensor(source)
                 if tuple(value.shape) != tuple(target.shape.as_list()):
@@ -311,8 +311,8 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
                     continue
                 if transform == "times_minus_lr":
                     value = -lr * value
-                slots.append((target, source, transform))
-                assignments.append((target, value.astype(target.dtype.as_numpy_dtype)))
+                slots.append((f"{names[tf1_slot]}/{name}", source, transform))
+                assignments.append((target, value.astype(variable_dtype(target).as_numpy_dtype)))
         for parent, suffixes in slot_suffixes.items():
             for suffix in suffixes:
                 if f"{parent}/{suffix}" not in consumed:
@@ -340,7 +340,7 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
                 "initial_accumulator_value")
         shown = [f"{k}={float(config[k]):.6g}" if isinstance(config[k], (float, np.floating)) else
                  f"{k}={config[k]}" for k in keys if k in config]
-        notes.append(f"the tf-keras {kind}'s hyperparameters (check them against the TF1 run's): "
+        notes.append(f"the {_optimizer_module(opt)}.{kind}'s hyperparameters (check them against the TF1 run's): "
                      + ", ".join(shown))
         if global_step is not None and family != "Adam":
             notes.append(f"iterations = global_step = {global_step}")
@@ -358,10 +358,13 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
         _remove_folders(made)
         raise
     conversion = Conversion(
-        written, tuple((strip_output_index(v.name), k) for v, k in model),
-        tuple((strip_output_index(t.name), s, how) for t, s, how in slots), tuple(left_out), iterations,
-        f"TF1 {family} -> tf.keras.optimizers.{kind}" if opt is not None else "", tuple(notes))
+        written, tuple((variable_name(v), k) for v, k in model), tuple(slots), tuple(left_out), iterations,
+        f"TF1 {family} -> {_optimizer_module(opt)}.{kind}" if opt is not None else "", tuple(notes))
     return conversion, layer, opt
+
+
+def _optimizer_module(optimizer) -> str:
+    return "keras.optimizers" if is_keras3(optimizer) else "tf.keras.optimizers"
 
 
 def _varint(data: bytes, pos: int) -> tuple:
@@ -520,7 +523,7 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
         ``tf.train.Checkpoint.write`` does).
       rename: rules mapping each TF2 variable name to its TF1 name, or a
         :class:`~equivtool.VariableMapping` from :func:`equivtool.map_variables`.
-      optimizer: a tf-keras optimizer (``Adam``, ``SGD``, ``RMSprop``,
+      optimizer: a tf-keras or Keras 3 optimizer (``Adam``, ``SGD``, ``RMSprop``,
         ``Adagrad``) or a zero-argument factory: its slots and ``iterations``
         are filled from the TF1 optimizer's (Adam, Momentum, RMSProp,
         Adagrad, GradientDescent) and it is saved as ``optimizer``. Without

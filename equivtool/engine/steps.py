@@ -36,6 +36,7 @@ from equivtool.engine.outputs import split_outputs
 from equivtool.engine.registry import SkipStep, title
 from equivtool.seeding._traced import TraceAlignment
 from equivtool.variables._guards import second_call_message
+from equivtool.variables._flavour import layer_variables, variable_dtype, variable_name
 from equivtool.variables import VariableCreationError, VariableInfo, VariableSet, compare_variables
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -189,7 +190,7 @@ def sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:
 
 
 def _specs(keys, variables) -> dict:
-    return {key: (tuple(int(d) for d in v.shape), v.dtype.base_dtype.name) for key, v in zip(keys, variables)}
+    return {key: (tuple(int(d) for d in v.shape), variable_dtype(v).name) for key, v in zip(keys, variables)}
 
 
 class _FixedValues(collections.abc.Mapping):
@@ -197,7 +198,7 @@ class _FixedValues(collections.abc.Mapping):
     assigning a chunk at a time holds one chunk, not a second copy of the model)."""
 
     def __init__(self, keys, variables, prefix: str):
-        self._specs = {key: (v.shape, v.dtype.base_dtype) for key, v in zip(keys, variables)}
+        self._specs = {key: (v.shape, variable_dtype(v)) for key, v in zip(keys, variables)}
         self._prefix = prefix
 
     def __getitem__(self, key: str) -> np.ndarray:
@@ -220,8 +221,8 @@ def _assign_fixed(side, keys, variables, prefix: str = "") -> None:
 
 def _tf2_keys_and_variables(half) -> tuple:
     half.inference_pass()  # built
-    variables = list(half.layer.variables)
-    return [variable_key(v.name, half.side.renamer) for v in variables], variables
+    variables = layer_variables(half.layer)
+    return [variable_key(variable_name(v), half.side.renamer) for v in variables], variables
 
 
 # --------------------------------------------------------------------------
@@ -237,9 +238,9 @@ def _variables_once_tf2(e: "Engine", _) -> dict:
     try:
         half.gradient_pass()  # the layer's second call
     except VariableCreationError as exc:
-        existing = [v.name for v in half.layer.variables]
+        existing = [variable_name(v) for v in layer_variables(half.layer)]
         return {"created": second_call_message(str(exc), existing), "build_seconds": half.build_seconds}
-    return {"created": None, "build_seconds": half.build_seconds, "variables": len(half.layer.variables),
+    return {"created": None, "build_seconds": half.build_seconds, "variables": len(layer_variables(half.layer)),
             "distributed": half.distributed}
 
 
@@ -271,9 +272,10 @@ def _parity_tf1(e: "Engine") -> dict:
 def _parity_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     half.inference_pass()
+    variables = layer_variables(half.layer)
     trainable = {id(v) for v in half.layer.trainable_variables}
-    return {"variables": VariableSet.from_variables(half.layer.variables, "tf2"),
-            "keys": {variable_key(v.name, half.side.renamer): id(v) in trainable for v in half.layer.variables}}
+    return {"variables": VariableSet.from_variables(variables, "tf2"),
+            "keys": {variable_key(variable_name(v), half.side.renamer): id(v) in trainable for v in variables}}
 
 
 def _parity_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
@@ -435,7 +437,7 @@ def _gradients_tf1(e: "Engine") -> dict:
 def _gradients_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     _, _, loss, gradients = half.gradient_pass()
-    trainable = [variable_key(v.name, half.side.renamer) for v in half.layer.trainable_variables]
+    trainable = [variable_key(variable_name(v), half.side.renamer) for v in half.layer.trainable_variables]
     return {"loss": loss, "gradients": gradients, "trainable": trainable,
             "sparse": list(half.side.sparse_gradients)}
 

@@ -304,7 +304,7 @@ def detect_kind(path: str) -> str:
     """Which kind of artifact ``path`` is (see :data:`KINDS`)."""
     if not os.path.exists(path):
         raise ModelLoadError(f"{path!r} does not exist; expected a SavedModel folder, a frozen graph .pb, "
-                             "a tf-keras .h5/.keras file or a golden record .npz")
+                             "a Keras .h5/.keras file (tf-keras or Keras 3) or a golden record .npz")
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "saved_model.pb")):
             raise ModelLoadError(f"{path!r} is a folder without saved_model.pb: not a SavedModel")
@@ -319,7 +319,7 @@ def detect_kind(path: str) -> str:
     if lower.endswith(_KERAS_SUFFIXES):
         return "keras"
     raise ModelLoadError(f"{path!r} is not a model or record: expected a SavedModel folder, a frozen graph .pb, "
-                         "a tf-keras .h5/.keras file or a golden record .npz")
+                         "a Keras .h5/.keras file (tf-keras or Keras 3) or a golden record .npz")
 
 
 # --------------------------------------------------------------------------
@@ -518,13 +518,44 @@ def load_tf2(path, signature, tags, graph_rewrites) -> FunctionSide:
                         owner=loaded)
 
 
-def load_keras(path, graph_rewrites) -> FunctionSide:
-    import tensorflow as tf
+def keras_file_version(path) -> str | None:
+    """The ``keras_version`` a Keras model file was saved with (a ``.keras`` zip's
+    ``metadata.json``, an ``.h5`` file's root attribute), or None when it says none
+    (or h5py, which reads ``.h5``, is not installed)."""
+    import json
+    import zipfile
     try:
-        model = tf.keras.models.load_model(path, compile=False)
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                version = json.loads(archive.read("metadata.json")).get("keras_version")
+        else:
+            import h5py
+            with h5py.File(path, "r") as handle:
+                version = handle.attrs.get("keras_version")
+    except (ImportError, OSError, KeyError, ValueError):
+        return None
+    if isinstance(version, bytes):
+        version = version.decode("utf-8", "replace")
+    return str(version) if version else None
+
+
+def load_keras(path, graph_rewrites) -> FunctionSide:
+    """Load a Keras model file with the Keras that wrote it: Keras 3 for a file
+    saved by ``keras`` 3.x, tf-keras otherwise (``tf.keras`` is tf-keras here)."""
+    import tensorflow as tf
+    version = keras_file_version(path)
+    if version is not None and version.split(".")[0] == "3":
+        import keras
+        load, flavour = keras.models.load_model, "Keras 3"
+    else:
+        load, flavour = tf.keras.models.load_model, "tf-keras"
+    try:
+        model = load(path, compile=False)
     except Exception as exc:  # noqa: BLE001 - not a model file, unknown custom layers ...
-        raise ModelLoadError(f"{path}: cannot load the tf-keras model: {_short(exc)}") from None
-    input_names = list(model.input_names)
+        saved = f" (saved by Keras {version})" if version else ""
+        raise ModelLoadError(f"{path}: cannot load the {flavour} model{saved}: {_short(exc)}") from None
+    # Keras 3 models have no input_names; their inputs are named tensors.
+    input_names = list(getattr(model, "input_names", None) or [t.name for t in model.inputs])
     output_names = list(model.output_names)
     specs = [tf.TensorSpec(t.shape, t.dtype, name=n) for n, t in zip(input_names, model.inputs)]
 

@@ -61,9 +61,14 @@ Not covered (unchanged inside a scope):
     stateless ops (``tf.random.stateless_*``) with their explicit seeds (they
     are deterministic already); ``tf.random.Generator`` objects you create
     yourself (``from_seed`` is deterministic, ``from_non_deterministic_state``
-    and ``get_global_generator()`` are not); Keras 3 (the ``keras`` package),
-    whose initializers and ``keras.random`` use Keras 3's own seed generator;
-    NumPy and Python ``random``.
+    and ``get_global_generator()`` are not); Keras 3's ``keras.random``
+    functions other than those below; NumPy and Python ``random``.
+Keras 3 (the ``keras`` package, TensorFlow backend):
+    its initializers, ``keras.random.uniform/normal/truncated_normal`` and
+    ``dropout`` (so ``keras.layers.Dropout``) draw through stateless ops seeded
+    from Python's ``random``. Inside a scope they draw through the stateful op
+    a TF1 program uses for the same distribution, seeded by the tool, so they
+    match the TF1 graph bit for bit (:mod:`equivtool.seeding._keras3`).
 
 Safety
 ------
@@ -135,6 +140,7 @@ def _seeded_get_seed(op_seed=None):
     return tool._next_seeds()
 
 
+from equivtool.seeding._keras3 import Keras3RandomPatch  # noqa: E402  (Keras 3's draws: its own module)
 from equivtool.seeding._trace import (  # noqa: E402  (the trace: its own module)
     RandomOpRecord, TraceDivergence, TraceRecorder, _KERAS_PLUMBING, _as_shape, _describe_tf_op,
     _dtype_name, compare_random_traces)
@@ -246,6 +252,7 @@ class DeterministicRandomTestTool(TraceRecorder):
         self._saved_global_seeds: dict = {}
         self._saved_keras = _MISSING
         self._keras_slots: Optional[dict] = None
+        self._keras3: Optional[Keras3RandomPatch] = None
 
     # ---- public surface --------------------------------------------------
 
@@ -337,10 +344,16 @@ class DeterministicRandomTestTool(TraceRecorder):
                     self._keras_slots = slots
                     self._saved_keras = slots.get("generator", _MISSING)
                     slots["generator"] = _KerasSeedSource(self)
+                self._keras3 = Keras3RandomPatch(self._owns_thread)
+                self._keras3.install()
                 _random_seed.get_seed = _seeded_get_seed
             except BaseException:
                 self._restore()
                 raise
+
+    def _owns_thread(self) -> bool:
+        """True while this tool's scope is open and the caller is on its thread."""
+        return _active is self and self._owner == _get_ident()
 
     def _exit(self) -> None:
         with _lock:
@@ -352,6 +365,8 @@ class DeterministicRandomTestTool(TraceRecorder):
         global _active
         try:
             _random_seed.get_seed = _TF_GET_SEED
+            if self._keras3 is not None:
+                self._keras3.restore()
             slots = self._keras_slots
             if slots is not None:
                 if self._saved_keras is _MISSING:
@@ -362,6 +377,7 @@ class DeterministicRandomTestTool(TraceRecorder):
         finally:
             self._keras_slots = None
             self._saved_keras = _MISSING
+            self._keras3 = None
             self._saved_global_seeds = {}
             self._owner = None
             if _active is self:

@@ -34,7 +34,6 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool._base.render import fixed_row, text_table
-from equivtool._base.names import strip_output_index as _strip_output_index
 
 __all__ = [
     "VariableCreationError", "assert_no_variable_creations",
@@ -47,6 +46,8 @@ __all__ = [
 from equivtool.variables._guards import (  # noqa: E402  (step 1 lives in its own module)
     CreatedVariable, VariableCreationError, assert_no_variable_creations,  # noqa: F401
     catch_and_raise_created_variables, creates_variables_once)
+from equivtool.variables._flavour import (  # noqa: E402  (one reader of names, dtypes, shapes)
+    layer_variables, variable_dtype, variable_name, variable_shape)
 
 
 # --------------------------------------------------------------------------
@@ -68,9 +69,9 @@ class VariableInfo:
 
     @classmethod
     def of(cls, variable) -> "VariableInfo":
-        shape = tuple(variable.shape.as_list()) if variable.shape.rank is not None else ()
-        return cls(_strip_output_index(variable.name), shape,
-                   variable.dtype.base_dtype.name, bool(variable.trainable))
+        shape = variable_shape(variable)
+        shape = tuple(shape.as_list()) if shape.rank is not None else ()
+        return cls(variable_name(variable), shape, variable_dtype(variable).name, bool(variable.trainable))
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class VariableSet:
 
     @classmethod
     def from_layer(cls, layer, source: str = "tf2") -> "VariableSet":
-        """Capture ``layer.variables``; the layer must have been called (built)."""
+        """Capture ``layer.variables`` (a Keras 3 layer's without its random-number
+        state); the layer must have been called (built)."""
         if not hasattr(layer, "variables"):
             raise TypeError(
                 f"layer: expected a Keras layer or tf.Module with .variables, got "
@@ -114,7 +116,7 @@ class VariableSet:
                 f"layer: {getattr(layer, 'name', layer)!r} has never been called, so it "
                 "has no variables yet; call it on an input (or use "
                 "equivtool.tf2_variables(layer, inputs)) before capturing its variables")
-        return cls.from_variables(layer.variables, source)
+        return cls.from_variables(layer_variables(layer), source)
 
     def __str__(self) -> str:
         lines = [f"{len(self)} variables ({len(self.trainable)} trainable, "
@@ -167,7 +169,7 @@ def tf2_variables(layer: Callable, *args, calls: int = 2, **kwargs) -> VariableS
     for _ in range(calls - 1):
         with assert_no_variable_creations():
             layer(*args, **kwargs)
-    return VariableSet.from_variables(layer.variables, source="tf2")
+    return VariableSet.from_variables(layer_variables(layer), source="tf2")
 
 
 RenameRules = Union[None, Callable[[str], str], Mapping[str, str], Sequence[tuple]]

@@ -29,6 +29,7 @@ from equivtool._base.stack import user_frame_location
 from equivtool._platform import tf_internals as _tfi
 from equivtool._platform.tf_internals import tf_decorator
 from equivtool._base.names import strip_output_index as _strip_output_index
+from equivtool.variables._flavour import variable_dtype, variable_name, variable_shape
 
 
 class VariableCreationError(ValueError):
@@ -119,9 +120,9 @@ def _describe_request(kwargs: Mapping[str, Any]) -> CreatedVariable:
 
 def _describe_variable(variable, location: str) -> CreatedVariable:
     return CreatedVariable(
-        name=_strip_output_index(variable.name),
-        shape=str(tuple(variable.shape.as_list())) if variable.shape.rank is not None else "?",
-        dtype=variable.dtype.base_dtype.name, trainable=bool(variable.trainable),
+        name=variable_name(variable),
+        shape=str(tuple(variable_shape(variable).as_list())) if variable_shape(variable).rank is not None else "?",
+        dtype=variable_dtype(variable).name, trainable=bool(variable.trainable),
         location=location)
 
 

@@ -17,6 +17,7 @@ from equivtool._platform import tf_internals as _tf_internals
 from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, to_numpy
 from equivtool.engine.sides import CAPABILITIES, Side
 from equivtool.engine.sides.runners import default_loss, variable_key
+from equivtool.variables._flavour import layer_variables, variable_name
 
 # --------------------------------------------------------------------------
 # TF2 side
@@ -140,7 +141,7 @@ class TF2Side(Side):
             gradients_by_key, sparse = {}, []
             for v, g in zip(self.layer.trainable_variables, gradients):
                 if g is not None:
-                    key = variable_key(v.name, self.renamer)
+                    key = variable_key(variable_name(v), self.renamer)
                     gradients_by_key[key], was_sparse = dense_gradient(g, v.shape)
                     if was_sparse:
                         sparse.append(key)
@@ -154,14 +155,14 @@ class TF2Side(Side):
         return float(loss.numpy())
 
     def keys(self) -> list[str]:
-        return [variable_key(v.name, self.renamer) for v in self.layer.variables]
+        return [variable_key(variable_name(v), self.renamer) for v in layer_variables(self.layer)]
 
     def read_variables(self) -> dict:
-        return {variable_key(v.name, self.renamer): v.numpy() for v in self.layer.variables}
+        return {variable_key(variable_name(v), self.renamer): v.numpy() for v in layer_variables(self.layer)}
 
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
-        for variable in self.layer.variables:
-            key = variable_key(variable.name, self.renamer)
+        for variable in layer_variables(self.layer):
+            key = variable_key(variable_name(variable), self.renamer)
             if key in values_by_key:
                 variable.assign(values_by_key[key])
 
@@ -178,8 +179,8 @@ class TF2Side(Side):
         as ``names[key]`` (default: the key itself); returns ``(loaded, absent names)``."""
         reader = tf.train.load_checkpoint(os.fspath(path))
         loaded, absent = 0, []
-        for variable in self.layer.variables:
-            key = variable_key(variable.name, self.renamer)
+        for variable in layer_variables(self.layer):
+            key = variable_key(variable_name(variable), self.renamer)
             name = names.get(key, key)
             if reader.has_tensor(name):
                 variable.assign(reader.get_tensor(name))
@@ -227,7 +228,7 @@ def _gather(strategy, value):
 
 def snapshot_layer(layer) -> list:
     """The layer's variables and their current values (for restoring later)."""
-    return [(v, v.numpy()) for v in layer.variables]
+    return [(v, v.numpy()) for v in layer_variables(layer)]
 
 
 def restore_snapshot(snapshot: list) -> None:
