@@ -36,7 +36,6 @@ import tensorflow as tf
 from equivtool._base import scratch
 from equivtool.checkpoints import _slots
 from equivtool.checkpoints.mapping import as_rename, check_inputs, make_layer
-from equivtool._base.names import strip_output_index
 from equivtool.engine import signals as _signals
 from equivtool.engine.sides.runners import checkpoint_exists
 from equivtool.variables import _make_renamer
