@@ -326,9 +326,13 @@ template <typename A> XENT_FN A dense_loss(const DenseState<A>& s) {
   return A(s.ysum * log(s.lse.d) - s.yx);
 }
 
-// Softmax probability of x.
-template <typename A> XENT_FN A probability(A x, A shift, A log_norm) {
-  return exp_acc((x - shift) - log_norm);
+// Softmax probability of x: exp(x - shift) * scale, scale = norm_scale(log_norm).
+// Written as a product (not exp((x - shift) - log_norm)) so that the CPU's
+// fused forward, which has exp(x - shift) in hand once it knows the row's
+// sum, gives the bits the separate gradient pass gives (see sparse_fused_row).
+template <typename A> XENT_FN A norm_scale(A log_norm) { return A(exp(-wide(log_norm))); }
+template <typename A> XENT_FN A probability(A x, A shift, A scale) {
+  return exp_acc(x - shift) * scale;
 }
 
 // ---------------------------------------------------------------------------
@@ -541,18 +545,19 @@ XENT_FN void sparse_grad_row(const S* x, int64_t C, int64_t label,
     for (int64_t j = 0; j < C; ++j) dx[j] = nan;
     return;
   }
+  const A scale = norm_scale(r.log_norm);
   int64_t j = 0;
 #if XENT_HOST_VECTORS
   if constexpr (sizeof(A) == sizeof(float)) {
     for (; j + kLanes <= C; j += kLanes) {
-      const vfloat p = exp_g((VecIO<S>::load(x + j) - r.shift) - r.log_norm);
+      const vfloat p = exp_g(VecIO<S>::load(x + j) - r.shift) * scale;
       VecIO<S>::store(dx + j, g * p);
     }
   }
 #endif
   for (; j < C; ++j)
-    dx[j] = Storage<S>::store(g * probability(Storage<S>::load(x[j]), r.shift, r.log_norm));
-  const A pl = probability(Storage<S>::load(x[label]), r.shift, r.log_norm);
+    dx[j] = Storage<S>::store(g * probability(Storage<S>::load(x[j]), r.shift, scale));
+  const A pl = probability(Storage<S>::load(x[label]), r.shift, scale);
   dx[label] = Storage<S>::store(g * (pl - A(1)));
 }
 
@@ -576,10 +581,140 @@ XENT_FN void dense_grad_row(const S* x, const S* y, int64_t C,
                             RowStats<typename Storage<S>::acc> r,
                             typename Storage<S>::acc ysum,
                             typename Storage<S>::acc g, S* dx) {
+  const auto scale = norm_scale(r.log_norm);
   for (int64_t j = 0; j < C; ++j) {
-    const auto p = probability(Storage<S>::load(x[j]), r.shift, r.log_norm);
+    const auto p = probability(Storage<S>::load(x[j]), r.shift, scale);
     dx[j] = Storage<S>::store(g * (ysum * p - Storage<S>::load(y[j])));
   }
+}
+
+// ---------------------------------------------------------------------------
+// CPU sparse rows in two passes over a row (it stays in L1/L2 between them):
+// first the row's maximum M (no exponential), then sum_j exp(x_j - M) in
+// kLanes lanes, float partials over blocks of kLanes * kUnroll elements
+// folded into per-lane double sums, the last partial stretch padded with
+// -inf (adds exactly 0), lanes summed in a fixed halving tree. One
+// exponential per element and no rescaling; the order depends on C only.
+//
+// The loss-only forward (row_lse_two_pass) and the fused forward of a
+// training step (sparse_fused_row) run the same passes, so they give the same
+// shift, sum and loss; the fused one also keeps exp(x_j - M) in its B x C
+// output and turns it into softmax - onehot there.
+template <typename S>
+XENT_FN typename Storage<S>::acc row_max(const S* x, int64_t C) {
+  typedef typename Storage<S>::acc A;
+  A m = Limits<A>::lowest();
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(A) == sizeof(float)) {
+    vfloat mv = splat<vfloat>(Limits<float>::lowest());
+    for (; j + kLanes <= C; j += kLanes) {
+      const vfloat v = VecIO<S>::load(x + j);
+      mv = v > mv ? v : mv;  // max_keep
+    }
+    for (int l = 0; l < kLanes; ++l) m = max_keep(m, A(mv[l]));
+  }
+#endif
+  for (; j < C; ++j) m = max_keep(m, Storage<S>::load(x[j]));
+  return m;
+}
+
+// sum_j exp(x_j - m) as described above; with kStore, also e[j] = exp(x_j - m).
+template <typename S, bool kStore>
+XENT_FN wide row_exp_sum(const S* x, int64_t C, typename Storage<S>::acc m,
+                         typename Storage<S>::acc* e) {
+  typedef typename Storage<S>::acc A;
+  wide d[kLanes];
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(A) == sizeof(float)) {
+    const vfloat mv = splat<vfloat>(m);
+    vwide dv = vwide{} + 0.0;
+    for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll) {
+      vfloat part = splat<vfloat>(0.0f);
+      for (int u = 0; u < kUnroll; ++u) {
+        const vfloat ev = exp_g(VecIO<S>::load(x + j + u * kLanes) - mv);
+        if constexpr (kStore) VecIO<float>::store(e + j + u * kLanes, ev);
+        part += ev;
+      }
+      dv += convert_lanes<vwide>(part);
+    }
+    for (; j < C; j += kLanes) {
+      vfloat v;
+      if (j + kLanes <= C) {
+        v = VecIO<S>::load(x + j);
+      } else {
+        v = splat<vfloat>(-Limits<float>::infinity());
+        for (int l = 0; j + l < C; ++l) v[l] = Storage<S>::load(x[j + l]);
+      }
+      const vfloat ev = exp_g(v - mv);
+      if constexpr (kStore) {
+        if (j + kLanes <= C) VecIO<float>::store(e + j, ev);
+        else for (int l = 0; j + l < C; ++l) e[j + l] = ev[l];
+      }
+      dv += convert_lanes<vwide>(ev);
+    }
+    for (int l = 0; l < kLanes; ++l) d[l] = dv[l];
+  } else
+#endif
+  {
+    for (int l = 0; l < kLanes; ++l) d[l] = 0.0;
+    for (; j < C; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const A ev = j + l < C ? exp_acc(Storage<S>::load(x[j + l]) - m) : A(0);
+        if (kStore && j + l < C) e[j + l] = ev;
+        d[l] += wide(ev);
+      }
+  }
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) d[l] = d[l] + d[l + w];
+  return d[0];
+}
+
+template <typename S>
+XENT_FN LseState<typename Storage<S>::acc> row_lse_two_pass(const S* x, int64_t C) {
+  LseState<typename Storage<S>::acc> s;
+  s.m = row_max<S>(x, C);
+  s.d = row_exp_sum<S, false>(x, C, s.m, nullptr);
+  return s;
+}
+
+// The fused forward of one sparse row: returns the row's state and writes
+// bp[j] = p_j - [j == label] in acc, p_j = exp(x_j - shift) * scale with the
+// scale sparse_grad_row derives from the same log_norm, so g * bp[j] is
+// bit for bit what sparse_grad_row writes for upstream gradient g.
+template <typename S>
+XENT_FN LseState<typename Storage<S>::acc> sparse_fused_row(const S* x, int64_t C,
+                                                             int64_t label,
+                                                             typename Storage<S>::acc* bp) {
+  typedef typename Storage<S>::acc A;
+  LseState<A> s;
+  s.m = row_max<S>(x, C);
+  s.d = row_exp_sum<S, true>(x, C, s.m, bp);
+  const A scale = norm_scale(finish(s).log_norm);
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(A) == sizeof(float)) {
+    for (; j + kLanes <= C; j += kLanes)
+      VecIO<float>::store(bp + j, VecIO<float>::load(bp + j) * scale);
+  }
+#endif
+  for (; j < C; ++j) bp[j] = bp[j] * scale;
+  bp[label] = bp[label] - A(1);
+  return s;
+}
+
+// dx[j] = g * bp[j], stored in S: the gradient of the fused path.
+template <typename S>
+XENT_FN void scale_row(const typename Storage<S>::acc* bp, int64_t C,
+                       typename Storage<S>::acc g, S* dx) {
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(typename Storage<S>::acc) == sizeof(float)) {
+    for (; j + kLanes <= C; j += kLanes) VecIO<S>::store(dx + j, g * VecIO<float>::load(bp + j));
+  }
+#endif
+  for (; j < C; ++j) dx[j] = Storage<S>::store(g * bp[j]);
 }
 
 }  // namespace equivtool_xent
