@@ -18,11 +18,13 @@
 //
 // The single-pass log-sum-exp is the online normaliser of Milakov and
 // Gimelshein (arXiv:1805.02867): a state (m, d) with d = sum exp(x - m);
-// two states merge associatively. The CPU code runs kLanes independent
-// states over a row in blocks (the block maximum is taken first, so each
-// element costs one exponential) and merges the lanes in a fixed tree; the
-// CUDA kernel runs one state per thread and merges them in a fixed tree in
-// shared memory. Both use the same update, merge and exponential below.
+// two states merge associatively. The CPU's dense rows run kLanes
+// independent states over a row in blocks (the block maximum is taken first,
+// so each element costs one exponential) and merge the lanes in a fixed tree;
+// the CUDA kernel runs one state per thread and merges them in a fixed tree in
+// shared memory. The CPU's sparse rows need no online state: they take the
+// row's maximum in a first pass and sum the exponentials in a second (see
+// "CPU sparse rows" below), which lets a training step keep the exponentials.
 //
 // Special values follow TensorFlow's fused kernels: a row holding +inf or
 // NaN, or holding only -inf, gives NaN loss and NaN gradient row; a -inf
@@ -336,34 +338,10 @@ template <typename A> XENT_FN A probability(A x, A shift, A scale) {
 }
 
 // ---------------------------------------------------------------------------
-// CPU row reduction: kLanes independent states; element j of the row goes to
-// lane j % kLanes. Blocks of kLanes * kUnroll elements first take the block
-// maximum per lane, then sum one exponential per element into a per-lane
-// partial, and fold the partial into the lane's double sum; the
-// row's last, partial stretch is processed in kLanes-wide blocks padded with
-// -inf, which adds exactly zero. Lanes merge in a fixed halving tree. All of
-// it depends on C only.
-template <typename S, int U>
-XENT_FN void lanes_block(const S* x, typename Storage<S>::acc* m, wide* d) {
-  typedef typename Storage<S>::acc A;
-  A bm[kLanes], part[kLanes];
-  for (int l = 0; l < kLanes; ++l) { bm[l] = m[l]; part[l] = A(0); }
-  for (int u = 0; u < U; ++u)
-    for (int l = 0; l < kLanes; ++l)
-      bm[l] = max_keep(bm[l], Storage<S>::load(x[u * kLanes + l]));
-  for (int u = 0; u < U; ++u)
-    for (int l = 0; l < kLanes; ++l)
-      part[l] += exp_acc(Storage<S>::load(x[u * kLanes + l]) - bm[l]);
-  for (int l = 0; l < kLanes; ++l) {
-    d[l] = d[l] * wide(exp_acc(m[l] - bm[l])) + wide(part[l]);
-    m[l] = bm[l];
-  }
-}
-
+// CPU rows. The host code loads kLanes elements at a time as GCC vectors
+// (VecIO): each vector element is one lane and performs exactly the scalar
+// code's operations, so vector and scalar agree bit for bit.
 #if XENT_HOST_VECTORS
-// The same block in GCC vector code, for the float-accumulating types: each
-// vector element is one lane, and performs exactly the scalar lane's
-// operations (so the two agree bit for bit).
 template <typename S> struct VecIO;
 template <> struct VecIO<float> {
   static XENT_FN vfloat load(const float* x) { vfloat v; memcpy(&v, x, sizeof v); return v; }
@@ -390,82 +368,14 @@ template <> struct VecIO<bf16_bits> {
   }
 };
 
-template <typename S, int U>
-XENT_FN void lanes_block_vec(const S* x, vfloat& m, vwide& d) {
-  vfloat bm = m, part = splat<vfloat>(0.0f);
-  for (int u = 0; u < U; ++u) {
-    const vfloat v = VecIO<S>::load(x + u * kLanes);
-    bm = v > bm ? v : bm;  // max_keep
-  }
-  for (int u = 0; u < U; ++u) part += exp_g(VecIO<S>::load(x + u * kLanes) - bm);
-  d = d * convert_lanes<vwide>(exp_g(m - bm)) + convert_lanes<vwide>(part);
-  m = bm;
-}
-
-template <typename S>
-XENT_FN void row_lanes_vec(const S* x, int64_t C, float* m_out, wide* d_out) {
-  vfloat m = splat<vfloat>(Limits<float>::lowest());
-  vwide d = vwide{} + 0.0;
-  int64_t j = 0;
-  for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll) lanes_block_vec<S, kUnroll>(x + j, m, d);
-  for (; j + kLanes <= C; j += kLanes) lanes_block_vec<S, 1>(x + j, m, d);
-  if (j < C) {
-    S pad[kLanes];
-    const S minus_inf = Storage<S>::store(-Limits<float>::infinity());
-    for (int l = 0; l < kLanes; ++l) pad[l] = j + l < C ? x[j + l] : minus_inf;
-    lanes_block_vec<S, 1>(pad, m, d);
-  }
-  memcpy(m_out, &m, sizeof m);
-  memcpy(d_out, &d, sizeof d);
-}
 #endif  // XENT_HOST_VECTORS
 
-template <typename S>
-XENT_FN void row_lanes_scalar(const S* x, int64_t C, typename Storage<S>::acc* m, wide* d) {
-  typedef typename Storage<S>::acc A;
-  for (int l = 0; l < kLanes; ++l) { m[l] = Limits<A>::lowest(); d[l] = 0.0; }
-  int64_t j = 0;
-  for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll)
-    lanes_block<S, kUnroll>(x + j, m, d);
-  for (; j + kLanes <= C; j += kLanes) lanes_block<S, 1>(x + j, m, d);
-  if (j < C) {
-    S pad[kLanes];
-    const S minus_inf = Storage<S>::store(-Limits<A>::infinity());
-    for (int l = 0; l < kLanes; ++l) pad[l] = j + l < C ? x[j + l] : minus_inf;
-    lanes_block<S, 1>(pad, m, d);
-  }
-}
-
-template <typename S> XENT_FN void row_lanes(const S* x, int64_t C, float* m, wide* d) {
-#if XENT_HOST_VECTORS
-  row_lanes_vec<S>(x, C, m, d);
-#else
-  row_lanes_scalar<S>(x, C, m, d);
-#endif
-}
-XENT_FN void row_lanes(const double* x, int64_t C, double* m, wide* d) {
-  row_lanes_scalar<double>(x, C, m, d);
-}
-
-template <typename S>
-XENT_FN LseState<typename Storage<S>::acc> row_lse_lanes(const S* x, int64_t C) {
-  typedef typename Storage<S>::acc A;
-  A m[kLanes];
-  wide d[kLanes];
-  row_lanes(x, C, m, d);
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) {
-      LseState<A> a; a.m = m[l]; a.d = d[l];
-      LseState<A> b; b.m = m[l + w]; b.d = d[l + w];
-      lse_merge(a, b);
-      m[l] = a.m; d[l] = a.d;
-    }
-  LseState<A> s; s.m = m[0]; s.d = d[0];
-  return s;
-}
-
-// Dense rows: the same lanes, with ysum and yx. Padding is masked out of the
-// label sums (0 * -inf would be NaN).
+// Dense rows: kLanes online states (element j to lane j % kLanes); blocks of
+// kLanes * kUnroll elements take the block maximum per lane first, so each
+// element costs one exponential, and carry ysum and yx; the last partial
+// stretch is padded with -inf logits, masked out of the label sums (0 * -inf
+// would be NaN); lanes merge in a fixed halving tree. All of it depends on C
+// only.
 template <typename S, int U>
 XENT_FN void dense_lanes_block(const S* x, const S* y, int valid,
                                typename Storage<S>::acc* m, wide* d, wide* ysum,
