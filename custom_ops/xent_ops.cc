@@ -8,6 +8,15 @@
 //     dlogits = (softmax(logits) - labels) * grad_loss, TensorFlow's gradient,
 //     or with exact_gradient=true (sum(labels) * softmax(logits) - labels) *
 //     grad_loss, the derivative of the loss when label rows do not sum to 1.
+//   EquivtoolSparseXentFused(logits [B,C], labels [B]) -> loss [B], backprop [B,C] (CPU)
+//   EquivtoolSparseXentScale(backprop, grad_loss [B], logits, labels) -> dlogits [B,C] (CPU)
+//     The training step's path on the CPU: one exponential per element. The
+//     fused forward writes backprop = softmax(logits) - onehot(labels) in Tacc
+//     while it has the exponentials (as TensorFlow's fused kernel writes its
+//     backprop); the scale op multiplies each row by its grad_loss, giving the
+//     bits EquivtoolSparseXentGrad gives (logits and labels are its inputs only
+//     for the second-order gradient). equivtool/ops/xent.py runs them when a
+//     gradient tape records the logits; otherwise the loss-only op above.
 //   EquivtoolXentBuildInfo()                         -> build description (string)
 //
 // The forward ops read the logits once and allocate nothing of size B x C;
@@ -22,6 +31,7 @@
 // the GPU kernels write NaN for such rows instead, as TensorFlow's do.
 
 #include <cstdint>
+#include <type_traits>
 #include <string>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -147,6 +157,52 @@ REGISTER_OP("EquivtoolSparseXentGrad")
     .SetShapeFn([](InferenceContext* c) { return GradShape(c, false); })
     .Doc("(softmax(logits) - onehot(labels)) * grad_loss; deterministic.");
 
+REGISTER_OP("EquivtoolSparseXentFused")
+    .Input("logits: T")
+    .Input("labels: Tlabels")
+    .Output("loss: T")
+    .Output("backprop: Tacc")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("Tlabels: {int32, int64} = DT_INT64")
+    .Attr("Tacc: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      // ForwardShape's checks; outputs [B] and [B, C] (it sets three outputs)
+      ShapeHandle logits, labels;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &logits));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &labels));
+      DimensionHandle batch = c->Dim(logits, 0);
+      TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(labels, 0), &batch));
+      c->set_output(0, c->Vector(batch));
+      c->set_output(1, c->Matrix(batch, c->Dim(logits, 1)));
+      return OkStatus();
+    })
+    .Doc("Sparse softmax cross-entropy and softmax(logits) - onehot(labels), one "
+         "exponential per element; deterministic.");
+
+REGISTER_OP("EquivtoolSparseXentScale")
+    .Input("backprop: Tacc")
+    .Input("grad_loss: T")
+    .Input("logits: T")
+    .Input("labels: Tlabels")
+    .Output("dlogits: T")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("Tlabels: {int32, int64} = DT_INT64")
+    .Attr("Tacc: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle bp, logits, v;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &bp));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &logits));
+      TF_RETURN_IF_ERROR(c->Merge(bp, logits, &bp));
+      DimensionHandle batch = c->Dim(bp, 0);
+      for (int i : {1, 3}) {
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &v));
+        TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(v, 0), &batch));
+      }
+      c->set_output(0, c->Matrix(batch, c->Dim(bp, 1)));
+      return OkStatus();
+    })
+    .Doc("backprop * grad_loss[:, None] in T: the fused path's gradient; deterministic.");
+
 REGISTER_OP("EquivtoolXent")
     .Input("logits: T")
     .Input("labels: T")
@@ -265,7 +321,15 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
 #define XENT_ROW_FUNCTIONS(S, SUFFIX)                                            \
   XENT_CLONES ex::LseState<ex::Storage<S>::acc> RowLse_##SUFFIX(const S* x,    \
                                                                  int64_t c) {   \
-    return ex::row_lse_lanes<S>(x, c);                                          \
+    return ex::row_lse_two_pass<S>(x, c);                                       \
+  }                                                                             \
+  XENT_CLONES ex::LseState<ex::Storage<S>::acc> SparseFusedRow_##SUFFIX(        \
+      const S* x, int64_t c, int64_t label, ex::Storage<S>::acc* bp) {          \
+    return ex::sparse_fused_row<S>(x, c, label, bp);                            \
+  }                                                                             \
+  XENT_CLONES void ScaleRow_##SUFFIX(const ex::Storage<S>::acc* bp, int64_t c,  \
+                                     ex::Storage<S>::acc g, S* dx) {            \
+    ex::scale_row<S>(bp, c, g, dx);                                             \
   }                                                                             \
   XENT_CLONES ex::DenseState<ex::Storage<S>::acc> DenseRow_##SUFFIX(            \
       const S* x, const S* y, int64_t c) {                                      \
@@ -287,6 +351,14 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
   template <> struct RowFns<S> {                                                \
     static ex::LseState<ex::Storage<S>::acc> Lse(const S* x, int64_t c) {       \
       return RowLse_##SUFFIX(x, c);                                             \
+    }                                                                           \
+    static ex::LseState<ex::Storage<S>::acc> SparseFused(                       \
+        const S* x, int64_t c, int64_t label, ex::Storage<S>::acc* bp) {        \
+      return SparseFusedRow_##SUFFIX(x, c, label, bp);                          \
+    }                                                                           \
+    static void Scale(const ex::Storage<S>::acc* bp, int64_t c,                 \
+                      ex::Storage<S>::acc g, S* dx) {                           \
+      ScaleRow_##SUFFIX(bp, c, g, dx);                                          \
     }                                                                           \
     static ex::DenseState<ex::Storage<S>::acc> Dense(const S* x, const S* y,    \
                                                      int64_t c) {               \
@@ -452,6 +524,73 @@ class XentGradOp : public OpKernel {
 
  private:
   bool exact_gradient_ = false;
+};
+
+// The fused training-step forward (CPU): loss and backprop = softmax - onehot.
+template <typename T, typename L>
+class SparseXentFusedOp : public OpKernel {
+ public:
+  explicit SparseXentFusedOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, /*dense=*/false));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckLabelRange<L>(labels, C));
+    Tensor *loss, *backprop;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, logits.shape(), &backprop));
+    if (B == 0) return;
+    const S* x = AsStorage<T>(logits);
+    const L* y = labels.flat<L>().data();
+    S* out = AsStorage<T>(loss);
+    A* bp = backprop->flat<A>().data();
+    ForEachRow(ctx, B, 6 * C, [&](int64_t b) {
+      const S* row = x + b * C;
+      const ex::LseState<A> s = RowFns<S>::SparseFused(row, C, static_cast<int64_t>(y[b]),
+                                                       bp + b * C);
+      out[b] = ex::Storage<S>::store(ex::sparse_loss(s, ex::Storage<S>::load(row[y[b]])));
+    });
+  }
+};
+
+// dlogits = backprop * grad_loss[:, None] (CPU), in place when backprop has
+// the logits' type and no other reader.
+template <typename T, typename L>
+class SparseXentScaleOp : public OpKernel {
+ public:
+  explicit SparseXentScaleOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const Tensor& backprop = ctx->input(0);
+    const Tensor& grad_loss = ctx->input(1);
+    const Tensor& logits = ctx->input(2);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(backprop.shape()) &&
+                         backprop.shape() == logits.shape(),
+                errors::InvalidArgument("backprop must have the logits' shape ",
+                                        logits.shape().DebugString(), ", but got shape ",
+                                        backprop.shape().DebugString()));
+    const int64_t B = backprop.dim_size(0), C = backprop.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckRowVector(grad_loss, B, "grad_loss"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(3), B, "labels"));
+    Tensor* dlogits = nullptr;
+    if (std::is_same<T, A>::value) {
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, backprop.shape(),
+                                                                &dlogits));
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, backprop.shape(), &dlogits));
+    }
+    if (B == 0 || C == 0) return;
+    const A* bp = backprop.flat<A>().data();
+    const S* g = AsStorage<T>(grad_loss);
+    S* dx = AsStorage<T>(dlogits);
+    ForEachRow(ctx, B, 2 * C, [&](int64_t b) {
+      RowFns<S>::Scale(bp + b * C, C, ex::Storage<S>::load(g[b]), dx + b * C);
+    });
+  }
 };
 
 class BuildInfoOp : public OpKernel {
@@ -832,6 +971,27 @@ struct GpuImpl {
   REGISTER_T(DEV, IMPL, double)
 
 REGISTER_DEVICE(DEVICE_CPU, CpuImpl)
+
+#define REGISTER_FUSED(T, L)                                               \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentFused")                 \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<L>("Tlabels")                \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          SparseXentFusedOp<T, L>);                        \
+  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentScale")                 \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<L>("Tlabels")                \
+                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
+                          SparseXentScaleOp<T, L>);
+#define REGISTER_FUSED_T(T) REGISTER_FUSED(T, int32) REGISTER_FUSED(T, int64_t)
+REGISTER_FUSED_T(Eigen::half)
+REGISTER_FUSED_T(bfloat16)
+REGISTER_FUSED_T(float)
+REGISTER_FUSED_T(double)
+#undef REGISTER_FUSED_T
+#undef REGISTER_FUSED
 #if GOOGLE_CUDA
 REGISTER_DEVICE(DEVICE_GPU, GpuImpl)
 #endif

@@ -18,11 +18,13 @@
 //
 // The single-pass log-sum-exp is the online normaliser of Milakov and
 // Gimelshein (arXiv:1805.02867): a state (m, d) with d = sum exp(x - m);
-// two states merge associatively. The CPU code runs kLanes independent
-// states over a row in blocks (the block maximum is taken first, so each
-// element costs one exponential) and merges the lanes in a fixed tree; the
-// CUDA kernel runs one state per thread and merges them in a fixed tree in
-// shared memory. Both use the same update, merge and exponential below.
+// two states merge associatively. The CPU's dense rows run kLanes
+// independent states over a row in blocks (the block maximum is taken first,
+// so each element costs one exponential) and merge the lanes in a fixed tree;
+// the CUDA kernel runs one state per thread and merges them in a fixed tree in
+// shared memory. The CPU's sparse rows need no online state: they take the
+// row's maximum in a first pass and sum the exponentials in a second (see
+// "CPU sparse rows" below), which lets a training step keep the exponentials.
 //
 // Special values follow TensorFlow's fused kernels: a row holding +inf or
 // NaN, or holding only -inf, gives NaN loss and NaN gradient row; a -inf
@@ -326,40 +328,20 @@ template <typename A> XENT_FN A dense_loss(const DenseState<A>& s) {
   return A(s.ysum * log(s.lse.d) - s.yx);
 }
 
-// Softmax probability of x.
-template <typename A> XENT_FN A probability(A x, A shift, A log_norm) {
-  return exp_acc((x - shift) - log_norm);
+// Softmax probability of x: exp(x - shift) * scale, scale = norm_scale(log_norm).
+// Written as a product (not exp((x - shift) - log_norm)) so that the CPU's
+// fused forward, which has exp(x - shift) in hand once it knows the row's
+// sum, gives the bits the separate gradient pass gives (see sparse_fused_row).
+template <typename A> XENT_FN A norm_scale(A log_norm) { return A(exp(-wide(log_norm))); }
+template <typename A> XENT_FN A probability(A x, A shift, A scale) {
+  return exp_acc(x - shift) * scale;
 }
 
 // ---------------------------------------------------------------------------
-// CPU row reduction: kLanes independent states; element j of the row goes to
-// lane j % kLanes. Blocks of kLanes * kUnroll elements first take the block
-// maximum per lane, then sum one exponential per element into a per-lane
-// partial, and fold the partial into the lane's double sum; the
-// row's last, partial stretch is processed in kLanes-wide blocks padded with
-// -inf, which adds exactly zero. Lanes merge in a fixed halving tree. All of
-// it depends on C only.
-template <typename S, int U>
-XENT_FN void lanes_block(const S* x, typename Storage<S>::acc* m, wide* d) {
-  typedef typename Storage<S>::acc A;
-  A bm[kLanes], part[kLanes];
-  for (int l = 0; l < kLanes; ++l) { bm[l] = m[l]; part[l] = A(0); }
-  for (int u = 0; u < U; ++u)
-    for (int l = 0; l < kLanes; ++l)
-      bm[l] = max_keep(bm[l], Storage<S>::load(x[u * kLanes + l]));
-  for (int u = 0; u < U; ++u)
-    for (int l = 0; l < kLanes; ++l)
-      part[l] += exp_acc(Storage<S>::load(x[u * kLanes + l]) - bm[l]);
-  for (int l = 0; l < kLanes; ++l) {
-    d[l] = d[l] * wide(exp_acc(m[l] - bm[l])) + wide(part[l]);
-    m[l] = bm[l];
-  }
-}
-
+// CPU rows. The host code loads kLanes elements at a time as GCC vectors
+// (VecIO): each vector element is one lane and performs exactly the scalar
+// code's operations, so vector and scalar agree bit for bit.
 #if XENT_HOST_VECTORS
-// The same block in GCC vector code, for the float-accumulating types: each
-// vector element is one lane, and performs exactly the scalar lane's
-// operations (so the two agree bit for bit).
 template <typename S> struct VecIO;
 template <> struct VecIO<float> {
   static XENT_FN vfloat load(const float* x) { vfloat v; memcpy(&v, x, sizeof v); return v; }
@@ -386,82 +368,14 @@ template <> struct VecIO<bf16_bits> {
   }
 };
 
-template <typename S, int U>
-XENT_FN void lanes_block_vec(const S* x, vfloat& m, vwide& d) {
-  vfloat bm = m, part = splat<vfloat>(0.0f);
-  for (int u = 0; u < U; ++u) {
-    const vfloat v = VecIO<S>::load(x + u * kLanes);
-    bm = v > bm ? v : bm;  // max_keep
-  }
-  for (int u = 0; u < U; ++u) part += exp_g(VecIO<S>::load(x + u * kLanes) - bm);
-  d = d * convert_lanes<vwide>(exp_g(m - bm)) + convert_lanes<vwide>(part);
-  m = bm;
-}
-
-template <typename S>
-XENT_FN void row_lanes_vec(const S* x, int64_t C, float* m_out, wide* d_out) {
-  vfloat m = splat<vfloat>(Limits<float>::lowest());
-  vwide d = vwide{} + 0.0;
-  int64_t j = 0;
-  for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll) lanes_block_vec<S, kUnroll>(x + j, m, d);
-  for (; j + kLanes <= C; j += kLanes) lanes_block_vec<S, 1>(x + j, m, d);
-  if (j < C) {
-    S pad[kLanes];
-    const S minus_inf = Storage<S>::store(-Limits<float>::infinity());
-    for (int l = 0; l < kLanes; ++l) pad[l] = j + l < C ? x[j + l] : minus_inf;
-    lanes_block_vec<S, 1>(pad, m, d);
-  }
-  memcpy(m_out, &m, sizeof m);
-  memcpy(d_out, &d, sizeof d);
-}
 #endif  // XENT_HOST_VECTORS
 
-template <typename S>
-XENT_FN void row_lanes_scalar(const S* x, int64_t C, typename Storage<S>::acc* m, wide* d) {
-  typedef typename Storage<S>::acc A;
-  for (int l = 0; l < kLanes; ++l) { m[l] = Limits<A>::lowest(); d[l] = 0.0; }
-  int64_t j = 0;
-  for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll)
-    lanes_block<S, kUnroll>(x + j, m, d);
-  for (; j + kLanes <= C; j += kLanes) lanes_block<S, 1>(x + j, m, d);
-  if (j < C) {
-    S pad[kLanes];
-    const S minus_inf = Storage<S>::store(-Limits<A>::infinity());
-    for (int l = 0; l < kLanes; ++l) pad[l] = j + l < C ? x[j + l] : minus_inf;
-    lanes_block<S, 1>(pad, m, d);
-  }
-}
-
-template <typename S> XENT_FN void row_lanes(const S* x, int64_t C, float* m, wide* d) {
-#if XENT_HOST_VECTORS
-  row_lanes_vec<S>(x, C, m, d);
-#else
-  row_lanes_scalar<S>(x, C, m, d);
-#endif
-}
-XENT_FN void row_lanes(const double* x, int64_t C, double* m, wide* d) {
-  row_lanes_scalar<double>(x, C, m, d);
-}
-
-template <typename S>
-XENT_FN LseState<typename Storage<S>::acc> row_lse_lanes(const S* x, int64_t C) {
-  typedef typename Storage<S>::acc A;
-  A m[kLanes];
-  wide d[kLanes];
-  row_lanes(x, C, m, d);
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) {
-      LseState<A> a; a.m = m[l]; a.d = d[l];
-      LseState<A> b; b.m = m[l + w]; b.d = d[l + w];
-      lse_merge(a, b);
-      m[l] = a.m; d[l] = a.d;
-    }
-  LseState<A> s; s.m = m[0]; s.d = d[0];
-  return s;
-}
-
-// Dense rows: the same lanes, with ysum and yx. Padding is masked out of the
-// label sums (0 * -inf would be NaN).
+// Dense rows: kLanes online states (element j to lane j % kLanes); blocks of
+// kLanes * kUnroll elements take the block maximum per lane first, so each
+// element costs one exponential, and carry ysum and yx; the last partial
+// stretch is padded with -inf logits, masked out of the label sums (0 * -inf
+// would be NaN); lanes merge in a fixed halving tree. All of it depends on C
+// only.
 template <typename S, int U>
 XENT_FN void dense_lanes_block(const S* x, const S* y, int valid,
                                typename Storage<S>::acc* m, wide* d, wide* ysum,
@@ -541,18 +455,19 @@ XENT_FN void sparse_grad_row(const S* x, int64_t C, int64_t label,
     for (int64_t j = 0; j < C; ++j) dx[j] = nan;
     return;
   }
+  const A scale = norm_scale(r.log_norm);
   int64_t j = 0;
 #if XENT_HOST_VECTORS
   if constexpr (sizeof(A) == sizeof(float)) {
     for (; j + kLanes <= C; j += kLanes) {
-      const vfloat p = exp_g((VecIO<S>::load(x + j) - r.shift) - r.log_norm);
+      const vfloat p = exp_g(VecIO<S>::load(x + j) - r.shift) * scale;
       VecIO<S>::store(dx + j, g * p);
     }
   }
 #endif
   for (; j < C; ++j)
-    dx[j] = Storage<S>::store(g * probability(Storage<S>::load(x[j]), r.shift, r.log_norm));
-  const A pl = probability(Storage<S>::load(x[label]), r.shift, r.log_norm);
+    dx[j] = Storage<S>::store(g * probability(Storage<S>::load(x[j]), r.shift, scale));
+  const A pl = probability(Storage<S>::load(x[label]), r.shift, scale);
   dx[label] = Storage<S>::store(g * (pl - A(1)));
 }
 
@@ -576,10 +491,140 @@ XENT_FN void dense_grad_row(const S* x, const S* y, int64_t C,
                             RowStats<typename Storage<S>::acc> r,
                             typename Storage<S>::acc ysum,
                             typename Storage<S>::acc g, S* dx) {
+  const auto scale = norm_scale(r.log_norm);
   for (int64_t j = 0; j < C; ++j) {
-    const auto p = probability(Storage<S>::load(x[j]), r.shift, r.log_norm);
+    const auto p = probability(Storage<S>::load(x[j]), r.shift, scale);
     dx[j] = Storage<S>::store(g * (ysum * p - Storage<S>::load(y[j])));
   }
+}
+
+// ---------------------------------------------------------------------------
+// CPU sparse rows in two passes over a row (it stays in L1/L2 between them):
+// first the row's maximum M (no exponential), then sum_j exp(x_j - M) in
+// kLanes lanes, float partials over blocks of kLanes * kUnroll elements
+// folded into per-lane double sums, the last partial stretch padded with
+// -inf (adds exactly 0), lanes summed in a fixed halving tree. One
+// exponential per element and no rescaling; the order depends on C only.
+//
+// The loss-only forward (row_lse_two_pass) and the fused forward of a
+// training step (sparse_fused_row) run the same passes, so they give the same
+// shift, sum and loss; the fused one also keeps exp(x_j - M) in its B x C
+// output and turns it into softmax - onehot there.
+template <typename S>
+XENT_FN typename Storage<S>::acc row_max(const S* x, int64_t C) {
+  typedef typename Storage<S>::acc A;
+  A m = Limits<A>::lowest();
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(A) == sizeof(float)) {
+    vfloat mv = splat<vfloat>(Limits<float>::lowest());
+    for (; j + kLanes <= C; j += kLanes) {
+      const vfloat v = VecIO<S>::load(x + j);
+      mv = v > mv ? v : mv;  // max_keep
+    }
+    for (int l = 0; l < kLanes; ++l) m = max_keep(m, A(mv[l]));
+  }
+#endif
+  for (; j < C; ++j) m = max_keep(m, Storage<S>::load(x[j]));
+  return m;
+}
+
+// sum_j exp(x_j - m) as described above; with kStore, also e[j] = exp(x_j - m).
+template <typename S, bool kStore>
+XENT_FN wide row_exp_sum(const S* x, int64_t C, typename Storage<S>::acc m,
+                         typename Storage<S>::acc* e) {
+  typedef typename Storage<S>::acc A;
+  wide d[kLanes];
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(A) == sizeof(float)) {
+    const vfloat mv = splat<vfloat>(m);
+    vwide dv = vwide{} + 0.0;
+    for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll) {
+      vfloat part = splat<vfloat>(0.0f);
+      for (int u = 0; u < kUnroll; ++u) {
+        const vfloat ev = exp_g(VecIO<S>::load(x + j + u * kLanes) - mv);
+        if constexpr (kStore) VecIO<float>::store(e + j + u * kLanes, ev);
+        part += ev;
+      }
+      dv += convert_lanes<vwide>(part);
+    }
+    for (; j < C; j += kLanes) {
+      vfloat v;
+      if (j + kLanes <= C) {
+        v = VecIO<S>::load(x + j);
+      } else {
+        v = splat<vfloat>(-Limits<float>::infinity());
+        for (int l = 0; j + l < C; ++l) v[l] = Storage<S>::load(x[j + l]);
+      }
+      const vfloat ev = exp_g(v - mv);
+      if constexpr (kStore) {
+        if (j + kLanes <= C) VecIO<float>::store(e + j, ev);
+        else for (int l = 0; j + l < C; ++l) e[j + l] = ev[l];
+      }
+      dv += convert_lanes<vwide>(ev);
+    }
+    for (int l = 0; l < kLanes; ++l) d[l] = dv[l];
+  } else
+#endif
+  {
+    for (int l = 0; l < kLanes; ++l) d[l] = 0.0;
+    for (; j < C; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const A ev = j + l < C ? exp_acc(Storage<S>::load(x[j + l]) - m) : A(0);
+        if (kStore && j + l < C) e[j + l] = ev;
+        d[l] += wide(ev);
+      }
+  }
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) d[l] = d[l] + d[l + w];
+  return d[0];
+}
+
+template <typename S>
+XENT_FN LseState<typename Storage<S>::acc> row_lse_two_pass(const S* x, int64_t C) {
+  LseState<typename Storage<S>::acc> s;
+  s.m = row_max<S>(x, C);
+  s.d = row_exp_sum<S, false>(x, C, s.m, nullptr);
+  return s;
+}
+
+// The fused forward of one sparse row: returns the row's state and writes
+// bp[j] = p_j - [j == label] in acc, p_j = exp(x_j - shift) * scale with the
+// scale sparse_grad_row derives from the same log_norm, so g * bp[j] is
+// bit for bit what sparse_grad_row writes for upstream gradient g.
+template <typename S>
+XENT_FN LseState<typename Storage<S>::acc> sparse_fused_row(const S* x, int64_t C,
+                                                             int64_t label,
+                                                             typename Storage<S>::acc* bp) {
+  typedef typename Storage<S>::acc A;
+  LseState<A> s;
+  s.m = row_max<S>(x, C);
+  s.d = row_exp_sum<S, true>(x, C, s.m, bp);
+  const A scale = norm_scale(finish(s).log_norm);
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(A) == sizeof(float)) {
+    for (; j + kLanes <= C; j += kLanes)
+      VecIO<float>::store(bp + j, VecIO<float>::load(bp + j) * scale);
+  }
+#endif
+  for (; j < C; ++j) bp[j] = bp[j] * scale;
+  bp[label] = bp[label] - A(1);
+  return s;
+}
+
+// dx[j] = g * bp[j], stored in S: the gradient of the fused path.
+template <typename S>
+XENT_FN void scale_row(const typename Storage<S>::acc* bp, int64_t C,
+                       typename Storage<S>::acc g, S* dx) {
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(typename Storage<S>::acc) == sizeof(float)) {
+    for (; j + kLanes <= C; j += kLanes) VecIO<S>::store(dx + j, g * VecIO<float>::load(bp + j));
+  }
+#endif
+  for (; j < C; ++j) dx[j] = Storage<S>::store(g * bp[j]);
 }
 
 }  // namespace equivtool_xent

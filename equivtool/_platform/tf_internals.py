@@ -50,6 +50,8 @@ SYMBOLS: dict[str, str] = {
     "nn": "tensorflow.python.ops.nn",
     "control_flow_util": "tensorflow.python.ops.control_flow_util",
     "nn_ops": "tensorflow.python.ops.nn_ops",
+    # equivtool.ops: whether a gradient tape records the logits (the fused training-step path)
+    "record": "tensorflow.python.eager.record",
     # exported: unregistered ops found before loading; a TF2 signature's bodies inlined into one graph
     # (Grappler's function inlining, the first step of convert_variables_to_constants_v2)
     "op_def_registry": "tensorflow.python.framework.op_def_registry",
@@ -69,6 +71,7 @@ _XENT_NAMES = ("sparse_softmax_cross_entropy_with_logits", "sparse_softmax_cross
 ATTRIBUTES: dict[str, tuple] = {
     "context": ("context", "executing_eagerly", "set_global_seed"),
     "control_flow_util": ("GraphOrParentsInXlaContext",),
+    "record": ("should_record_backprop",),
     "ops": ("get_default_graph", "RegisterGradient"),
     "random_seed": ("get_seed", "set_seed"),
     "tensor_util": ("constant_value",),

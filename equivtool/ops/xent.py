@@ -25,6 +25,18 @@ labels`` instead; both agree when the label rows are distributions.
 Gradients: first order comes from the gradient kernels; second order is a
 composite of TensorFlow ops (``tf.test.compute_gradient`` checks both).
 
+The training step (sparse labels, CPU): when a gradient tape records the
+logits (eager, or a ``tf.function`` traced around a tape, as Keras' ``fit``
+is) and TensorFlow sees no GPU, the loss comes from a fused op that computes
+one exponential per element and writes ``softmax - onehot`` (B x C, in the
+accumulation dtype) while it has them, as TensorFlow's fused kernel writes its
+backprop; the gradient only scales those rows by the upstream gradient. Its
+loss and gradient are bit for bit those of the separate path (loss-only
+forward, then a gradient kernel that recomputes the exponentials), which
+serves everything else: no tape (inference, ``tf.stop_gradient``, TF1
+``tf.gradients``), GPUs, dense labels. The loss-only path allocates nothing of
+size B x C.
+
 XLA: the compiled op has no XLA lowering, so inside code that XLA compiles
 (``tf.function(jit_compile=True)``, Keras ``compile(jit_compile=True)``) both
 functions route to TensorFlow's own fused op instead (``SparseSoftmaxCross
@@ -49,6 +61,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 from equivtool._platform.tf_internals import ops as _tf_ops
+from equivtool._platform.tf_internals import record as _tf_record
 
 from equivtool.ops._load import load_library
 
@@ -56,6 +69,8 @@ SPARSE_OP = "EquivtoolSparseXent"
 SPARSE_GRAD_OP = "EquivtoolSparseXentGrad"
 DENSE_OP = "EquivtoolXent"
 DENSE_GRAD_OP = "EquivtoolXentGrad"
+SPARSE_FUSED_OP = "EquivtoolSparseXentFused"
+SPARSE_SCALE_OP = "EquivtoolSparseXentScale"
 
 _FLOAT_TYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _LABEL_TYPES = (tf.int32, tf.int64)
@@ -87,14 +102,45 @@ def _in_xla_context() -> bool:
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
+def _fused_step(logits: tf.Tensor) -> bool:
+    """Whether the fused training-step op serves this call: a gradient tape
+    records the logits (so their gradient is about to be asked for) and
+    TensorFlow sees no GPU (the fused kernels are CPU only)."""
+    return (_tf_record.should_record_backprop([logits])
+            and not tf.config.list_logical_devices("GPU"))
+
+
+def _sparse_rows_fused(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Loss of [B, C] logits and [B] labels by the fused op; its gradient
+    scales the op's softmax - onehot rows by the upstream gradient."""
+    lib = load_library()
+    acc = _acc_dtype(logits.dtype)
+
+    @tf.custom_gradient
+    @tf.autograph.experimental.do_not_convert  # plain op calls; nothing to convert
+    def fused(x):
+        loss, backprop = lib.equivtool_sparse_xent_fused(logits=x, labels=labels, Tacc=acc)
+
+        def grad(grad_loss):
+            # x and labels ride along for the second-order gradient only
+            return lib.equivtool_sparse_xent_scale(backprop=backprop, grad_loss=grad_loss,
+                                                   logits=x, labels=labels)
+        return loss, grad
+
+    return fused(logits)
+
+
 def _sparse_rows(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    """Loss of [B, C] logits and [B] labels: equivtool's op, or under XLA
-    TensorFlow's fused op (see the module docstring)."""
+    """Loss of [B, C] logits and [B] labels: equivtool's op (fused with the
+    gradient in a CPU training step), or under XLA TensorFlow's fused op (see
+    the module docstring)."""
     acc = _acc_dtype(logits.dtype)
     if _in_xla_context():
         loss, _ = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
             features=tf.cast(logits, acc), labels=labels)
         return tf.cast(loss, logits.dtype)
+    if _fused_step(logits):
+        return _sparse_rows_fused(logits, labels)
     loss, _, _ = load_library().equivtool_sparse_xent(logits=logits, labels=labels, Tacc=acc)
     return loss
 
@@ -207,16 +253,34 @@ def _sparse_xent_grad_grad(op, grad_dlogits):
     logits (through the softmax Jacobian) and none to shift and log_norm.
     """
     logits, labels, shift, log_norm, grad_loss = op.inputs
-    acc = shift.dtype
     p = _probabilities(logits, shift, log_norm)
-    v = tf.cast(grad_dlogits, acc)
-    g = tf.cast(grad_loss, acc)[:, None]
-    pv = p * v
-    d_logits = g * (pv - p * tf.reduce_sum(pv, axis=1, keepdims=True))
-    onehot = tf.one_hot(labels, tf.shape(logits)[1], dtype=acc)
-    d_grad_loss = tf.reduce_sum(v * (p - onehot), axis=1)
+    onehot = tf.one_hot(labels, tf.shape(logits)[1], dtype=p.dtype)
+    d_logits, d_grad_loss = _sparse_second_order(p, p - onehot, grad_dlogits, grad_loss)
     return (tf.cast(d_logits, logits.dtype), None, None, None,
             tf.cast(d_grad_loss, grad_loss.dtype))
+
+
+def _sparse_second_order(p, backprop, grad_dlogits, grad_loss):
+    """(d logits, d grad_loss) of dlogits = g * backprop, backprop = p - onehot,
+    p = softmax(logits), for upstream grad_dlogits; in p's dtype."""
+    v = tf.cast(grad_dlogits, p.dtype)
+    g = tf.cast(grad_loss, p.dtype)[:, None]
+    pv = p * v
+    d_logits = g * (pv - p * tf.reduce_sum(pv, axis=1, keepdims=True))
+    return d_logits, tf.reduce_sum(v * backprop, axis=1)
+
+
+@_tf_ops.RegisterGradient(SPARSE_SCALE_OP)
+def _sparse_xent_scale_grad(op, grad_dlogits):
+    """Second order of the fused path: dlogits = g * backprop, where backprop
+    = softmax(logits) - onehot(labels) came from the fused op (whose own
+    gradient is the scale op); the derivative goes to logits, as for
+    SPARSE_GRAD_OP, and to grad_loss."""
+    backprop, grad_loss, logits, labels = op.inputs
+    p = backprop + tf.one_hot(labels, tf.shape(logits)[1], dtype=backprop.dtype)
+    d_logits, d_grad_loss = _sparse_second_order(p, backprop, grad_dlogits, grad_loss)
+    return (None, tf.cast(d_grad_loss, grad_loss.dtype), tf.cast(d_logits, logits.dtype),
+            None)
 
 
 # ---------------------------------------------------------------------------
