@@ -20,6 +20,7 @@ session, a new eager call or trace), as in the ``optimizer`` step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -28,6 +29,7 @@ import tensorflow as tf
 from equivtool.engine.steps import SplitStep
 from equivtool._platform.tf_internals import save_slice_info
 from equivtool.checkpoints.convert import checkpoint_path, convert
+from equivtool.checkpoints.mapping import fresh_layer_numbering, tf1_value
 from equivtool.comparison import compare
 from equivtool.report import StepResult
 from equivtool._base.names import strip_output_index
@@ -118,7 +120,7 @@ def _resume_tf2(e, _) -> dict:
     tool = DeterministicRandomTestTool(seed=o.seed, mode="constant")
     writer = None
     if e.factory is not None:
-        with tool.scope():
+        with tool.scope(), fresh_layer_numbering() if o.aligned else contextlib.nullcontext():
             writer = e.factory()
             writer(tf.nest.map_structure(tf.convert_to_tensor, o.inputs), training=False)
     with tool.scope():
@@ -145,8 +147,8 @@ def _resume_tf2(e, _) -> dict:
         for variable in found:
             keras_slot, _, model_name = strip_output_index(variable.name).partition("/")
             entry = sources.get((keras_slot, o.renamer(model_name)))
-            if entry is not None:
-                slot_capture[entry[0]] = (variable.numpy(), entry[1])
+            if entry is not None:  # in the TF1 layout (a declared transform's inverse)
+                slot_capture[entry[0]] = (tf1_value(o.renamer, o.renamer(model_name), variable.numpy()), entry[1])
         captures.append({"variables": side.read_variables(), "slots": slot_capture,
                          "iterations": int(optimizer.iterations.numpy()),
                          "betas": (float(getattr(optimizer, "beta_1", 0) or 0),

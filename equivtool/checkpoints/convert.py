@@ -12,6 +12,7 @@ leaves no partial checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
@@ -23,12 +24,16 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool.checkpoints import _slots
-from equivtool.checkpoints.mapping import as_rename, check_inputs, make_layer
+from equivtool.checkpoints.mapping import (MappingRenamer, as_rename, check_inputs, fresh_layer_numbering,
+                                           make_layer, renumbering_hint, tf2_value)
 from equivtool._base.names import strip_output_index
 from equivtool.engine.sides.runners import checkpoint_exists
 from equivtool.variables import _make_renamer
 
 __all__ = ["convert_checkpoint", "Conversion", "convert"]
+
+#: How many problems a refusal lists (the count says how many there are).
+_SHOWN = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +159,9 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
         raise ValueError(f"tf1_checkpoint: {path!r} is a TF2 object-based checkpoint; expected a TF1 "
                          "name-based one (tf.compat.v1.train.Saver)")
     if layer is None:
-        layer = make_layer(tf2_layer)
+        # A VariableMapping's rules name the layers as map_variables saw them.
+        with fresh_layer_numbering() if isinstance(renamer, MappingRenamer) else contextlib.nullcontext():
+            layer = make_layer(tf2_layer)
         layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=False)
     opt = _make_optimizer(optimizer)
     kind = _slots.keras_kind(opt) if opt is not None else None
@@ -167,9 +174,17 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
         if key not in shapes:
             problems.append(f"TF2 variable {name!r} has no TF1 counterpart (looked up as {key!r})")
             continue
-        if tuple(shapes[key]) != tuple(variable.shape.as_list()):
+        declared = renamer.transforms.get(key) if isinstance(renamer, MappingRenamer) else None
+        if declared is not None and (tuple(shapes[key]) != declared[1]
+                                     or tuple(variable.shape.as_list()) != declared[2]):
             problems.append(f"{key!r}: shape {list(shapes[key])} in the checkpoint, "
-                            f"{variable.shape.as_list()} for TF2 {name!r}")
+                            f"{variable.shape.as_list()} for TF2 {name!r}; the declared {declared[0]} is "
+                            f"from {list(declared[1])} to {list(declared[2])}")
+        elif declared is None and tuple(shapes[key]) != tuple(variable.shape.as_list()):
+            problems.append(f"{key!r}: shape {list(shapes[key])} in the checkpoint, "
+                            f"{variable.shape.as_list()} for TF2 {name!r}"
+                            + ("; a transposed layout? declare mapping.resolve({key: (tf2_name, 'transpose')})"
+                               if tuple(shapes[key])[::-1] == tuple(variable.shape.as_list()) else ""))
         elif dtypes[key].base_dtype != variable.dtype.base_dtype:
             problems.append(f"{key!r}: dtype {dtypes[key].name} in the checkpoint, {variable.dtype.name} "
                             f"for TF2 {name!r}")
@@ -189,8 +204,10 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
             unmatched.append(key)
     problems += [f"TF1 variable {key!r} has no TF2 counterpart" for key in unmatched]
     if problems:
-        raise ValueError(f"{len(problems)} variables do not map (no file written); fix rename= or the model:\n  "
-                         + "\n  ".join(problems))
+        hint = renumbering_hint([n for n, k in keys.items() if k not in shapes], renamer)
+        shown = problems[:_SHOWN] + ([f"... and {len(problems) - _SHOWN} more"] if len(problems) > _SHOWN else [])
+        raise ValueError(f"{len(problems)} variables do not map (no file written); "
+                         + (f"{hint}" if hint else "fix rename= or the model") + ":\n  " + "\n  ".join(shown))
 
     # What is assigned, once every check has passed: a refused conversion
     # leaves the caller's optimizer as it was.
@@ -224,7 +241,7 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
                 if target is None:
                     slot_problems.append(f"the tf-keras {kind} has no slot {keras_slot!r} for {name!r}")
                     continue
-                value = reader.get_tensor(source)
+                value = tf2_value(renamer, key, reader.get_tensor(source))
                 if transform == "times_minus_lr":
                     value = -lr * value
                 slots.append((target, source, transform))
@@ -263,7 +280,7 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
     for variable, value in assignments:
         variable.assign(value)
     for variable, key in model:
-        variable.assign(reader.get_tensor(key))
+        variable.assign(tf2_value(renamer, key, reader.get_tensor(key)))
     written = _write_atomically(
         tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {})), out)
     conversion = Conversion(

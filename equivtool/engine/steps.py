@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import numpy as np
 
 from equivtool.checkpoints._align import tf1_aligned, tf2_aligned
+from equivtool.checkpoints.mapping import MappingRenamer
 from equivtool.report import StepResult
 from equivtool._base.tree import dense_gradient, flatten_tensors
 from equivtool.engine.sides.tf1_graph import depends_on
@@ -187,16 +188,22 @@ def sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:
     return [f"sparse gradients (tf.IndexedSlices, {sides}) for {len(keys)} variable(s) {keys[:5]}: {how}"]
 
 
-def _specs(keys, variables) -> dict:
-    return {key: (tuple(int(d) for d in v.shape), v.dtype.base_dtype.name) for key, v in zip(keys, variables)}
+def _specs(keys, variables, renamer=None) -> dict:
+    """``{key: (shape, dtype)}``; a declared transform's variable in its TF1 shape."""
+    tf1_shape = renamer.tf1_shape if isinstance(renamer, MappingRenamer) else (lambda key, shape: shape)
+    return {key: (tuple(int(d) for d in tf1_shape(key, tuple(v.shape))), v.dtype.base_dtype.name)
+            for key, v in zip(keys, variables)}
 
 
 class _FixedValues(collections.abc.Mapping):
     """Each variable's fixed value, computed when the side asks for it (a side
     assigning a chunk at a time holds one chunk, not a second copy of the model)."""
 
-    def __init__(self, keys, variables, prefix: str):
-        self._specs = {key: (v.shape, v.dtype.base_dtype) for key, v in zip(keys, variables)}
+    def __init__(self, keys, variables, prefix: str, renamer=None):
+        # A declared transform (rename=VariableMapping): the value in the TF1
+        # variable's shape; the side's assign_variables transforms it.
+        tf1_shape = renamer.tf1_shape if isinstance(renamer, MappingRenamer) else (lambda key, shape: shape)
+        self._specs = {key: (tf1_shape(key, tuple(v.shape)), v.dtype.base_dtype) for key, v in zip(keys, variables)}
         self._prefix = prefix
 
     def __getitem__(self, key: str) -> np.ndarray:
@@ -214,7 +221,7 @@ class _FixedValues(collections.abc.Mapping):
 
 
 def _assign_fixed(side, keys, variables, prefix: str = "") -> None:
-    side.assign_variables(_FixedValues(keys, variables, prefix))
+    side.assign_variables(_FixedValues(keys, variables, prefix, getattr(side, "renamer", None)))
 
 
 def _tf2_keys_and_variables(half) -> tuple:
@@ -271,7 +278,12 @@ def _parity_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     half.inference_pass()
     trainable = {id(v) for v in half.layer.trainable_variables}
-    return {"variables": VariableSet.from_variables(half.layer.variables, "tf2"),
+    found = VariableSet.from_variables(half.layer.variables, "tf2")
+    renamer = half.side.renamer
+    if isinstance(renamer, MappingRenamer):  # a declared transform: compared in the TF1 layout
+        found = VariableSet(tuple(dataclasses.replace(i, shape=renamer.tf1_shape(renamer(i.name), i.shape))
+                                  for i in found), "tf2")
+    return {"variables": found,
             "keys": {variable_key(v.name, half.side.renamer): id(v) in trainable for v in half.layer.variables}}
 
 
@@ -350,7 +362,8 @@ def _fixed_weights_tf2(e: "Engine", _) -> dict:
     with half.preserved():
         _assign_fixed(half.side, keys, variables)
         outputs, regularization = half.inference_now()
-    return {"outputs": outputs, "regularization": regularization, "specs": _specs(keys, variables)}
+    return {"outputs": outputs, "regularization": regularization,
+            "specs": _specs(keys, variables, half.side.renamer)}
 
 
 def _fixed_weights_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
