@@ -96,6 +96,7 @@ def check_equivalence(
     disable_arithmetic_optimization: bool | None = None,
     outputs: str | Sequence[str] | None = None,
     strict_tolerances: bool = False,
+    slot_layout=None,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -187,6 +188,9 @@ def check_equivalence(
         :class:`UnmatchedToleranceKeys` (a ``ValueError`` holding the report)
         is raised after the run. By default such keys are named in a warning,
         in the text report and in ``meta["unmatched_tolerance_keys"]``.
+      slot_layout: the ``resume`` step's declared TF1 optimizer layout, as
+        for :func:`equivtool.convert_checkpoint` (``equivtool.ADAM_WEIGHT_DECAY``
+        for BERT's ``AdamWeightDecayOptimizer``).
     """
     options = Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
@@ -194,7 +198,7 @@ def check_equivalence(
         checkpoint=checkpoint, rename=rename, tf_function=tf_function,
         graph_rewrites=graph_rewrites, seed=seed, progress=progress, meta=meta, strategy=strategy,
         localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization,
-        outputs=outputs, strict_tolerances=strict_tolerances)
+        outputs=outputs, strict_tolerances=strict_tolerances, slot_layout=slot_layout)
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None:

@@ -278,3 +278,50 @@ def test_a_checkpoint_converts_through_the_transforms_and_the_slip_is_caught(ber
                                rtol=1e-5, atol=1e-6)
     slip = bert_mapping.resolve(dict(BERT_PAIRS, **{"bert/output_weights": ("bert/classifier/kernel", "reshape")}))
     assert not np.allclose(converted_logits(slip, "slip"), expected, rtol=1e-5, atol=1e-6)
+
+
+# -- a declared optimizer layout: BERT's AdamWeightDecayOptimizer -------------------
+
+def _bert_adam_weight_decay_checkpoint(prefix: str) -> str:
+    """The layout BERT's optimizer saves: m and v as plain variables <var>/adam_m, <var>/adam_v."""
+    graph = tf.Graph()
+    with graph.as_default(), v1.Session() as session:
+        tf1_bert_head(tf.constant(_tokens()), True)
+        for variable in v1.trainable_variables():
+            for suffix in ("adam_m", "adam_v"):
+                v1.get_variable(f"{variable.op.name}/{suffix}", variable.shape, trainable=False,
+                                initializer=v1.random_uniform_initializer(0.0, 1.0, seed=len(suffix)))
+        step = v1.train.get_or_create_global_step()
+        session.run(v1.global_variables_initializer())
+        session.run(step.assign(7))
+        return v1.train.Saver().save(session, prefix)
+
+
+def test_bert_adam_weight_decay_state_converts_through_slot_layout(bert_mapping, tmp_path):
+    from equivtool.checkpoints.convert import convert
+    path = _bert_adam_weight_decay_checkpoint(str(tmp_path / "bert"))
+    reader = tf.train.load_checkpoint(path)
+    mapping = bert_mapping.resolve(BERT_PAIRS)
+    with pytest.raises(ValueError, match=r"unknown TF1 optimizer slot layout 'adam_m'.*slot_layout="):
+        convert(path, NativeBertHead, _tokens(), str(tmp_path / "refused"), rename=mapping,
+                optimizer=lambda: tf.keras.optimizers.AdamW(0.01, weight_decay=0.01))
+    conversion, layer, optimizer = convert(
+        path, NativeBertHead, _tokens(), str(tmp_path / "tf2"), rename=mapping,
+        optimizer=lambda: tf.keras.optimizers.AdamW(0.01, weight_decay=0.01, epsilon=1e-6),
+        slot_layout=equivtool.ADAM_WEIGHT_DECAY)
+    assert conversion.iterations == 7 and len(conversion.slots) == 2 * len(layer.trainable_variables)
+    slots = {v.name.split(":")[0]: v.numpy() for v in optimizer.variables()}
+    kernel_m = [value for name, value in slots.items() if re.fullmatch(r"m/bert/classifier/kernel", name)]
+    query_v = [value for name, value in slots.items() if re.fullmatch(r"v/bert/query/kernel", name)]
+    # The declared transforms apply to the slots as to the variables.
+    np.testing.assert_array_equal(kernel_m[0], reader.get_tensor("bert/output_weights/adam_m").T)
+    np.testing.assert_array_equal(query_v[0], reader.get_tensor("bert/query/kernel/adam_v").reshape(16, 2, 8))
+    text = str(conversion)
+    for stated in ("bias correction", "weight decay", "exclusion list", "weight_decay=0.01"):
+        assert stated in text, text
+    with pytest.raises(ValueError, match="converts to tf.keras.optimizers.AdamW or tf.keras.optimizers.Adam, not SGD"):
+        convert(path, NativeBertHead, _tokens(), str(tmp_path / "sgd"), rename=mapping,
+                optimizer=lambda: tf.keras.optimizers.SGD(0.1), slot_layout=equivtool.ADAM_WEIGHT_DECAY)
+    with pytest.raises(TypeError, match="slot_layout: expected an equivtool.SlotLayout"):
+        convert(path, NativeBertHead, _tokens(), str(tmp_path / "x"), rename=mapping, slot_layout="bert")
+    assert not any(p.name.startswith(("sgd", "x.", "refused")) for p in tmp_path.iterdir())

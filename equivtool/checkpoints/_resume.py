@@ -128,7 +128,7 @@ def _resume_tf2(e, _) -> dict:
                        graph_rewrites=o.graph_rewrites)
         side.forward(o.inputs, training=False)
     conversion, _, _ = convert(o.checkpoint, None, o.inputs, target, rename=o.renamer, optimizer=make_tf2,
-                               overwrite=True, layer=writer or side.layer)
+                               overwrite=True, layer=writer or side.layer, slot_layout=o.slot_layout)
     optimizer = side.make_optimizer(make_tf2)
     status = tf.train.Checkpoint(model=side.layer, optimizer=optimizer).read(conversion.path)
     status.assert_existing_objects_matched()

@@ -34,6 +34,9 @@ __all__ = ["convert_checkpoint", "Conversion", "convert"]
 
 #: How many problems a refusal lists (the count says how many there are).
 _SHOWN = 20
+#: Why slots were left out when no optimizer was given, and the option that converts them.
+NO_OPTIMIZER = ("no optimizer given; pass optimizer= (CLI: --optimizer MODULE:FACTORY) to convert the slots, "
+                "and slot_layout= (--slot-layout) for a layout equivtool does not know")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +60,11 @@ class Conversion:
                  + (f" ({self.optimizer})" if self.optimizer else "")]
         lines += [f"  {tf2} <- {tf1}" for tf2, tf1 in self.model]
         lines += [f"  {tf2} <- {tf1}" + ("" if how == "copy" else f" ({how})") for tf2, tf1, how in self.slots]
-        lines += [f"  not converted: {key} ({why})" for key, why in self.left_out]
+        lines += [f"  not converted: {key} ({why})" for key, why in self.left_out if why != NO_OPTIMIZER]
+        unconverted = [key for key, why in self.left_out if why == NO_OPTIMIZER]
+        if unconverted:  # one line: the same cause and the same fix for every slot
+            lines.append(f"  not converted: {len(unconverted)} optimizer variables ({unconverted[0]}...): "
+                         f"{NO_OPTIMIZER}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -137,7 +144,7 @@ def _learning_rate(optimizer) -> float:
 
 
 def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer=None,
-            overwrite: bool = False, layer=None) -> tuple:
+            overwrite: bool = False, layer=None, slot_layout=None) -> tuple:
     """:func:`convert_checkpoint`, returning ``(Conversion, layer, optimizer)``;
     ``layer`` (already called, the engine's own) replaces ``tf2_layer()``."""
     path = checkpoint_path(tf1_checkpoint)
@@ -146,6 +153,9 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
         raise TypeError("tf2_layer: expected a zero-argument factory returning a Keras layer or tf.Module "
                         f"(a layer instance would have its weights replaced), got {type(tf2_layer).__name__}")
     check_inputs(inputs)
+    if slot_layout is not None and not isinstance(slot_layout, _slots.SlotLayout):
+        raise TypeError(f"slot_layout: expected an equivtool.SlotLayout (e.g. equivtool.ADAM_WEIGHT_DECAY), "
+                        f"got {type(slot_layout).__name__}")
     renamer = _make_renamer(as_rename(rename))
     if optimizer is not None and not (callable(optimizer) or hasattr(optimizer, "apply_gradients")):
         raise TypeError(f"optimizer: expected a tf-keras optimizer or a zero-argument factory, "
@@ -214,11 +224,15 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
     slots, assignments, left_out, notes, iterations, family = [], [], [], [], None, ""
     global_step = int(non_slot["global_step"]) if "global_step" in non_slot else None
     if opt is None:
-        left_out += [(f"{p}/{s}", "no optimizer given") for p, ss in slot_suffixes.items() for s in ss]
-        left_out += [(k, "no optimizer given") for k in non_slot]
+        left_out += [(f"{p}/{s}", NO_OPTIMIZER) for p, ss in slot_suffixes.items() for s in ss]
+        left_out += [(k, NO_OPTIMIZER) for k in non_slot]
     else:
-        family = _slots.tf1_family(slot_suffixes)
-        layout = _slots.layout_for(family, kind, opt)
+        if slot_layout is not None:
+            layout = _slots.declared_layout(slot_layout, kind)
+            family = layout.tf1
+        else:
+            family, renamed = _slots.find_family(slot_suffixes, kind, non_slot)
+            layout = renamed(_slots.layout_for(family, kind, opt))
         trainable = list(layer.trainable_variables)
         opt.build(trainable)
         by_name = _optimizer_variables(opt)
@@ -270,7 +284,7 @@ def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer
         notes += list(layout.notes)
         config = opt.get_config()
         keys = ("learning_rate", "beta_1", "beta_2", "epsilon", "momentum", "nesterov", "rho", "centered",
-                "initial_accumulator_value")
+                "initial_accumulator_value", "weight_decay")
         shown = [f"{k}={float(config[k]):.6g}" if isinstance(config[k], (float, np.floating)) else
                  f"{k}={config[k]}" for k in keys if k in config]
         notes.append(f"the tf-keras {kind}'s hyperparameters (check them against the TF1 run's): "
@@ -314,7 +328,7 @@ def _write_atomically(checkpoint, output: str) -> str:
 
 def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, inputs: Any,
                        output: str | os.PathLike, *, rename=None, optimizer=None,
-                       overwrite: bool = False) -> str:
+                       overwrite: bool = False, slot_layout=None) -> str:
     """Write a TF2 checkpoint ``tf.train.Checkpoint(model=layer, optimizer=optimizer)``
     from a TF1 name-based checkpoint.
 
@@ -330,9 +344,15 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
       optimizer: a tf-keras optimizer (``Adam``, ``SGD``, ``RMSprop``,
         ``Adagrad``) or a zero-argument factory: its slots and ``iterations``
         are filled from the TF1 optimizer's (Adam, Momentum, RMSProp,
-        Adagrad, GradientDescent) and it is saved as ``optimizer``. Without
-        it only the model is written.
+        Adagrad, GradientDescent; under any optimizer name, read from the
+        slots' structure) and it is saved as ``optimizer``. Without it only
+        the model is written.
       overwrite: replace a checkpoint at ``output``.
+      slot_layout: an :class:`~equivtool.SlotLayout` declaring the TF1
+        optimizer's layout when it is not a TF1 optimizer's slots (BERT's
+        ``AdamWeightDecayOptimizer``: :data:`~equivtool.ADAM_WEIGHT_DECAY`,
+        ``<var>/adam_m`` and ``<var>/adam_v`` to an ``AdamW``'s or ``Adam``'s
+        m and v); its notes (how the updates differ) are in the conversion.
 
     Returns the prefix written; restore it with
     ``tf.train.Checkpoint(model=layer, optimizer=optimizer).read(prefix)``.
@@ -345,4 +365,4 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
     symlink there.
     """
     return convert(tf1_checkpoint, tf2_layer, inputs, output, rename=rename, optimizer=optimizer,
-                   overwrite=overwrite)[0].path
+                   overwrite=overwrite, slot_layout=slot_layout)[0].path

@@ -25,6 +25,7 @@ from equivtool.engine.registry import MODES, STEPS
 from equivtool.engine.sides.runners import checkpoint_exists
 from equivtool.report import StepResult
 from equivtool.variables import _make_renamer
+from equivtool.checkpoints._slots import SlotLayout
 from equivtool.checkpoints.mapping import aligned_weights, as_rename
 
 
@@ -167,6 +168,7 @@ class Options:
     strict_tolerances: bool = False   # a tolerance key that matched no leaf is an error
     outputs: tuple = ()               # include / "!"exclude patterns of compared output leaves
     aligned: str | None = None        # rename=VariableMapping: how both sides' weights are aligned
+    slot_layout: Any = None           # the resume step's declared TF1 optimizer layout (a SlotLayout)
 
     @property
     def want_gradients(self) -> bool:
@@ -177,7 +179,7 @@ class Options:
               optimizers, train_steps, checkpoint, rename, tf_function,
               graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
               workers=1, outputs=None, disable_arithmetic_optimization=None,
-              strict_tolerances=False) -> "Options":
+              strict_tolerances=False, slot_layout=None) -> "Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -199,6 +201,9 @@ class Options:
         _check_run_options(tf_function, seed, progress, strategy)
         graph_rewrites = _graph_rewrites(graph_rewrites, disable_arithmetic_optimization)
         _check_checkpoint(checkpoint)
+        if slot_layout is not None and not isinstance(slot_layout, SlotLayout):
+            raise TypeError(f"slot_layout: expected an equivtool.SlotLayout (e.g. equivtool.ADAM_WEIGHT_DECAY), "
+                            f"got {type(slot_layout).__name__}")
         for name, flag in (("localize", localize), ("strict_tolerances", strict_tolerances)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected True or False, got {flag!r}")
@@ -211,7 +216,8 @@ class Options:
                    graph_rewrites=graph_rewrites, seed=int(seed),
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, workers=int(workers), outputs=output_patterns,
-                   strict_tolerances=strict_tolerances, aligned=aligned_weights(rename))
+                   strict_tolerances=strict_tolerances, aligned=aligned_weights(rename),
+                   slot_layout=slot_layout)
         if options.workers > 1:
             reason = in_process_reason(options)
             if reason is None:
