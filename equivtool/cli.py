@@ -518,10 +518,9 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] not in ("-h", "--help"):
-        from equivtool._platform.quiet import quiet_command
-        quiet_command()
+    from equivtool._platform.quiet import quiet_command
     if argv[:1] == ["demo"]:  # everything after "demo" belongs to the demo's own parser
+        quiet_command()
         rest = argv[1:]
         rest = rest[1:] if rest[:1] == ["--"] else rest
         try:
@@ -537,6 +536,10 @@ def _main(argv=None) -> int:
     except SystemExit as exc:  # argparse: 2 on bad usage, 0 on --help
         return int(exc.code or 0)
     try:
+        # Help and argparse's usage errors above answer without TensorFlow; a
+        # command that checks more of its arguments first starts it itself.
+        if not getattr(args, "starts_tensorflow", False):
+            quiet_command()
         return args.run(args)
     except UsageError as exc:
         print(f"equivtool {args.command}: error: {_one_line(exc)}", file=sys.stderr)

@@ -29,7 +29,6 @@ def _inputs(cli, args):
     """The inputs the layer is built with: the options of ``check`` (``--input-shape``,
     ``--inputs FILE.npz``, repeatable ``--input NAME:SHAPE:DTYPE[:LO,HI]``);
     ``--input-dtype int32|int64`` with ``--input-shape`` gives token ids, all 0."""
-    from equivtool._base.cli_inputs import InputError, cli_inputs
     if args.input_dtype != "float32":
         if not args.input_shape or args.inputs or args.input:
             raise cli.UsageError("--input-dtype: applies to --input-shape only; give an integer input as "
@@ -39,6 +38,7 @@ def _inputs(cli, args):
     if args.input_shape and not (args.inputs or args.input):  # as `check` makes it
         import numpy as np
         return np.random.RandomState(0).standard_normal(cli.parse_shape(args.input_shape)).astype(np.float32)
+    from equivtool._base.cli_inputs import InputError, cli_inputs
     try:
         return cli_inputs(args.input_shape, args.inputs, args.input, 0, cli.MAX_INPUT_ELEMENTS)[0]
     except InputError as exc:
@@ -47,6 +47,8 @@ def _inputs(cli, args):
 
 def cmd_convert_checkpoint(cli, args) -> int:
     inputs = _inputs(cli, args)  # usage errors before TensorFlow is imported
+    from equivtool._platform.quiet import quiet_command
+    quiet_command()
     from equivtool.checkpoints.convert import convert
 
     with cli.importable_cwd():
@@ -86,4 +88,4 @@ def add_parser(sub, cli) -> None:
                         help="a declared TF1 optimizer layout (an equivtool.SlotLayout, e.g. "
                              "equivtool:ADAM_WEIGHT_DECAY for BERT's AdamWeightDecayOptimizer)")
     parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint at OUTPUT")
-    parser.set_defaults(run=functools.partial(cmd_convert_checkpoint, cli))
+    parser.set_defaults(run=functools.partial(cmd_convert_checkpoint, cli), starts_tensorflow=True)
