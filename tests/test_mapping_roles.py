@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from equivtool.checkpoints.mapping import fresh_layer_numbering, propose
+from equivtool.checkpoints.mapping import fresh_layer_numbering, propose, renumbering_hint
 from equivtool.variables import VariableInfo, VariableSet
 
 v1 = tf.compat.v1
@@ -111,6 +111,11 @@ def test_a_renumbered_layer_instance_is_said_to_be_renumbered(tmp_path):
                                          r"'MobilenetV1/conv2d(_\d+)?/kernel' when the mapping was made"):
         convert(prefix, None, _images(), str(tmp_path / "tf2"), rename=mapping, layer=made_here)
     assert not (tmp_path / "tf2.index").exists()
+    # The parity step says so with the same sentence (its input: the TF2 names the rules left unmapped).
+    hint = renumbering_hint(["MobilenetV1/conv2d_7/kernel"], mapping.renamer())
+    assert hint.startswith("layer renumbering: 1 of these") and "'MobilenetV1/conv2d_7/kernel' here" in hint
+    assert renumbering_hint(["MobilenetV1/other/kernel"], mapping.renamer()) is None
+    assert renumbering_hint(["MobilenetV1/conv2d_7/kernel"], lambda name: name) is None  # plain rules: unknown
     # A mapping that simply does not fit is not called renumbering.
     other = propose(_set(("a/w", [1])), _set(("b/w", [1])))
     with pytest.raises(ValueError) as refused:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import numpy as np
 
 from equivtool.checkpoints._align import tf1_aligned, tf2_aligned
-from equivtool.checkpoints.mapping import MappingRenamer
+from equivtool.checkpoints.mapping import MappingRenamer, renumbering_hint
 from equivtool.report import StepResult
 from equivtool._base.tree import dense_gradient, flatten_tensors
 from equivtool.engine.sides.tf1_graph import depends_on
@@ -294,8 +294,10 @@ def _parity_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     # Every variable of either side is owed proof in the coverage ledger (trainable on either: a gradient).
     owed = {key: trainable or tf2["keys"].get(key, False) for key, trainable in tf1["keys"].items()}
     owed.update({key: trainable for key, trainable in tf2["keys"].items() if key not in owed})
+    # A VariableMapping's names missed because Keras numbered the layer otherwise: said first.
+    hint = None if result.ok else renumbering_hint(list(result.extra), e.options.renamer)
     return StepResult("parity", title("parity"), status, 0.0,
-                      message="" if result.ok else str(result),
+                      message="" if result.ok else (f"{hint}\n" if hint else "") + str(result),
                       data={"tf1_variables": len(expected), "tf2_variables": len(actual),
                             "trainable": len(expected.trainable),
                             "trainable_parameters": expected.num_trainable_parameters,
