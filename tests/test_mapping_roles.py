@@ -243,8 +243,13 @@ def bert_mapping():
 
 def test_bert_head_and_attention_kernels_map_through_declared_transforms(bert_mapping):
     assert not bert_mapping.complete  # [3,16] against [16,3], [16,16] against [16,2,8]
-    with pytest.raises(ValueError, match=r"a transposed layout\?|has no TF2 counterpart"):
+    # The refusal suggests the transforms (never applied unasked): its call is the one that completes it.
+    assert bert_mapping.suggestions() == BERT_PAIRS
+    with pytest.raises(ValueError) as refused:
         bert_mapping.require_complete("rename")
+    namespace = {"mapping": bert_mapping}
+    exec(re.search(r"mapping = mapping\.resolve\(\{.*\}\)", str(refused.value)).group(0), namespace)
+    assert namespace["mapping"].complete
     mapping = bert_mapping.resolve(BERT_PAIRS)
     assert mapping.complete, mapping.problems()
     assert "transpose (declared)" in str(mapping)
@@ -330,3 +335,13 @@ def test_bert_adam_weight_decay_state_converts_through_slot_layout(bert_mapping,
     with pytest.raises(TypeError, match="slot_layout: expected an equivtool.SlotLayout"):
         convert(path, NativeBertHead, _tokens(), str(tmp_path / "x"), rename=mapping, slot_layout="bert")
     assert not any(p.name.startswith(("sgd", "x.", "refused")) for p in tmp_path.iterdir())
+
+
+def test_suggestions_are_one_to_one_or_none():
+    # Two transposed candidates for one TF1 kernel: nothing is suggested (it would be a guess).
+    two = propose(_set(("a/w", [3, 16])), _set(("b/kernel", [16, 3]), ("c/kernel", [16, 3])))
+    assert two.suggestions() == {} and not two.complete
+    one = propose(_set(("a/w", [3, 16]), ("a/q/kernel", [4, 4])), _set(("b/kernel", [16, 3]), ("c/kernel", [2, 8])))
+    assert one.suggestions() == {"a/w": ("b/kernel", "transpose"), "a/q/kernel": ("c/kernel", "reshape")}
+    # A reshape needs the same role: an unrelated variable of as many elements is not suggested.
+    assert propose(_set(("a/moving_mean", [16])), _set(("b/kernel", [2, 8]))).suggestions() == {}

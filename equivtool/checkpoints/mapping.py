@@ -178,11 +178,34 @@ class VariableMapping:
         lines += [f"refused: TF1 {list(tf1)} against TF2 {list(tf2)}: {why}" for tf1, tf2, why in self.refused]
         return lines
 
+    def suggestions(self) -> dict:
+        """``{tf1_name: (tf2_name, transform)}`` for unmapped variables that one
+        declared transform would pair, one to one: a TF2 shape that is the TF1
+        shape reversed (``"transpose"``), or the same role and element count
+        (``"reshape"``). Suggested in :meth:`resolve_call`, never applied unasked."""
+        found = {}
+        for tf1 in self.unmapped_tf1:
+            shape = tuple(self.tf1_shapes.get(tf1, ()))
+            candidates = []
+            for tf2 in self.unmapped_tf2:
+                other = tuple(self.tf2_shapes.get(tf2, ()))
+                if len(shape) == 2 and shape[0] != shape[1] and other == shape[::-1]:
+                    candidates.append((tf2, "transpose"))
+                elif other != shape and _role(tf1) == _role(tf2) and shape and other \
+                        and int(np.prod(shape)) == int(np.prod(other)):
+                    candidates.append((tf2, "reshape"))
+            if len(candidates) == 1:
+                found[tf1] = candidates[0]
+        taken = [tf2 for tf2, _ in found.values()]
+        return {a: b for a, b in found.items() if taken.count(b[0]) == 1}
+
     def resolve_call(self) -> str:
         """The :meth:`resolve` call that completes the ambiguous groups, filled in
-        with their names in creation order (the user checks each pair)."""
+        with their names in creation order, and pairs the :meth:`suggestions`
+        (the user checks each pair)."""
         items = [f"{a!r}: {b!r}" for _, tf1, tf2 in self.ambiguous for a, b in zip(tf1, tf2)]
         items += [f"{a!r}: ???" for _, tf1, tf2 in self.ambiguous for a in tf1[len(tf2):]]
+        items += [f"{a!r}: {b!r}" for a, b in self.suggestions().items()]
         return "mapping = mapping.resolve({" + ", ".join(items) + "})"
 
     def require_complete(self, argument: str) -> None:
@@ -190,8 +213,9 @@ class VariableMapping:
         variable; for ambiguous ones, with the :meth:`resolve` call to complete them."""
         problems = self.problems()
         if problems:
-            advice = ("complete the ambiguous pairs (check each one: a swap of same-shape layers is not "
-                      f"caught by shape):\n  {self.resolve_call()}\n" if self.ambiguous else "")
+            advice = ("complete the ambiguous pairs and declare the transforms that fit (check each one: a "
+                      f"swap of same-shape layers is not caught by shape):\n  {self.resolve_call()}\n"
+                      if self.ambiguous or self.suggestions() else "")
             raise ValueError(f"{argument}: the variable mapping is incomplete ({len(problems)} problems), so "
                              "the weights cannot be aligned; nothing was run:\n  " + "\n  ".join(problems)
                              + f"\n{advice}pass the completed mapping as {argument}= "
