@@ -345,3 +345,73 @@ def test_suggestions_are_one_to_one_or_none():
     assert one.suggestions() == {"a/w": ("b/kernel", "transpose"), "a/q/kernel": ("c/kernel", "reshape")}
     # A reshape needs the same role: an unrelated variable of as many elements is not suggested.
     assert propose(_set(("a/moving_mean", [16])), _set(("b/kernel", [2, 8]))).suggestions() == {}
+
+
+class WeightDecayAdam(v1.train.Optimizer):
+    """The state layout of BERT's AdamWeightDecayOptimizer, written for this test: m and v as plain
+    variables <var>/adam_m and <var>/adam_v, no bias correction, decay added to the update."""
+
+    def __init__(self, learning_rate=0.01, weight_decay=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-6):
+        super().__init__(False, "WeightDecayAdam")
+        self.hyper = (learning_rate, weight_decay, beta_1, beta_2, epsilon)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        lr, decay, beta_1, beta_2, epsilon = self.hyper
+        updates = []
+        for gradient, variable in grads_and_vars:
+            state = [v1.get_variable(f"{variable.op.name}/{suffix}", variable.shape, variable.dtype.base_dtype,
+                                     trainable=False, initializer=v1.zeros_initializer())
+                     for suffix in ("adam_m", "adam_v")]
+            m = beta_1 * state[0] + (1 - beta_1) * gradient
+            v = beta_2 * state[1] + (1 - beta_2) * tf.square(gradient)
+            step = m / (tf.sqrt(v) + epsilon) + (0.0 if "bias" in variable.op.name else decay * variable)
+            updates += [variable.assign_sub(lr * step), state[0].assign(m), state[1].assign(v)]
+        if global_step is not None:
+            updates.append(global_step.assign_add(1))
+        return tf.group(*updates)
+
+
+def _late_in_training(path: str, prefix: str, global_step: int) -> str:
+    """The checkpoint at ``path`` with ``global_step`` set: far enough into training that tf-keras'
+    bias correction is 1 in float32 (0.999 ** 100001 underflows), so the two updates are the same."""
+    reader = tf.train.load_checkpoint(path)
+    graph = tf.Graph()
+    with graph.as_default(), v1.Session() as session:
+        values = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+        values["global_step"] = np.int64(global_step)
+        variables = {name: v1.Variable(value, name=name) for name, value in values.items()}
+        session.run(v1.global_variables_initializer())
+        return v1.train.Saver(var_list=variables).save(session, prefix)
+
+
+def _adamw(epsilon=1e-6):
+    optimizer = tf.keras.optimizers.AdamW(0.01, weight_decay=0.01, epsilon=epsilon)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])  # as WeightDecayAdam's exclusion
+    return optimizer
+
+
+def test_the_resume_step_converts_through_slot_layout_and_states_the_differences(bert_mapping, tmp_path):
+    from tests.checkpoint_models import train_tf1
+    early = train_tf1(tf1_bert_head, _tokens(), WeightDecayAdam, 3, str(tmp_path / "bert"))
+    assert tf.train.load_checkpoint(early).has_tensor("bert/query/kernel/adam_v")
+    late = _late_in_training(early, str(tmp_path / "late"), 100000)
+    mapping = bert_mapping.resolve(BERT_PAIRS)
+
+    def run(path, make_tf2=_adamw, **kwargs):
+        return equivtool.check_equivalence(
+            tf1_bert_head, NativeBertHead, _tokens(), rename=mapping, checkpoint=path,
+            optimizers=(WeightDecayAdam, make_tf2), steps=["resume"], train_steps=2, **kwargs).step("resume")
+
+    undeclared = run(late)
+    assert undeclared.status == "error" and "unknown TF1 optimizer slot layout 'adam_m'" in undeclared.message
+    # Late in training the updates agree: the converted m, v (transposed, reshaped) resume exactly.
+    resumed = run(late, slot_layout=equivtool.ADAM_WEIGHT_DECAY)
+    assert resumed.status == "passed", resumed.message
+    notes = "\n".join(resumed.notes)
+    assert "iterations=100000" in notes and "conversion: bias correction: AdamWeightDecayOptimizer has none" in notes
+    # Early in training tf-keras' bias correction makes them differ: stated, and not hidden.
+    assert run(early, slot_layout=equivtool.ADAM_WEIGHT_DECAY).status == "failed"
+    # A planted slip: AdamW's default epsilon instead of the TF1 run's.
+    assert run(late, make_tf2=lambda: _adamw(epsilon=1e-7), slot_layout=equivtool.ADAM_WEIGHT_DECAY).status == "failed"
+    with pytest.raises(TypeError, match="slot_layout: expected an equivtool.SlotLayout"):
+        run(late, slot_layout="bert")
