@@ -472,8 +472,9 @@ def _lstm_refusals(tf1_by_name, tf2_by_name, pairs: dict) -> list:
         tf1_names = [fused[0]] + [n for n in tf1_by_name if n == f"{tf1_scope}/bias"]
         tf2_names = [kernel.name, name] + ([bias.name] if bias is not None else [])
         refusals.append((tuple(tf1_names), tuple(tf2_names),
-                         f"a fused LSTM kernel [inputs + units, 4 * units] with gates i, j, f, o (TF1 LSTMCell) "
-                         f"against a split kernel and recurrent_kernel with gates i, f, c, o (Keras LSTM): no "
+                         f"a fused LSTM kernel {list(tf1_by_name[fused[0]].shape)} (inputs + units rows, gates "
+                         f"i, j, f, o: TF1 LSTMCell) against a split kernel {list(kernel.shape)} and "
+                         f"recurrent_kernel {list(info.shape)} (gates i, f, c, o: Keras LSTM): no "
                          "transpose or reshape expresses it (the rows split and the gate blocks reorder); "
                          "convert these by hand or keep the TF1 cell (tf.compat.v1.nn.rnn_cell.LSTMCell)"))
     return refusals
