@@ -196,7 +196,15 @@ def test_resolve_overrides_a_proposed_pair_and_refuses_what_cannot_be():
         transposed.resolve({"a/w": "b/kernel"})
     with pytest.raises(ValueError, match="reshape needs as many elements"):
         propose(_set(("a/w", [3, 15])), _set(("b/kernel", [16, 3]))).resolve({"a/w": ("b/kernel", "reshape")})
-    assert transposed.resolve({"a/w": ("b/kernel", "transpose")}).transforms == (("a/w", "transpose"),)
+    declared = transposed.resolve({"a/w": ("b/kernel", "transpose")})
+    assert declared.transforms == (("a/w", "transpose"),)
+    # What check_equivalence uses reaches worker processes (workers=2): it pickles, transforms and all.
+    import pickle
+    renamer = pickle.loads(pickle.dumps(declared.renamer()))
+    assert renamer("b/kernel") == "a/w" and renamer.tf1_shape("a/w", (16, 3)) == (3, 16)
+    value = np.arange(48.0).reshape(3, 16)
+    np.testing.assert_array_equal(renamer.tf1_value("a/w", renamer.tf2_value("a/w", value)), value)
+    assert renamer.tf2_value("a/w", value).shape == (16, 3)
 
 
 # -- declared transforms: a BERT-like head and attention kernels ------------------
