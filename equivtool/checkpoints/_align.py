@@ -30,7 +30,6 @@ from typing import Callable, Iterator
 
 import tensorflow as tf
 
-from equivtool.checkpoints.mapping import MappingRenamer, tf2_value
 from equivtool.engine.sides.runners import fixed_value, variable_key
 
 #: How the report says the weights were aligned.
@@ -73,11 +72,13 @@ def tf2_aligned(options) -> Iterator[None]:
         variable = next_creator(**kwargs)
         if variable.shape.is_fully_defined():
             key = variable_key(variable.name, renamer)
-            # A declared transform: the TF1 variable's value, in this variable's layout.
-            shape = renamer.tf1_shape(key, variable.shape.as_list()) if isinstance(renamer, MappingRenamer) \
-                else variable.shape.as_list()
+            # A declared transform (a VariableMapping's renamer): the TF1 variable's
+            # value, in this variable's layout.
+            declared = hasattr(renamer, "tf2_value")
+            shape = renamer.tf1_shape(key, variable.shape.as_list()) if declared else variable.shape.as_list()
+            value = fixed_value(key, shape, variable.dtype.base_dtype)
             with tf.init_scope():  # now, not as an op of the function being traced
-                variable.assign(tf2_value(renamer, key, fixed_value(key, shape, variable.dtype.base_dtype)))
+                variable.assign(renamer.tf2_value(key, value) if declared else value)
         return variable
 
     with tf.variable_creator_scope(creator):
