@@ -55,6 +55,8 @@ _EXPORTS = {
     "VariableMapping": "checkpoints.mapping",
     "map_variables": "checkpoints.mapping",
     "convert_checkpoint": "checkpoints.convert",
+    "SlotLayout": "checkpoints._slots",
+    "ADAM_WEIGHT_DECAY": "checkpoints._slots",
     # reproducibility
     "audit_determinism": "determinism",
     # exported models and golden records

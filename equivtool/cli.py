@@ -575,6 +575,10 @@ def _main(argv=None) -> int:
         return int(exc.code or 0)
     quiet_command()
     try:
+        # Help and argparse's usage errors above answer without TensorFlow; a
+        # command that checks more of its arguments first starts it itself.
+        if not getattr(args, "starts_tensorflow", False):
+            quiet_command()
         return args.run(args)
     except UsageError as exc:
         print(f"equivtool {args.command}: error: {_one_line(exc)}", file=sys.stderr)

@@ -100,6 +100,7 @@ def check_equivalence(
     noise_floor: bool = True,
     noise_floor_multiple: float = DEFAULT_NOISE_FLOOR_MULTIPLE,
     strict_intermediates: bool = False,
+    slot_layout=None,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -209,6 +210,9 @@ def check_equivalence(
       strict_intermediates: with ``localize``: passing forward-pass steps are
         localized too, and one whose outputs pass while an intermediate op
         differs beyond tolerance fails.
+      slot_layout: the ``resume`` step's declared TF1 optimizer layout, as
+        for :func:`equivtool.convert_checkpoint` (``equivtool.ADAM_WEIGHT_DECAY``
+        for BERT's ``AdamWeightDecayOptimizer``).
     """
     options = Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
@@ -217,7 +221,8 @@ def check_equivalence(
         graph_rewrites=graph_rewrites, seed=seed, progress=progress, meta=meta, strategy=strategy,
         localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization,
         outputs=outputs, strict_tolerances=strict_tolerances, noise_floor=noise_floor,
-        noise_floor_multiple=noise_floor_multiple, strict_intermediates=strict_intermediates)
+        noise_floor_multiple=noise_floor_multiple, strict_intermediates=strict_intermediates,
+        slot_layout=slot_layout)
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None:

@@ -63,3 +63,35 @@ def test_token_id_inputs_build_an_embedding_model(tmp_path, capsys):
     np.testing.assert_array_equal(tf2.get_tensor(table[0]), tf1.get_tensor("emb/table"))
     assert cli.main(argv[:-4] + ["--input-dtype", "int8"]) == cli.EXIT_USAGE  # argparse names the choices
     assert "--input-dtype" in capsys.readouterr().err
+
+
+def test_inputs_as_check_takes_them_and_one_line_for_the_slots_left_out(tmp_path, capsys):
+    path = cm.train_tf1(cm.slim_net, cm.images(), lambda: tf.compat.v1.train.AdamOptimizer(0.01), 1,
+                        str(tmp_path / "tf1" / "model"))
+    npz = str(tmp_path / "inputs.npz")
+    np.savez(npz, cm.images())
+    out = str(tmp_path / "tf2")
+    argv = ["convert-checkpoint", path, ARGS[0], out, "--inputs", npz,
+            "--rename", "tests.checkpoint_models:NATIVE_RENAME"]
+    assert cli.main(argv) == cli.EXIT_OK
+    printed = capsys.readouterr().out
+    left_out = [line for line in printed.splitlines() if "not converted" in line]
+    assert len(left_out) == 1 and "optimizer variables" in left_out[0] and "--optimizer" in left_out[0], printed
+    # --input is an option of its own (no longer an ambiguous prefix of --input-shape), and one source only.
+    both = argv[:4] + ["--input", "x:2,6,6,3:float32", "--input-shape", "2,6,6,3", "--overwrite"]
+    assert cli.main(both) == cli.EXIT_USAGE
+    assert "exactly one of --input-shape SHAPE, --inputs FILE.npz or --input" in capsys.readouterr().err
+
+
+def test_help_and_usage_errors_answer_without_tensorflow():
+    import subprocess
+    import sys
+    code = ("import sys, io, contextlib\nfrom equivtool.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "    codes = [main(['convert-checkpoint', '--help']),\n"
+            "             main(['convert-checkpoint', 'a', 'b', 'c', '--input-dtype', 'int32']),\n"
+            "             main(['convert-checkpoint', 'a', 'b', 'c'])]\n"
+            "print(codes, 'tensorflow' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+    assert done.stdout.split()[-4:] == ["[0,", "2,", "2]", "False"], done.stdout + done.stderr

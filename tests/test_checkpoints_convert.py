@@ -1,12 +1,14 @@
 """convert_checkpoint: a TF1 checkpoint with its optimizer state written as a TF2 checkpoint; bad input named, nothing written."""
 
 import os
+import re
 
 import equivtool
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from equivtool.checkpoints.convert import convert
 from equivtool.checkpoints.mapping import VariableMapping
 from tests import checkpoint_models as cm
 from tests.checkpoint_models import rewrite_checkpoint as _rewrite
@@ -184,3 +186,44 @@ def test_existing_output_is_refused_unless_overwrite_and_a_symlink_always(adam_c
     _refused(r"output: .*linked.index' is a symlink", tmp_path, adam_ckpt, cm.NativeNet, cm.images(),
              tmp_path / "linked", rename=mapping, overwrite=True)
     assert target.read_text() == "not yours"
+
+
+def _slot_of(optimizer, layer, keras_slot, leaf_pattern):
+    found = [v.numpy() for v in optimizer.variables()
+             if v.name.startswith(keras_slot + "/") and re.search(leaf_pattern, v.name)]
+    assert len(found) == 1, [v.name for v in optimizer.variables()]
+    return found[0]
+
+
+def test_slots_are_found_under_the_optimizers_own_name(mapping, tmp_path):
+    path = cm.train_tf1(cm.slim_net, cm.images(), lambda: v1.train.AdamOptimizer(0.01, name="MyAdam"), 4,
+                        str(tmp_path / "my_adam"))
+    reader = tf.train.load_checkpoint(path)
+    assert reader.has_tensor("net/conv1/weights/MyAdam_1") and not reader.has_tensor("net/conv1/weights/Adam")
+    conversion, layer, optimizer = convert(path, cm.NativeNet, cm.images(), str(tmp_path / "tf2"), rename=mapping,
+                                           optimizer=cm.keras_adam)
+    assert conversion.iterations == 4 and len(conversion.slots) == 2 * len(layer.trainable_variables)
+    np.testing.assert_array_equal(_slot_of(optimizer, layer, "v", r"/conv2d(_\d+)?/kernel"),
+                                  reader.get_tensor("net/conv1/weights/MyAdam_1"))
+    assert "named 'MyAdam': Adam read from its slots' structure" in str(conversion)
+    # The structure decides, not the name: these slots are Adam's, so SGD is refused.
+    with pytest.raises(ValueError, match="holds Adam state; it converts to tf.keras.optimizers.Adam, not SGD"):
+        convert(path, cm.NativeNet, cm.images(), str(tmp_path / "bad"), rename=mapping,
+                optimizer=lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    # One slot per variable under another name: Momentum with SGD, refused with Adam.
+    momentum = cm.train_tf1(cm.slim_net, cm.images(), lambda: v1.train.MomentumOptimizer(0.05, 0.9, name="Mo"),
+                            2, str(tmp_path / "mo"))
+    conversion, _, _ = convert(momentum, cm.NativeNet, cm.images(), str(tmp_path / "tf2mo"), rename=mapping,
+                               optimizer=lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9))
+    assert conversion.iterations == 2 and all(how == "times_minus_lr" for *_, how in conversion.slots)
+    with pytest.raises(ValueError, match=r"slots named 'Mo' .*1 per variable: Momentum or Adagrad"):
+        convert(momentum, cm.NativeNet, cm.images(), str(tmp_path / "bad"), rename=mapping, optimizer=cm.keras_adam)
+    assert not os.path.exists(str(tmp_path / "bad.index"))
+
+
+def test_without_an_optimizer_the_slots_left_out_are_one_line_that_names_the_option(adam_ckpt, mapping, tmp_path):
+    conversion, _, _ = convert(adam_ckpt, cm.NativeNet, cm.images(), str(tmp_path / "model_only"), rename=mapping)
+    text = str(conversion)
+    lines = [line for line in text.splitlines() if "not converted" in line]
+    assert len(lines) == 1 and len(conversion.left_out) > 10, text
+    assert f"{len(conversion.left_out)} optimizer variables" in lines[0] and "--optimizer" in lines[0]

@@ -211,3 +211,43 @@ def build_legacy_optimizer(optimizer, variables) -> bool:
         return False
     create(variables)
     return True
+
+
+def keras_layer_name_state() -> list:
+    """Keras' per-process layer-name counters, as ``(read, write)`` pairs: tf-keras'
+    ``backend.PER_GRAPH_OBJECT_NAME_UIDS[default graph]`` and ``OBSERVED_NAMES``,
+    Keras 3's ``object_name_uids`` global attribute (each only when installed).
+    ``read()`` returns what to give back to ``write`` (``None``: there was none);
+    ``empty()`` is a fresh process's value."""
+    import collections
+    import importlib
+    import tensorflow as tf
+    state = []
+    try:
+        backend = importlib.import_module(KERAS_BACKEND)
+    except ImportError:
+        backend = None
+    if backend is not None:
+        uids, observed, graph = backend.PER_GRAPH_OBJECT_NAME_UIDS, backend.OBSERVED_NAMES, \
+            tf.compat.v1.get_default_graph()
+
+        def write_uids(value):
+            if value is None:
+                uids.pop(graph, None)
+            else:
+                uids[graph] = value
+
+        def write_observed(value):
+            observed.clear()
+            observed.update(value or ())
+        state += [(lambda: uids.get(graph), write_uids, lambda: collections.defaultdict(int)),
+                  (lambda: set(observed), write_observed, set)]
+    try:
+        global_state = importlib.import_module("keras.src.backend.common.global_state")
+    except ImportError:
+        global_state = None
+    if global_state is not None:
+        state.append((lambda: global_state.get_global_attribute("object_name_uids"),
+                      lambda value: global_state.set_global_attribute("object_name_uids", value),
+                      lambda: collections.defaultdict(int)))
+    return state

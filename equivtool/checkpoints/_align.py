@@ -77,9 +77,14 @@ def tf2_aligned(options) -> Iterator[None]:
     def assign_fixed(variable) -> None:
         shape = variable_shape(variable)
         if shape.is_fully_defined():
+            key = variable_key(variable_name(variable), renamer)
+            # A declared transform (a VariableMapping's renamer): the TF1 variable's
+            # value, in this variable's layout.
+            declared = hasattr(renamer, "tf2_value")
+            tf1_shape = renamer.tf1_shape(key, shape.as_list()) if declared else shape.as_list()
+            value = fixed_value(key, tf1_shape, variable_dtype(variable))
             with tf.init_scope():  # now, not as an op of the function being traced
-                variable.assign(fixed_value(variable_key(variable_name(variable), renamer), shape.as_list(),
-                                            variable_dtype(variable)))
+                variable.assign(renamer.tf2_value(key, value) if declared else value)
 
     def creator(next_creator, **kwargs):
         variable = next_creator(**kwargs)

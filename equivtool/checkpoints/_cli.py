@@ -25,22 +25,40 @@ def _load_object(cli, spec: str, argument: str):
         raise cli.UsageError(f"{argument}: module {module_name!r} has no attribute {attr!r}") from None
 
 
+def _inputs(cli, args):
+    """The inputs the layer is built with: the options of ``check`` (``--input-shape``,
+    ``--inputs FILE.npz``, repeatable ``--input NAME:SHAPE:DTYPE[:LO,HI]``);
+    ``--input-dtype int32|int64`` with ``--input-shape`` gives token ids, all 0."""
+    if args.input_dtype != "float32":
+        if not args.input_shape or args.inputs or args.input:
+            raise cli.UsageError("--input-dtype: applies to --input-shape only; give an integer input as "
+                                 "--input NAME:SHAPE:int32:LO,HI or in --inputs FILE.npz")
+        import numpy as np
+        return np.zeros(cli.parse_shape(args.input_shape), args.input_dtype)  # id 0 is in every vocabulary
+    if args.input_shape and not (args.inputs or args.input):  # as `check` makes it
+        import numpy as np
+        return np.random.RandomState(0).standard_normal(cli.parse_shape(args.input_shape)).astype(np.float32)
+    from equivtool._base.cli_inputs import InputError, cli_inputs
+    try:
+        return cli_inputs(args.input_shape, args.inputs, args.input, 0, cli.MAX_INPUT_ELEMENTS)[0]
+    except InputError as exc:
+        raise cli.UsageError(str(exc)) from None
+
+
 def cmd_convert_checkpoint(cli, args) -> int:
+    inputs = _inputs(cli, args)  # usage errors before TensorFlow is imported
+    from equivtool._platform.quiet import quiet_command
+    quiet_command()
     from equivtool.checkpoints.convert import convert
 
-    shape = cli.parse_shape(args.input_shape)
-    import numpy as np
-    if args.input_dtype == "float32":
-        inputs = np.random.RandomState(0).standard_normal(shape).astype(np.float32)
-    else:  # token ids: zeros are a valid id for every vocabulary
-        inputs = np.zeros(shape, args.input_dtype)
     with cli.importable_cwd():
         factory = cli.load_target(args.tf2_factory, "MODULE:FACTORY")
         optimizer = cli.load_target(args.optimizer, "--optimizer") if args.optimizer else None
         rename = _load_object(cli, args.rename, "--rename") if args.rename else None
+        layout = _load_object(cli, args.slot_layout, "--slot-layout") if args.slot_layout else None
         try:
             conversion, _, _ = convert(args.tf1_checkpoint, factory, inputs, args.output, rename=rename,
-                                       optimizer=optimizer, overwrite=args.overwrite)
+                                       optimizer=optimizer, overwrite=args.overwrite, slot_layout=layout)
         except (TypeError, ValueError) as exc:
             raise cli.UsageError(str(exc)) from None
     print(conversion)
@@ -53,13 +71,21 @@ def add_parser(sub, cli) -> None:
     parser.add_argument("tf1_checkpoint", metavar="TF1_CKPT", help="TF1 checkpoint prefix or folder")
     parser.add_argument("tf2_factory", metavar="MODULE:FACTORY", help="zero-argument factory of the TF2 layer")
     parser.add_argument("output", metavar="OUTPUT", help="prefix of the TF2 checkpoint to write")
-    parser.add_argument("--input-shape", required=True,
-                        help="e.g. 1,224,224,3: a float32 input the layer is built with")
+    parser.add_argument("--input-shape", default=None,
+                        help="e.g. 1,224,224,3: a float32 input the layer is built with (standard normal)")
     parser.add_argument("--input-dtype", default="float32", choices=("float32", "int32", "int64"),
-                        help="the input's dtype (int32/int64: token ids, all 0) (default float32)")
+                        help="with --input-shape: the input's dtype (int32/int64: token ids, all 0) "
+                             "(default float32)")
+    parser.add_argument("--inputs", default=None, metavar="FILE.npz",
+                        help="inputs from np.savez: keys arr_0..arr_N give a list, other keys a dict")
+    parser.add_argument("--input", action="append", default=None, metavar="NAME:SHAPE:DTYPE[:LO,HI]",
+                        help="one generated input of a dict (repeatable), e.g. input_ids:2,128:int32:0,30522")
     parser.add_argument("--optimizer", default=None, metavar="MODULE:FACTORY",
                         help="zero-argument factory of the tf-keras optimizer whose slots are filled")
     parser.add_argument("--rename", default=None, metavar="MODULE:OBJ",
                         help="rename rules (TF2 name -> TF1 name) or a VariableMapping")
+    parser.add_argument("--slot-layout", default=None, metavar="MODULE:OBJ",
+                        help="a declared TF1 optimizer layout (an equivtool.SlotLayout, e.g. "
+                             "equivtool:ADAM_WEIGHT_DECAY for BERT's AdamWeightDecayOptimizer)")
     parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint at OUTPUT")
-    parser.set_defaults(run=functools.partial(cmd_convert_checkpoint, cli))
+    parser.set_defaults(run=functools.partial(cmd_convert_checkpoint, cli), starts_tensorflow=True)

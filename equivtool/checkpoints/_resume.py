@@ -20,6 +20,7 @@ session, a new eager call or trace), as in the ``optimizer`` step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -29,6 +30,7 @@ from equivtool.engine import noise_floor
 from equivtool.engine.steps import SplitStep
 from equivtool._platform.tf_internals import save_slice_info
 from equivtool.checkpoints.convert import checkpoint_path, convert
+from equivtool.checkpoints.mapping import fresh_layer_numbering, tf1_value
 from equivtool.comparison import compare
 from equivtool.report import StepResult
 from equivtool.checkpoints import _slots
@@ -128,7 +130,7 @@ def _resume_tf2(e, _) -> dict:
     tool = DeterministicRandomTestTool(seed=o.seed, mode="constant")
     writer = None
     if e.factory is not None:
-        with tool.scope():
+        with tool.scope(), fresh_layer_numbering() if o.aligned else contextlib.nullcontext():
             writer = e.factory()
             writer(tf.nest.map_structure(tf.convert_to_tensor, o.inputs), training=False)
     with tool.scope():
@@ -136,7 +138,7 @@ def _resume_tf2(e, _) -> dict:
                        graph_rewrites=o.graph_rewrites)
         side.forward(o.inputs, training=False)
     conversion, _, _ = convert(o.checkpoint, None, o.inputs, target, rename=o.renamer, optimizer=make_tf2,
-                               overwrite=True, layer=writer or side.layer)
+                               overwrite=True, layer=writer or side.layer, slot_layout=o.slot_layout)
     optimizer = side.make_optimizer(make_tf2)
     # Loaded as its users load it (restore, not read: the file holds save_counter).
     status = tf.train.Checkpoint(model=side.layer, optimizer=optimizer).restore(conversion.path)
@@ -156,9 +158,10 @@ def _resume_tf2(e, _) -> dict:
             losses.append(side.train_step(o.inputs, optimizer, training=True))
         slot_capture = {}
         for keras_slot, variable, slot in held:
-            entry = sources.get((keras_slot, o.renamer(variable_name(variable))))
-            if entry is not None:
-                slot_capture[entry[0]] = (slot.numpy(), entry[1])
+            model_name = o.renamer(variable_name(variable))
+            entry = sources.get((keras_slot, model_name))
+            if entry is not None:  # in the TF1 layout (a declared transform's inverse)
+                slot_capture[entry[0]] = (tf1_value(o.renamer, model_name, slot.numpy()), entry[1])
         captures.append({"variables": side.read_variables(), "slots": slot_capture,
                          "iterations": int(optimizer.iterations.numpy()),
                          "betas": (float(getattr(optimizer, "beta_1", 0) or 0),

@@ -35,8 +35,8 @@ import tensorflow as tf
 from equivtool._base.names import strip_output_index
 from equivtool.variables._flavour import is_keras3, variable_name
 
-__all__ = ["SlotLayout", "LAYOUTS", "keras_kind", "layout_for", "tf1_family", "iterations_from_betas",
-           "slot_name", "slot_variables"]
+__all__ = ["SlotLayout", "LAYOUTS", "ADAM_WEIGHT_DECAY", "keras_kind", "layout_for", "tf1_family",
+           "find_family", "declared_layout", "iterations_from_betas", "slot_name", "slot_variables"]
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,17 @@ class SlotLayout:
     ``slots``: ``(TF1 slot, its checkpoint suffix, tf-keras slot or None when
     tf-keras keeps no such state, transform)``; ``transform`` is ``"copy"`` or
     ``"times_minus_lr"`` (TF1 Momentum accumulates gradients, tf-keras SGD
-    velocities: ``m = -learning_rate * accumulation``).
+    velocities: ``m = -learning_rate * accumulation``). ``keras``: the tf-keras
+    optimizer class name it converts to, or a tuple of those it may convert to.
+
+    Pass one as ``slot_layout=`` to declare the layout of an optimizer whose
+    state is not saved as slots (BERT's ``AdamWeightDecayOptimizer``:
+    :data:`ADAM_WEIGHT_DECAY`); its ``notes`` are printed with the conversion:
+    state them, above all how its update differs from the tf-keras one's.
     """
 
     tf1: str
-    keras: str
+    keras: "str | tuple"
     slots: tuple
     notes: tuple = ()
 
@@ -100,6 +106,25 @@ LAYOUTS = {
     "GradientDescent": SlotLayout("GradientDescent", "SGD", (), _SGD_NOTES),
 }
 
+#: BERT's ``AdamWeightDecayOptimizer`` (``optimization.py`` of google-research/bert): m and v saved
+#: as plain variables ``<variable>/adam_m``, ``<variable>/adam_v``; no beta powers, no bias correction.
+ADAM_WEIGHT_DECAY = SlotLayout(
+    "AdamWeightDecayOptimizer", ("AdamW", "Adam"),
+    (("m", "adam_m", "m", "copy"), ("v", "adam_v", "v", "copy")),
+    ("m, v copied (adam_m, adam_v); iterations = global_step (the optimizer keeps no beta powers)",
+     "bias correction: AdamWeightDecayOptimizer has none (update = m / (sqrt(v) + epsilon)); tf-keras "
+     "Adam and AdamW divide m by 1 - beta_1**t and v by 1 - beta_2**t: resumed training differs, most in "
+     "the early steps (at step t by sqrt(1 - beta_2**t) / (1 - beta_1**t))",
+     "weight decay: AdamWeightDecayOptimizer adds weight_decay_rate * var to the update, so it is scaled "
+     "by the learning rate and kept out of m and v (decoupled); tf-keras AdamW subtracts "
+     "learning_rate * weight_decay * var: the same form, give it weight_decay=<weight_decay_rate>; tf-keras "
+     "Adam without weight_decay decays nothing",
+     "exclusion list: AdamWeightDecayOptimizer skips variables whose names match exclude_from_weight_decay "
+     "(BERT: 'LayerNorm', 'layer_norm', 'bias'); tf-keras AdamW decays every variable unless told: call "
+     "optimizer.exclude_from_weight_decay(var_names=[...]) with the TF2 names' patterns",
+     "epsilon: AdamWeightDecayOptimizer's default is 1e-06, tf-keras' 1e-07: give the TF1 run's value"),
+)
+
 _SUFFIX = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9]*)(?:_(?P<n>\d+))?$")
 
 
@@ -109,9 +134,10 @@ _KERAS3_SLOTS = {"Adam": {"m": "momentum", "v": "velocity"}, "SGD": {"m": "momen
 
 
 def keras_kind(optimizer) -> str:
-    """``"Adam"``, ``"SGD"``, ``"RMSprop"`` or ``"Adagrad"`` for those tf-keras or
-    Keras 3 optimizers (exactly those classes); ``ValueError`` for any other."""
-    known = {getattr(tf.keras.optimizers, kind): kind for kind in _KINDS}
+    """``"Adam"``, ``"AdamW"`` (tf-keras), ``"SGD"``, ``"RMSprop"`` or ``"Adagrad"``
+    for those tf-keras or Keras 3 optimizers (exactly those classes);
+    ``ValueError`` for any other."""
+    known = {getattr(tf.keras.optimizers, kind): kind for kind in _KINDS + ("AdamW",)}
     if is_keras3(optimizer):
         import keras  # the optimizer is a Keras 3 object, so Keras 3 is imported
         known = {getattr(keras.optimizers, kind): kind for kind in _KINDS}
@@ -119,8 +145,9 @@ def keras_kind(optimizer) -> str:
     if kind is None:
         raise ValueError(
             f"optimizer: the slot layout of {type(optimizer).__module__}.{type(optimizer).__name__} is unknown; "
-            "supported: Adam, SGD (with or without momentum, Nesterov), RMSprop, Adagrad of tf.keras.optimizers "
-            "(the tf-keras 2.11+ optimizers, not optimizers.legacy) or of keras.optimizers (Keras 3)")
+            "supported: Adam, AdamW (tf-keras), SGD (with or without momentum, Nesterov), RMSprop, Adagrad of "
+            "tf.keras.optimizers (the tf-keras 2.11+ optimizers, not optimizers.legacy) or of keras.optimizers "
+            "(Keras 3)")
     return kind
 
 
@@ -160,8 +187,9 @@ def tf1_family(slot_suffixes: dict) -> str:
             base = match.group("base") if match else suffix
             if base not in ("Adam", "Momentum", "RMSProp", "Adagrad"):
                 raise ValueError(f"tf1_checkpoint: slot {variable}/{suffix}: unknown TF1 optimizer slot layout "
-                                 f"{base!r}; supported: Adam, Momentum, RMSProp, Adagrad, GradientDescent "
-                                 "(default optimizer names)")
+                                 f"{base!r}; known: Adam, Momentum, RMSProp, Adagrad, GradientDescent (under "
+                                 "any one optimizer name); declare another layout with slot_layout= "
+                                 "(equivtool.ADAM_WEIGHT_DECAY for BERT's AdamWeightDecayOptimizer)")
             bases.setdefault(base, []).append(f"{variable}/{suffix}")
     if len(bases) > 1:
         raise ValueError(f"tf1_checkpoint: slots of several optimizers ({sorted(bases)}): convert one at a time")
@@ -171,6 +199,72 @@ def tf1_family(slot_suffixes: dict) -> str:
     if base == "RMSProp" and any(len(s) == 3 for s in slot_suffixes.values()):
         return "RMSProp (centered)"
     return base
+
+
+def find_family(slot_suffixes: dict, kind: str | None, non_slot) -> tuple:
+    """``(family, layout renamer)``: :func:`tf1_family` for default optimizer
+    names; for another name (``AdamOptimizer(name="MyAdam")`` saves
+    ``<variable>/MyAdam`` and ``<variable>/MyAdam_1``), the family read from the
+    slots' structure: how many each variable has (``NAME``, ``NAME_1``...),
+    whether the checkpoint has Adam's beta powers, and, for one slot per
+    variable (Momentum or Adagrad), the tf-keras optimizer given (``kind``).
+    The renamer maps a default layout's suffixes to the saved ones."""
+    bases = {}
+    for variable, suffixes in slot_suffixes.items():
+        for suffix in suffixes:
+            match = _SUFFIX.match(suffix)
+            bases.setdefault(match.group("base") if match else suffix, set()).add(variable)
+    default = ("Adam", "Momentum", "RMSProp", "Adagrad")
+    if len(bases) != 1 or next(iter(bases)) in default:
+        return tf1_family(slot_suffixes), lambda layout: layout
+    name = next(iter(bases))
+    counts = {len(suffixes) for suffixes in slot_suffixes.values()}
+    where = f"slots named {name!r} ({next(iter(slot_suffixes))}/{name}...)"
+    expected = {n: sorted([name] + [f"{name}_{i}" for i in range(1, n)]) for n in counts}
+    if len(counts) != 1 or any(sorted(s) != expected[len(s)] for s in slot_suffixes.values()):
+        raise ValueError(f"tf1_checkpoint: {where}: each variable must have the same slots {name}, {name}_1...; "
+                         "declare the layout with slot_layout=")
+    count = counts.pop()
+    betas = "beta1_power" in non_slot and "beta2_power" in non_slot
+    if count == 2:
+        family = "Adam" if betas else "RMSProp"
+    elif count == 3:
+        family = "RMSProp (centered)"
+    elif count == 1 and kind in ("SGD", "Adagrad"):
+        family = "Momentum" if kind == "SGD" else "Adagrad"
+    else:
+        raise ValueError(f"tf1_checkpoint: {where}, {count} per variable: "
+                         + ("Momentum or Adagrad: pass the matching tf-keras optimizer (SGD(momentum=...) or "
+                            "Adagrad)" if count == 1 else "no known optimizer has that layout; declare it with "
+                            "slot_layout="))
+    default_name = {"Adam": "Adam", "RMSProp": "RMSProp", "RMSProp (centered)": "RMSProp",
+                    "Momentum": "Momentum", "Adagrad": "Adagrad"}[family]
+
+    def renamed(layout: SlotLayout) -> SlotLayout:
+        slots = tuple((s, name + x[len(default_name):] if x.startswith(default_name) else x, k, t)
+                      for s, x, k, t in layout.slots)
+        return SlotLayout(layout.tf1, layout.keras, slots,
+                          (f"the TF1 optimizer was named {name!r}: {family} read from its slots' structure "
+                           f"({count} per variable{', beta powers' if betas else ''})",) + layout.notes)
+    return family, renamed
+
+
+def declared_layout(layout: SlotLayout, kind: str) -> SlotLayout:
+    """``layout`` (``slot_layout=``) checked: its fields' forms and that ``kind``
+    is a tf-keras optimizer it converts to; ``ValueError`` names what is not."""
+    if not isinstance(layout, SlotLayout):
+        raise TypeError(f"slot_layout: expected an equivtool.SlotLayout (e.g. equivtool.ADAM_WEIGHT_DECAY), "
+                        f"got {type(layout).__name__}")
+    for slot in layout.slots:
+        if not (isinstance(slot, tuple) and len(slot) == 4 and isinstance(slot[1], str)
+                and slot[3] in ("copy", "times_minus_lr")):
+            raise ValueError(f"slot_layout: slot {slot!r}: expected (TF1 slot, checkpoint suffix, tf-keras slot "
+                             "or None, 'copy' | 'times_minus_lr')")
+    kinds = layout.keras if isinstance(layout.keras, tuple) else (layout.keras,)
+    if kind not in kinds:
+        raise ValueError(f"optimizer: the declared layout {layout.tf1} converts to "
+                         f"{' or '.join('tf.keras.optimizers.' + k for k in kinds)}, not {kind}")
+    return layout
 
 
 def layout_for(family: str, kind: str, optimizer) -> SlotLayout:

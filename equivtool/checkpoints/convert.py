@@ -22,6 +22,7 @@ next run; SIGTERM and Ctrl-C remove the staging folder on the way out.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
@@ -35,13 +36,20 @@ import tensorflow as tf
 
 from equivtool._base import scratch
 from equivtool.checkpoints import _slots
-from equivtool.checkpoints.mapping import as_rename, check_inputs, make_layer
+from equivtool.checkpoints.mapping import (MappingRenamer, as_rename, check_inputs, fresh_layer_numbering,
+                                           make_layer, renumbering_hint, tf2_value)
 from equivtool.engine import signals as _signals
 from equivtool.engine.sides.runners import checkpoint_exists
 from equivtool.variables import _make_renamer
 from equivtool.variables._flavour import is_keras3, layer_variables, variable_dtype, variable_name, variable_shape
 
 __all__ = ["convert_checkpoint", "Conversion", "convert"]
+
+#: How many problems a refusal lists (the count says how many there are).
+_SHOWN = 20
+#: Why slots were left out when no optimizer was given, and the option that converts them.
+NO_OPTIMIZER = ("no optimizer given; pass optimizer= (CLI: --optimizer MODULE:FACTORY) to convert the slots, "
+                "and slot_layout= (--slot-layout) for a layout equivtool does not know")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +74,11 @@ class Conversion:
                  + (f" ({self.optimizer})" if self.optimizer else "")]
         lines += [f"  {tf2} <- {tf1}" for tf2, tf1 in self.model]
         lines += [f"  {tf2} <- {tf1}" + ("" if how == "copy" else f" ({how})") for tf2, tf1, how in self.slots]
-        lines += [f"  not converted: {key} ({why})" for key, why in self.left_out]
+        lines += [f"  not converted: {key} ({why})" for key, why in self.left_out if why != NO_OPTIMIZER]
+        unconverted = [key for key, why in self.left_out if why == NO_OPTIMIZER]
+        if unconverted:  # one line: the same cause and the same fix for every slot
+            lines.append(f"  not converted: {len(unconverted)} optimizer variables ({unconverted[0]}...): "
+                         f"{NO_OPTIMIZER}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -200,16 +212,17 @@ def _learning_rate(optimizer) -> float:
 
 
 def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer=None,
-            overwrite: bool = False, layer=None) -> tuple:
+            overwrite: bool = False, layer=None, slot_layout=None) -> tuple:
     """:func:`convert_checkpoint`, returning ``(Conversion, layer, optimizer)``;
     ``layer`` (already called, the engine's own) replaces ``tf2_layer()``. SIGTERM
     stops it as Ctrl-C does (see :mod:`equivtool.engine.signals`)."""
     with _signals.sigterm_unwinds():
         return _convert(tf1_checkpoint, tf2_layer, inputs, output, rename=rename, optimizer=optimizer,
-                        overwrite=overwrite, layer=layer)
+                        overwrite=overwrite, layer=layer, slot_layout=slot_layout)
 
 
-def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, overwrite, layer) -> tuple:
+def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, overwrite, layer,
+             slot_layout) -> tuple:
     path = checkpoint_path(tf1_checkpoint)
     out = check_output(output, overwrite)
     _check_not_input(out, path)
@@ -217,6 +230,9 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
         raise TypeError("tf2_layer: expected a zero-argument factory returning a Keras layer or tf.Module "
                         f"(a layer instance would have its weights replaced), got {type(tf2_layer).__name__}")
     check_inputs(inputs)
+    if slot_layout is not None and not isinstance(slot_layout, _slots.SlotLayout):
+        raise TypeError(f"slot_layout: expected an equivtool.SlotLayout (e.g. equivtool.ADAM_WEIGHT_DECAY), "
+                        f"got {type(slot_layout).__name__}")
     renamer = _make_renamer(as_rename(rename))
     if optimizer is not None and not (callable(optimizer) or hasattr(optimizer, "apply_gradients")):
         raise TypeError(f"optimizer: expected a tf-keras optimizer, a Keras 3 optimizer or a zero-argument factory, "
@@ -230,7 +246,9 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
         raise ValueError(f"tf1_checkpoint: {path!r} is a TF2 object-based checkpoint; expected a TF1 "
                          "name-based one (tf.compat.v1.train.Saver)")
     if layer is None:
-        layer = make_layer(tf2_layer)
+        # A VariableMapping's rules name the layers as map_variables saw them.
+        with fresh_layer_numbering() if isinstance(renamer, MappingRenamer) else contextlib.nullcontext():
+            layer = make_layer(tf2_layer)
         layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=False)
     opt = _make_optimizer(optimizer)
     kind = _slots.keras_kind(opt) if opt is not None else None
@@ -244,8 +262,14 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
             problems.append(f"TF2 variable {name!r} has no TF1 counterpart (looked up as {key!r})")
             continue
         shape, dtype = variable_shape(variable).as_list(), variable_dtype(variable)
-        if tuple(shapes[key]) != tuple(shape):
-            problems.append(f"{key!r}: shape {list(shapes[key])} in the checkpoint, {shape} for TF2 {name!r}")
+        declared = renamer.transforms.get(key) if isinstance(renamer, MappingRenamer) else None
+        if declared is not None and (tuple(shapes[key]) != declared[1] or tuple(shape) != declared[2]):
+            problems.append(f"{key!r}: shape {list(shapes[key])} in the checkpoint, {shape} for TF2 {name!r}; "
+                            f"the declared {declared[0]} is from {list(declared[1])} to {list(declared[2])}")
+        elif declared is None and tuple(shapes[key]) != tuple(shape):
+            problems.append(f"{key!r}: shape {list(shapes[key])} in the checkpoint, {shape} for TF2 {name!r}"
+                            + ("; a transposed layout? declare mapping.resolve({key: (tf2_name, 'transpose')})"
+                               if tuple(shapes[key])[::-1] == tuple(shape) else ""))
         elif dtypes[key].base_dtype != dtype:
             problems.append(f"{key!r}: dtype {dtypes[key].name} in the checkpoint, {dtype.name} "
                             f"for TF2 {name!r}")
@@ -265,19 +289,25 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
             unmatched.append(key)
     problems += [f"TF1 variable {key!r} has no TF2 counterpart" for key in unmatched]
     if problems:
-        raise ValueError(f"{len(problems)} variables do not map (no file written); fix rename= or the model:\n  "
-                         + "\n  ".join(problems))
+        hint = renumbering_hint([n for n, k in keys.items() if k not in shapes], renamer)
+        shown = problems[:_SHOWN] + ([f"... and {len(problems) - _SHOWN} more"] if len(problems) > _SHOWN else [])
+        raise ValueError(f"{len(problems)} variables do not map (no file written); "
+                         + (f"{hint}" if hint else "fix rename= or the model") + ":\n  " + "\n  ".join(shown))
 
     # What is assigned, once every check has passed: a refused conversion
     # leaves the caller's optimizer as it was.
     slots, assignments, left_out, notes, iterations, family = [], [], [], [], None, ""
     global_step = int(non_slot["global_step"]) if "global_step" in non_slot else None
     if opt is None:
-        left_out += [(f"{p}/{s}", "no optimizer given") for p, ss in slot_suffixes.items() for s in ss]
-        left_out += [(k, "no optimizer given") for k in non_slot]
+        left_out += [(f"{p}/{s}", NO_OPTIMIZER) for p, ss in slot_suffixes.items() for s in ss]
+        left_out += [(k, NO_OPTIMIZER) for k in non_slot]
     else:
-        family = _slots.tf1_family(slot_suffixes)
-        layout = _slots.layout_for(family, kind, opt)
+        if slot_layout is not None:
+            layout = _slots.declared_layout(slot_layout, kind)
+            family = layout.tf1
+        else:
+            family, renamed = _slots.find_family(slot_suffixes, kind, non_slot)
+            layout = renamed(_slots.layout_for(family, kind, opt))
         trainable = list(layer.trainable_variables)
         opt.build(trainable)
         names = {tf1_slot: _slots.slot_name(opt, kind, keras_slot)
@@ -303,7 +333,7 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
                 if target is None:
                     slot_problems.append(f"the {kind} optimizer has no slot {names[tf1_slot]!r} for {name!r}")
                     continue
-                value = reader.get_tensor(source)
+                value = tf2_value(renamer, key, reader.get_tensor(source))
                 if tuple(value.shape) != tuple(target.shape.as_list()):
                     slot_problems.append(f"slot {source!r} has shape {list(value.shape)} in the checkpoint; "
                                          f"tf-keras {keras_slot!r} of {name!r} has {target.shape.as_list()}")
@@ -336,14 +366,15 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
         notes += list(layout.notes)
         config = opt.get_config()
         keys = ("learning_rate", "beta_1", "beta_2", "epsilon", "momentum", "nesterov", "rho", "centered",
-                "initial_accumulator_value")
+                "initial_accumulator_value", "weight_decay")
         shown = [f"{k}={float(config[k]):.6g}" if isinstance(config[k], (float, np.floating)) else
                  f"{k}={config[k]}" for k in keys if k in config]
         notes.append(f"the {_optimizer_module(opt)}.{kind}'s hyperparameters (check them against the TF1 run's): "
                      + ", ".join(shown))
         if global_step is not None and family != "Adam":
             notes.append(f"iterations = global_step = {global_step}")
-    values = [(variable, reader.get_tensor(key)) for variable, key in model]  # every read before any assign
+    # every read before any assign; a declared transform gives the TF2 layout
+    values = [(variable, tf2_value(renamer, key, reader.get_tensor(key))) for variable, key in model]
     for variable, value in assignments + values:
         variable.assign(value)
     checkpoint = tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {}))
@@ -508,7 +539,7 @@ def _remove_folders(made: list) -> None:
 
 def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, inputs: Any,
                        output: str | os.PathLike, *, rename=None, optimizer=None,
-                       overwrite: bool = False) -> str:
+                       overwrite: bool = False, slot_layout=None) -> str:
     """Write a TF2 checkpoint ``tf.train.Checkpoint(model=layer, optimizer=optimizer)``
     from a TF1 name-based checkpoint.
 
@@ -525,9 +556,15 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
       optimizer: a tf-keras or Keras 3 optimizer (``Adam``, ``SGD``, ``RMSprop``,
         ``Adagrad``) or a zero-argument factory: its slots and ``iterations``
         are filled from the TF1 optimizer's (Adam, Momentum, RMSProp,
-        Adagrad, GradientDescent) and it is saved as ``optimizer``. Without
-        it only the model is written.
+        Adagrad, GradientDescent; under any optimizer name, read from the
+        slots' structure) and it is saved as ``optimizer``. Without it only
+        the model is written.
       overwrite: replace a checkpoint at ``output``.
+      slot_layout: an :class:`~equivtool.SlotLayout` declaring the TF1
+        optimizer's layout when it is not a TF1 optimizer's slots (BERT's
+        ``AdamWeightDecayOptimizer``: :data:`~equivtool.ADAM_WEIGHT_DECAY`,
+        ``<var>/adam_m`` and ``<var>/adam_v`` to an ``AdamW``'s or ``Adam``'s
+        m and v); its notes (how the updates differ) are in the conversion.
 
     Returns the prefix written; restore it with
     ``tf.train.Checkpoint(model=layer, optimizer=optimizer).restore(prefix)``
@@ -542,4 +579,4 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
     symlink there.
     """
     return convert(tf1_checkpoint, tf2_layer, inputs, output, rename=rename, optimizer=optimizer,
-                   overwrite=overwrite)[0].path
+                   overwrite=overwrite, slot_layout=slot_layout)[0].path

@@ -26,6 +26,7 @@ from equivtool.engine.registry import MODES, STEPS
 from equivtool.engine.sides.runners import checkpoint_exists
 from equivtool.report import StepResult
 from equivtool.variables import _make_renamer
+from equivtool.checkpoints._slots import SlotLayout
 from equivtool.checkpoints.mapping import aligned_weights, as_rename
 
 
@@ -171,6 +172,7 @@ class Options:
     aligned: str | None = None        # rename=VariableMapping: how both sides' weights are aligned
     noise_floor: bool = True          # multi-step training judged against a measured floor (engine.noise_floor)
     noise_floor_multiple: float = _noise_floor.DEFAULT_MULTIPLE
+    slot_layout: Any = None           # the resume step's declared TF1 optimizer layout (a SlotLayout)
 
     @property
     def want_gradients(self) -> bool:
@@ -182,7 +184,8 @@ class Options:
               graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
               workers=1, outputs=None, disable_arithmetic_optimization=None,
               strict_tolerances=False, noise_floor=True,
-              noise_floor_multiple=_noise_floor.DEFAULT_MULTIPLE, strict_intermediates=False) -> "Options":
+              noise_floor_multiple=_noise_floor.DEFAULT_MULTIPLE, strict_intermediates=False,
+              slot_layout=None) -> "Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
         if not callable(tf1_fn):
@@ -209,6 +212,9 @@ class Options:
         if not isinstance(strict_intermediates, bool) or (strict_intermediates and not localize):
             raise TypeError(f"strict_intermediates: expected True (with localize=True or 'all') or False, got "
                             f"{strict_intermediates!r}" + ("" if localize else " without localize"))
+        if slot_layout is not None and not isinstance(slot_layout, SlotLayout):
+            raise TypeError(f"slot_layout: expected an equivtool.SlotLayout (e.g. equivtool.ADAM_WEIGHT_DECAY), "
+                            f"got {type(slot_layout).__name__}")
         for name, flag in (("strict_tolerances", strict_tolerances), ("noise_floor", noise_floor)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected True or False, got {flag!r}")
@@ -223,7 +229,7 @@ class Options:
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, strict_intermediates=strict_intermediates, workers=int(workers),
                    outputs=output_patterns, strict_tolerances=strict_tolerances, aligned=aligned_weights(rename),
-                   noise_floor=noise_floor, noise_floor_multiple=multiple)
+                   noise_floor=noise_floor, noise_floor_multiple=multiple, slot_layout=slot_layout)
         if options.workers > 1:
             reason = in_process_reason(options)
             if reason is None:

@@ -10,6 +10,7 @@ A side's outcome is a tuple::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import tempfile
@@ -19,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping
 import tensorflow as tf
 
 from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
+from equivtool.checkpoints.mapping import fresh_layer_numbering
 from equivtool.comparison import Comparison, compare
 from equivtool.coverage import output_levels
 from equivtool.engine import output_filter
@@ -120,7 +122,9 @@ class Engine:
 
     def new_layer(self):
         if self.factory is not None:
-            layer = self.factory()
+            # A VariableMapping's rules name the layers as map_variables saw them.
+            with fresh_layer_numbering() if self.options.aligned else contextlib.nullcontext():
+                layer = self.factory()
             if not callable(layer):
                 raise TypeError(f"tf2_layer: the factory returned {type(layer).__name__}, expected a Keras layer")
             self.layer_names.add(getattr(layer, "name", None))

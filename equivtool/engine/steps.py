@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import numpy as np
 
 from equivtool.checkpoints._align import tf1_aligned, tf2_aligned
+from equivtool.checkpoints.mapping import MappingRenamer, renumbering_hint
 from equivtool.report import StepResult
 from equivtool._base.tree import dense_gradient, flatten_tensors
 from equivtool.engine.sides.tf1_graph import depends_on
@@ -189,16 +190,22 @@ def sparse_note(tf1_keys, tf2_keys, applied: bool = False) -> list:
     return [f"sparse gradients (tf.IndexedSlices, {sides}) for {len(keys)} variable(s) {keys[:5]}: {how}"]
 
 
-def _specs(keys, variables) -> dict:
-    return {key: (tuple(int(d) for d in v.shape), variable_dtype(v).name) for key, v in zip(keys, variables)}
+def _specs(keys, variables, renamer=None) -> dict:
+    """``{key: (shape, dtype)}``; a declared transform's variable in its TF1 shape."""
+    tf1_shape = renamer.tf1_shape if isinstance(renamer, MappingRenamer) else (lambda key, shape: shape)
+    return {key: (tuple(int(d) for d in tf1_shape(key, tuple(v.shape))), variable_dtype(v).name)
+            for key, v in zip(keys, variables)}
 
 
 class _FixedValues(collections.abc.Mapping):
     """Each variable's fixed value, computed when the side asks for it (a side
     assigning a chunk at a time holds one chunk, not a second copy of the model)."""
 
-    def __init__(self, keys, variables, prefix: str):
-        self._specs = {key: (v.shape, variable_dtype(v)) for key, v in zip(keys, variables)}
+    def __init__(self, keys, variables, prefix: str, renamer=None):
+        # A declared transform (rename=VariableMapping): the value in the TF1
+        # variable's shape; the side's assign_variables transforms it.
+        tf1_shape = renamer.tf1_shape if isinstance(renamer, MappingRenamer) else (lambda key, shape: shape)
+        self._specs = {key: (tf1_shape(key, tuple(v.shape)), variable_dtype(v)) for key, v in zip(keys, variables)}
         self._prefix = prefix
 
     def __getitem__(self, key: str) -> np.ndarray:
@@ -216,7 +223,7 @@ class _FixedValues(collections.abc.Mapping):
 
 
 def _assign_fixed(side, keys, variables, prefix: str = "") -> None:
-    side.assign_variables(_FixedValues(keys, variables, prefix))
+    side.assign_variables(_FixedValues(keys, variables, prefix, getattr(side, "renamer", None)))
 
 
 def _tf2_keys_and_variables(half) -> tuple:
@@ -274,8 +281,13 @@ def _parity_tf2(e: "Engine", _) -> dict:
     half.inference_pass()
     variables = layer_variables(half.layer)
     trainable = {id(v) for v in half.layer.trainable_variables}
-    return {"variables": VariableSet.from_variables(variables, "tf2"),
-            "keys": {variable_key(variable_name(v), half.side.renamer): id(v) in trainable for v in variables}}
+    found = VariableSet.from_variables(variables, "tf2")
+    renamer = half.side.renamer
+    if isinstance(renamer, MappingRenamer):  # a declared transform: compared in the TF1 layout
+        found = VariableSet(tuple(dataclasses.replace(i, shape=renamer.tf1_shape(renamer(i.name), i.shape))
+                                  for i in found), "tf2")
+    return {"variables": found,
+            "keys": {variable_key(variable_name(v), renamer): id(v) in trainable for v in variables}}
 
 
 def _parity_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
@@ -285,8 +297,10 @@ def _parity_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     # Every variable of either side is owed proof in the coverage ledger (trainable on either: a gradient).
     owed = {key: trainable or tf2["keys"].get(key, False) for key, trainable in tf1["keys"].items()}
     owed.update({key: trainable for key, trainable in tf2["keys"].items() if key not in owed})
+    # A VariableMapping's names missed because Keras numbered the layer otherwise: said first.
+    hint = None if result.ok else renumbering_hint(list(result.extra), e.options.renamer)
     return StepResult("parity", title("parity"), status, 0.0,
-                      message="" if result.ok else str(result),
+                      message="" if result.ok else (f"{hint}\n" if hint else "") + str(result),
                       data={"tf1_variables": len(expected), "tf2_variables": len(actual),
                             "trainable": len(expected.trainable),
                             "trainable_parameters": expected.num_trainable_parameters,
@@ -353,7 +367,8 @@ def _fixed_weights_tf2(e: "Engine", _) -> dict:
     with half.preserved():
         _assign_fixed(half.side, keys, variables)
         outputs, regularization = half.inference_now()
-    return {"outputs": outputs, "regularization": regularization, "specs": _specs(keys, variables)}
+    return {"outputs": outputs, "regularization": regularization,
+            "specs": _specs(keys, variables, half.side.renamer)}
 
 
 def _fixed_weights_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:

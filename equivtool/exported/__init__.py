@@ -16,8 +16,12 @@ recorder (:mod:`._old_python`). The public names are exported from
 
 from __future__ import annotations
 
-from equivtool.exported._compare import compare_models
-from equivtool.exported._load import load_side
-from equivtool.exported._sides import ModelLoadError
+from equivtool._base.lazy import lazy_exports
+
+# Imported on first use: the CLI registers its parsers from ._cli, and
+# `equivtool ... --help` must answer without NumPy or TensorFlow.
+_EXPORTS = {"compare_models": "_compare", "load_side": "_load", "ModelLoadError": "_sides"}
 
 __all__ = ["compare_models", "load_side", "ModelLoadError"]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -16,6 +16,7 @@ from equivtool._platform import execution as _execution
 from equivtool._platform import tf_internals as _tf_internals
 from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, to_numpy
 from equivtool.engine.sides import CAPABILITIES, Side
+from equivtool.checkpoints.mapping import tf1_value, tf2_value
 from equivtool.engine.sides.runners import default_loss, variable_key
 from equivtool.variables._flavour import layer_variables, variable_name
 
@@ -142,7 +143,8 @@ class TF2Side(Side):
             for v, g in zip(self.layer.trainable_variables, gradients):
                 if g is not None:
                     key = variable_key(variable_name(v), self.renamer)
-                    gradients_by_key[key], was_sparse = dense_gradient(g, v.shape)
+                    gradient, was_sparse = dense_gradient(g, v.shape)
+                    gradients_by_key[key] = tf1_value(self.renamer, key, gradient)
                     if was_sparse:
                         sparse.append(key)
             self.sparse_gradients = tuple(sparse)
@@ -158,13 +160,14 @@ class TF2Side(Side):
         return [variable_key(variable_name(v), self.renamer) for v in layer_variables(self.layer)]
 
     def read_variables(self) -> dict:
-        return {variable_key(variable_name(v), self.renamer): v.numpy() for v in layer_variables(self.layer)}
+        return {key: tf1_value(self.renamer, key, v.numpy())
+                for key, v in ((variable_key(variable_name(v), self.renamer), v) for v in layer_variables(self.layer))}
 
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
         for variable in layer_variables(self.layer):
             key = variable_key(variable_name(variable), self.renamer)
             if key in values_by_key:
-                variable.assign(values_by_key[key])
+                variable.assign(tf2_value(self.renamer, key, values_by_key[key]))
 
     def make_optimizer(self, factory: Callable):
         """``factory()`` (under the strategy's scope), with its slot variables
@@ -183,7 +186,7 @@ class TF2Side(Side):
             key = variable_key(variable_name(variable), self.renamer)
             name = names.get(key, key)
             if reader.has_tensor(name):
-                variable.assign(reader.get_tensor(name))
+                variable.assign(tf2_value(self.renamer, key, reader.get_tensor(name)))
                 loaded += 1
             else:
                 absent.append(name)
