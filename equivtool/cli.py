@@ -573,7 +573,6 @@ def _main(argv=None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: 2 on bad usage, 0 on --help
         return int(exc.code or 0)
-    quiet_command()
     try:
         # Help and argparse's usage errors above answer without TensorFlow; a
         # command that checks more of its arguments first starts it itself.
