@@ -35,9 +35,10 @@ def report_shape(text: str) -> dict:
     """What a report's text says that does not vary between runs."""
     lines = text.splitlines()
     start = lines.index("Equivalence report")
-    header = [re.findall(r"(?:^|\s)([a-z_ ]+?): ", line)[0].strip() for line in lines[start + 1:]
-              if line.startswith("  ")]
     rule = next(i for i, line in enumerate(lines) if line.startswith("-----"))
+    # the header's fields: its lines up to the table (a wrapped line goes on indented deeper)
+    header = [re.findall(r"(?:^|\s)([a-z_ ]+?): ", line)[0].strip() for line in lines[start + 1:rule - 1]
+              if line.startswith("  ") and not line.startswith("   ")]
     end = next(i for i, line in enumerate(lines) if line.startswith("Verdict:"))
     steps = [tuple(line.split()[:2]) for line in lines[rule + 1:end] if line]
     verdict = [line for line in lines if line.startswith("Verdict:")]

@@ -30,8 +30,18 @@ def api_markdown() -> str:
     for module in sorted(by_module):
         parts.append(f"## `equivtool.{module}`\n")
         for name in by_module[module]:
-            parts.append(f"::: equivtool.{module}.{name}\n")
+            parts.append(f"::: equivtool.{_defining(module, name)}.{name}\n")
     return "\n".join(parts)
+
+
+def _defining(module: str, name: str) -> str:
+    """Where ``name`` is defined: ``module``, or, for a package that is itself a lazy
+    facade (its own ``_EXPORTS``, read without importing what it names), the
+    module that table names, so the reference reads the code without running it."""
+    import importlib
+    package = importlib.import_module(f"equivtool.{module}")
+    inner = getattr(package, "_EXPORTS", {}).get(name) if hasattr(package, "__path__") else None
+    return f"{module}.{inner}" if inner else module
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
