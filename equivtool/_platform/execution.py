@@ -46,7 +46,7 @@ GRAPH_REWRITES = ("as_written", "tensorflow_default")
 
 #: Grappler passes that can change a float result, and how. Each is off under
 #: ``"as_written"``, in the TF1 session and in the TF2 side's function graphs.
-#: (Measured on the zoo: see the README's "What each side executes".)
+#: (Measured on the zoo: see docs/graph-rewrites.md.)
 NUMERIC_PASSES: dict[str, str] = {
     "remapping": "fuses Conv2D/MatMul + BiasAdd + FusedBatchNorm + activation into one oneDNN kernel "
                  "(_FusedConv2D, _FusedMatMul, _FusedBatchNormEx) whose rounding depends on the CPU",

@@ -114,7 +114,7 @@ def fixed_value(name: str, shape, dtype) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 def primary_output(outputs):
-    """The output the default loss is built from (one rule, also in the README and
+    """The output the default loss is built from (one rule, also in docs/verdict.md and
     ``check_equivalence``'s docstring): a tensor itself; of a tuple or list, the
     first element (slim's ``(logits, end_points)``); of a dict, the last entry in
     insertion order (end points are in forward order, so the last is the head);
