@@ -211,7 +211,8 @@ class Coverage:
         return "coverage: " + ("; ".join(parts) if parts else "no step that proves outputs or variables ran")
 
     def lines(self) -> list:
-        """The text report's ledger: the summary, what is owed, what was out of scope."""
+        """The text report's ledger: the summary and what is owed (what was out of
+        scope is in the verdict line, :attr:`not_in_scope`)."""
         lines = [self.summary()]
         owed = self.unproven_text()
         if owed:
@@ -219,9 +220,6 @@ class Coverage:
         below = [leaf for leaf, s in self.outputs.items() if s["above_atol"] and s["below_atol"]]
         if below:
             lines.append(f"below atol in some steps (proven in others): {_listed(below)}")
-        missing = self.not_in_scope
-        if missing:
-            lines.append("not covered by the steps run: " + ", ".join(missing))
         return lines
 
     def rows(self) -> list:

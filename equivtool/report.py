@@ -632,7 +632,8 @@ def _coverage_html(coverage: Optional[Coverage]) -> str:
     """The ledger: its summary lines, then a row per variable and output leaf."""
     if coverage is None:
         return ""
-    lines = "".join(f"<p>{_e(line)}</p>" for line in coverage.lines())
+    scope = ["not covered by the steps run: " + ", ".join(coverage.not_in_scope)] if coverage.not_in_scope else []
+    lines = "".join(f"<p>{_e(line)}</p>" for line in coverage.lines() + scope)
     rows = "".join(f"<tr><td>{_e(kind)}</td><td><code>{_e(name)}</code></td><td>{_e(proved)}</td></tr>"
                    for kind, name, proved in coverage.rows())
     return (f'<h2 id="coverage">Coverage</h2>{lines}<details><summary>ledger: what proved each variable '

@@ -135,6 +135,7 @@ def test_a_partial_selection_names_what_it_did_not_cover():
     report = check(steps=["parity", "fixed_weights"], tolerance=RTOL_FOR_SMALL)
     assert report.passed, str(report)
     assert report.verdict.endswith("not covered by the steps run: variable values after training, gradients")
+    assert str(report).count("not covered by the steps run") == 1  # said once, in the verdict line
 
 
 def test_the_ledger_round_trips_through_json_and_is_in_the_html(tmp_path):
