@@ -99,6 +99,12 @@ def _summary(exc: BaseException) -> str:
     return text[0] if text else ""
 
 
+def short(exc: BaseException, limit: int = 300) -> str:
+    """``exc``'s message on one line (white space folded), at most ``limit`` characters."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def one_line(exc: BaseException) -> str:
     """``"Name: first line of the message (at path:line in function)"``."""
     summary = _summary(exc)

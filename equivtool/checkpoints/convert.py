@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool._base import scratch
+from equivtool._base.errors import short
 from equivtool.checkpoints import _slots
 from equivtool.checkpoints.mapping import (MappingRenamer, as_rename, check_inputs, fresh_layer_numbering,
                                            make_layer, renumbering_hint, tf2_value)
@@ -83,11 +84,6 @@ class Conversion:
         return "\n".join(lines)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 class _Reader:
     """A checkpoint reader whose read errors (a data file missing, truncated, or
     failing its checksum) are one-line ``ValueError``s naming the key."""
@@ -106,7 +102,7 @@ class _Reader:
             return self._reader.get_tensor(key)
         except (tf.errors.OpError, ValueError, IndexError) as exc:  # IndexError: a data file cut short
             raise ValueError(f"tf1_checkpoint: {self._path!r}: {key!r} cannot be read (a data file missing, "
-                             f"truncated or corrupt?): {_one_line(exc)}") from None
+                             f"truncated or corrupt?): {short(exc)}") from None
 
 
 def _scalar(name: str, value) -> np.ndarray:
@@ -240,7 +236,7 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
     try:
         reader = _Reader(tf.train.load_checkpoint(path), path)
     except (tf.errors.OpError, ValueError) as exc:
-        raise ValueError(f"tf1_checkpoint: {path!r} cannot be read: {_one_line(exc)}") from None
+        raise ValueError(f"tf1_checkpoint: {path!r} cannot be read: {short(exc)}") from None
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     if "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes:
         raise ValueError(f"tf1_checkpoint: {path!r} is a TF2 object-based checkpoint; expected a TF1 "
@@ -524,7 +520,7 @@ def _make_folders(folder: str) -> list:
             os.mkdir(new_folder)
     except OSError as exc:
         _remove_folders(made)
-        raise ValueError(f"output: cannot create folder {folder!r}: {_one_line(exc)}") from None
+        raise ValueError(f"output: cannot create folder {folder!r}: {short(exc)}") from None
     return made
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+from equivtool._base.errors import short  # noqa: F401 - the exported modules' one-line form
+
+__all__ = ["ModelLoadError", "short"]
+
 
 class ModelLoadError(ValueError):
     """A path, model, signature or input that cannot be used: one line (exit code 2)."""
-
-
-def short(exc: BaseException, limit: int = 300) -> str:
-    """``exc``'s message on one line, at most ``limit`` characters."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."
