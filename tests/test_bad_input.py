@@ -20,7 +20,7 @@ import pytest
 
 import equivtool
 from equivtool import cli
-from equivtool._base.cli_inputs import InputError, cli_inputs, parse_input
+from equivtool._base.inputs import InputError, inputs_from_options, parse_input
 from equivtool.exported import _recorder
 from equivtool.exported._record import RecordSide
 from equivtool.exported._sides import ModelLoadError, Side, TensorInfo
@@ -352,7 +352,7 @@ def test_check_input_range_on_the_command_line_is_one_line_and_exit_2(capsys):
 
 
 def test_check_input_integers_include_hi_floats_exclude_it():
-    inputs, _ = cli_inputs(None, None, ["i:400:int8:126,127", "u:400:uint64:0,18446744073709551615",
+    inputs, _ = inputs_from_options(None, None, ["i:400:int8:126,127", "u:400:uint64:0,18446744073709551615",
                                         "f:4000:float16:0,1", "b:400:bool", "d:400:int32"], 0, 4000)
     assert set(inputs["i"].tolist()) == {126, 127}  # HI drawn, nothing wrapped
     assert inputs["u"].dtype == np.uint64 and inputs["u"].max() > 2 ** 63

@@ -9,7 +9,9 @@ import textwrap
 import pytest
 
 from equivtool import cli
-from equivtool.cli import audit_main
+import equivtool.cli.common  # noqa: F401  (patched below)
+import equivtool.cli.doctor  # noqa: F401  (patched below)
+from equivtool.cli.audit import audit_main
 from determinism_support import no_global_seed  # noqa: F401  (fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -250,7 +252,7 @@ def test_unwritable_report_folder_is_refused_before_the_run(tmp_path, capsys, mo
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(cli.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cli.common.tempfile, "mkstemp", refuse)
     monkeypatch.chdir(TESTS)
     code = cli.main(["check", "small_models:slim_net", "small_models:SlimNetShim", "--input-shape", "2,8,8,3",
                      "--json", str(tmp_path / "r.json")])
@@ -347,12 +349,12 @@ def test_doctor_exits_one_when_the_op_library_is_missing_stale_or_unusable(libra
 
 
 def test_doctor_checks_are_a_list_that_one_line_extends(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "DOCTOR_CHECKS", [("planted", lambda: (False, "planted problem")),
+    monkeypatch.setattr(cli.doctor, "DOCTOR_CHECKS", [("planted", lambda: (False, "planted problem")),
                                                ("fine", lambda: (True, "ok"))])
     assert cli.main(["doctor"]) == 1
     out = capsys.readouterr().out
     assert "  planted         planted problem" in out and "  - planted: planted problem" in out
-    monkeypatch.setattr(cli, "DOCTOR_CHECKS", [("fine", lambda: (True, "ok"))])
+    monkeypatch.setattr(cli.doctor, "DOCTOR_CHECKS", [("fine", lambda: (True, "ok"))])
     assert cli.main(["doctor"]) == 0
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from equivtool import cli
-from equivtool._base.cli_inputs import InputError, cli_inputs, load_npz, parse_input
+from equivtool._base.inputs import InputError, inputs_from_options, load_npz, parse_input
 
 ENCODER = ["check", "published_models:encoder", "published_models:EncoderShim", "--tf-function"]
 
@@ -18,7 +18,7 @@ def _in_tests_dir(monkeypatch):
 
 
 def test_input_specs_give_a_dict_with_integer_ranges():
-    inputs, described = cli_inputs(None, None, ["ids:2,5:int32:3,7", "mask:2,5:bool", "x:3:float16:-1,1"], 0, 100)
+    inputs, described = inputs_from_options(None, None, ["ids:2,5:int32:3,7", "mask:2,5:bool", "x:3:float16:-1,1"], 0, 100)
     assert set(inputs) == {"ids", "mask", "x"}
     assert inputs["ids"].dtype == np.int32 and inputs["ids"].shape == (2, 5)
     assert inputs["ids"].min() >= 3 and inputs["ids"].max() <= 7  # integers: HI included
@@ -41,9 +41,9 @@ def test_bad_input_specs_name_the_option_and_the_form(spec, words):
 
 def test_exactly_one_inputs_option():
     with pytest.raises(InputError, match="exactly one of --input-shape"):
-        cli_inputs("1,2", None, ["a:1:int32"], 0, 100)
+        inputs_from_options("1,2", None, ["a:1:int32"], 0, 100)
     with pytest.raises(InputError, match="got none"):
-        cli_inputs(None, None, None, 0, 100)
+        inputs_from_options(None, None, None, 0, 100)
 
 
 def test_npz_numbered_keys_give_a_list_other_keys_a_dict(tmp_path):

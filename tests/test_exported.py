@@ -13,7 +13,7 @@ import pytest
 
 import equivtool
 from equivtool import cli
-from equivtool.exported import _cli, _recorder
+from equivtool.exported import _record, _recorder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -274,7 +274,7 @@ def test_side_capabilities_refuse_training(models):
         assert engine_sides.refusal(type(side), [engine_sides.FORWARD, engine_sides.INTERMEDIATES]) is None
         assert "forward pass only" in engine_sides.refusal(type(side), [engine_sides.TRAINING])
         assert [str(t) for t in side.inputs] == ["images: float32 (?, 8, 8, 3)"]
-    assert _cli.recorder_source().startswith("# equivtool golden-record writer")
+    assert _record.recorder_source().startswith("# equivtool golden-record writer")
 
 
 @pytest.mark.parametrize("kind", ["tf1", "tf2"])

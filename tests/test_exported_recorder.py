@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from equivtool.exported._cli import recorder_source
+from equivtool.exported._record import recorder_source
 
 API_LIST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tf115_api_symbols.txt")
 # module attributes every TensorFlow release has that API golden files do not list

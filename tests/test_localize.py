@@ -335,7 +335,7 @@ def test_failed_step_without_localization_says_how_to_rerun_it():
 
 
 def test_cli_prints_the_localized_command():
-    from equivtool.cli import localize_command
+    from equivtool.cli.check import localize_command
     from equivtool.report import EquivalenceReport, StepResult
     steps = (StepResult("fixed_weights", "t", "failed", 0.0), StepResult("random/num_random_ops/training", "t",
                                                                         "failed", 0.0),

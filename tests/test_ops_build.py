@@ -347,17 +347,17 @@ def test_doctor_prints_the_ops_cuda_line():
     if not ops.op_status()["cuda"]:
         pytest.skip("this op library was built without CUDA (no nvcc here): no CUDA line")
     from equivtool import cli
-    from equivtool._platform import doctor
-    assert ("xent op CUDA", doctor.doctor_xent_cuda) in cli.DOCTOR_CHECKS
+    from equivtool.cli import doctor
+    assert ("xent op CUDA", doctor.doctor_xent_cuda) in doctor.DOCTOR_CHECKS
     ok, text = doctor.doctor_xent_cuda()
     assert ok and text.startswith("CUDA ") and "SASS sm_80" in text
 
 
 def test_doctor_says_where_the_gpu_kernels_come_from(monkeypatch, tmp_path):
     from equivtool import cli
-    from equivtool._platform import doctor
+    from equivtool.cli import doctor
     from equivtool.ops import _gpu
-    assert ("xent op GPU", doctor.doctor_xent_gpu) in cli.DOCTOR_CHECKS
+    assert ("xent op GPU", doctor.doctor_xent_gpu) in doctor.DOCTOR_CHECKS
     ok, text = doctor.doctor_xent_gpu()
     assert ok
     if ops.op_status()["cuda"]:

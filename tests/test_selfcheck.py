@@ -1,4 +1,4 @@
-"""equivtool doctor's live check (equivtool._platform.selfcheck): passes here, fails on each planted fault."""
+"""equivtool doctor's live check (equivtool.cli.selfcheck): passes here, fails on each planted fault."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from equivtool import cli, ops, seeding
-from equivtool._platform import selfcheck as _selfcheck
+from equivtool.cli import selfcheck as _selfcheck
 
 
 def test_both_checks_pass_on_this_tensorflow():

@@ -27,8 +27,9 @@ import pytest
 
 import equivtool
 from equivtool import cli
+import equivtool.cli.doctor  # noqa: F401  (patched below)
 from equivtool._platform import tf1_python
-from equivtool.exported import _cli, _old_python
+from equivtool.exported import _old_python, _record
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL_SCRIPT = os.path.join(HERE, "tf1_contrib_model.py")
@@ -151,14 +152,14 @@ def test_tf1_env_reuses_a_complete_environment_without_installing(tf1, tmp_path,
 
 
 def test_doctor_checks_a_tf1_interpreter(tf1, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "DOCTOR_CHECKS", [])
+    monkeypatch.setattr(cli.doctor, "DOCTOR_CHECKS", [])
     assert cli.main(["doctor", "--tf1-python", tf1.path]) == 0
     out = capsys.readouterr().out
     assert f"Python {tf1.python}" in out and "1.15.0 (CPU build)" in out and "tf1 contrib     importable" in out
 
 
 def test_doctor_fails_an_interpreter_without_tensorflow_1(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "DOCTOR_CHECKS", [])
+    monkeypatch.setattr(cli.doctor, "DOCTOR_CHECKS", [])
     assert cli.main(["doctor", "--tf1-python", sys.executable]) == 1  # TensorFlow 2.x here
     out = capsys.readouterr().out
     assert "is not TensorFlow 1.x" in out and "Problems:" in out
@@ -251,7 +252,7 @@ def test_contrib_ops_registered_lazily_load_in_the_old_interpreter(tf1, tmp_path
     registration planted away fails with TensorFlow's "Op type not registered"."""
     model = str(tmp_path / "resampler")
     _run_there(tf1.path, MODEL_SCRIPT, model, "--resampler")
-    source = _cli.recorder_source()
+    source = _record.recorder_source()
     planted = source.replace("    version = tf.__version__\n", "    version = 'planted'\n")
     assert planted != source
     for name, text, code in (("real", source, 0), ("planted", planted, 2)):

@@ -99,10 +99,10 @@ def _summary(exc: BaseException) -> str:
     return text[0] if text else ""
 
 
-def short(exc: BaseException, limit: int = 300) -> str:
-    """``exc``'s message on one line (white space folded), at most ``limit`` characters."""
+def short(exc: BaseException | str, limit: Optional[int] = 300) -> str:
+    """``exc``'s message on one line (white space folded), at most ``limit`` characters (None: all)."""
     text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."
+    return text if limit is None or len(text) <= limit else text[:limit] + "..."
 
 
 def one_line(exc: BaseException) -> str:

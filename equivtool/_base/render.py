@@ -14,18 +14,24 @@ import json
 import math
 import os
 import tempfile
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from equivtool.comparison._results import LeafComparison, _fmt_err
+if TYPE_CHECKING:  # for annotations only: comparison sits above _base
+    from equivtool.comparison import LeafComparison
+
 
 __all__ = ["CSS", "STATUS_TEXT", "escape", "json_safe", "shorten", "fmt_err", "text_table", "fixed_row",
            "status_cell", "leaf_rows", "error_plot_png", "matplotlib_figure", "write_text_atomic", "json_text"]
 
 STATUS_TEXT = {"passed": "passed", "failed": "FAILED", "inconclusive": "INCONCLUSIVE", "error": "ERROR",
                "skipped": "skipped"}
-fmt_err = _fmt_err
+
+
+def fmt_err(x: float) -> str:
+    """A difference as the reports print it: three significant digits, "n/a" for NaN."""
+    return "n/a" if math.isnan(x) else f"{x:.3g}"
 
 
 # ---------------------------------------------------------------------------
@@ -229,8 +235,8 @@ def leaf_rows(leaves: Sequence[LeafComparison]) -> str:
             f"<td>{escape(shape)}</td><td>{escape(dtype)}</td>"
             f'<td class="num">{escape(compared)}</td>'
             f'<td class="num">{escape(mismatched)}</td>'
-            f'<td class="num">{escape(_fmt_err(leaf.max_abs))}</td>'
-            f'<td class="num">{escape(_fmt_err(leaf.max_rel))}</td>'
+            f'<td class="num">{escape(fmt_err(leaf.max_abs))}</td>'
+            f'<td class="num">{escape(fmt_err(leaf.max_rel))}</td>'
             f"<td>{escape(leaf.first_mismatch_str)}</td><td>{escape(leaf.tolerance)}</td>"
             f"<td>{'<br>'.join(escape(line) for line in leaf.advice_lines())}</td>"
             f"<td>{escape(note)}</td>"

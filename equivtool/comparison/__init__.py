@@ -67,9 +67,9 @@ import numpy as np
 
 from equivtool.comparison._advice import tolerance_advice
 from equivtool.comparison._results import Comparison, LeafComparison
-from equivtool.comparison._tolerance import (_COMPLEX, _EXACT, _FLOAT, _OTHER, Index, Tolerance, ToleranceSpec,
-                                  _close_mask, _common_kind, _compared, _kind, _max_errors,
-                                  _nothing_compared, _resolve, _scalar, _validate_spec, resolve_tolerance,
+from equivtool.comparison.tolerance import (COMPLEX, EXACT, FLOAT, OTHER, Index, Tolerance, ToleranceSpec,
+                                  close_mask, common_kind, count_compared, value_kind, max_errors,
+                                  why_nothing_compared, resolve_with_key, scalar_at, validate_spec, resolve_tolerance,
                                   unmatched_keys)
 from equivtool._base.tree import is_namedtuple as _is_namedtuple
 
@@ -129,7 +129,7 @@ class _Walker:
         full = self.name(path)
         relative = "/".join(path)
         names = (full, relative) if relative and relative != full else (full,)
-        tol, key = _resolve(self.spec, names)
+        tol, key = resolve_with_key(self.spec, names)
         if key is not None:
             self.used_keys.add(key)
         return tol
@@ -225,18 +225,18 @@ class _Walker:
         except Exception as exc:  # noqa: BLE001 - reported, never raised
             return self.structure_leaf(path, expected, actual, f"cannot convert to an array: {exc}")
         weak = type(expected) in (bool, int, float, complex) or type(actual) in (bool, int, float, complex)
-        e_kind, a_kind = _kind(e.dtype), _kind(a.dtype)
-        kind = _common_kind(e_kind, a_kind)
+        e_kind, a_kind = value_kind(e.dtype), value_kind(a.dtype)
+        kind = common_kind(e_kind, a_kind)
         shape_mismatch = e.shape != a.shape
         dtype_mismatch = e.dtype != a.dtype and not weak
         notes: list[str] = []
-        tol = Tolerance.exact() if kind in (_EXACT, _OTHER) else requested
-        if kind in (_EXACT, _OTHER) and requested.allow_nonfinite:
+        tol = Tolerance.exact() if kind in (EXACT, OTHER) else requested
+        if kind in (EXACT, OTHER) and requested.allow_nonfinite:
             tol = Tolerance(0.0, 0.0, allow_nonfinite=True)
-        if kind in (_EXACT, _OTHER) and not requested.is_exact:
+        if kind in (EXACT, OTHER) and not requested.is_exact:
             notes.append("compared exactly (integer, bool, string or object values)")
         if dtype_mismatch:
-            how = {_FLOAT: "as float64", _COMPLEX: "as complex128"}.get(kind, "exactly")
+            how = {FLOAT: "as float64", COMPLEX: "as complex128"}.get(kind, "exactly")
             verdict = "fails the leaf" if self.check_dtype else "ignored (check_dtype=False)"
             notes.append(f"dtypes differ ({e.dtype} vs {a.dtype}), values compared {how}; {verdict}")
         base = dict(
@@ -254,23 +254,23 @@ class _Walker:
                             f"compared with actual reshaped to {e.shape}")
             a = a.reshape(e.shape)
         try:
-            close, stats = _close_mask(e, a, tol, kind)
+            close, stats = close_mask(e, a, tol, kind)
         except (TypeError, ValueError) as exc:
             notes.append(f"values could not be compared: {exc}")
             return LeafComparison(ok=False, size=int(e.size), values_compared=False,
                                   note="; ".join(notes), **base)
         mismatched = int(close.size - np.count_nonzero(close))
-        max_abs, max_rel = _max_errors(stats)
+        max_abs, max_rel = max_errors(stats)
         first = first_e = first_a = None
         if mismatched:
             flat = int(np.argmin(close.reshape(-1)))  # first False in C order
             first = tuple(int(i) for i in np.unravel_index(flat, close.shape))
-            first_e, first_a = _scalar(e, first, kind), _scalar(a, first, kind)
+            first_e, first_a = scalar_at(e, first, kind), scalar_at(a, first, kind)
         ok = mismatched == 0 and not shape_mismatch and not (dtype_mismatch and self.check_dtype)
-        compared = _compared(close, stats, tol)
-        reason = _nothing_compared(e) if ok and compared == 0 else ""
+        compared = count_compared(close, stats, tol)
+        reason = why_nothing_compared(e) if ok and compared == 0 else ""
         advice = None
-        if mismatched and stats is not None and kind in (_FLOAT, _COMPLEX):
+        if mismatched and stats is not None and kind in (FLOAT, COMPLEX):
             advice = tolerance_advice(e, a, stats["diff"], stats["abs_e"], stats["finite"], tol.rtol, tol.atol,
                                       stats["nan"] + stats["inf"])
         return LeafComparison(
@@ -291,11 +291,11 @@ def _below_atol(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> bool
     ``|actual - expected| <= atol`` holds almost whatever the two sides compute,
     so the leaf could not have shown a difference. Matching non-finite values
     (compared under ``allow_nonfinite``) could have differed: not below."""
-    if kind not in (_FLOAT, _COMPLEX) or not tol.atol > 0:
+    if kind not in (FLOAT, COMPLEX) or not tol.atol > 0:
         return False
     largest = 0.0
     for side in (e, a):
-        values = np.abs(side.astype(np.complex128 if kind == _COMPLEX else np.float64))
+        values = np.abs(side.astype(np.complex128 if kind == COMPLEX else np.float64))
         finite = np.isfinite(values)
         if not finite.all():
             return False
@@ -323,7 +323,7 @@ def compare(
     :data:`ToleranceSpec` (see :func:`resolve_tolerance`). See the module
     docstring for the rules on dtypes, shapes, NaN and infinity.
     """
-    _validate_spec(tol)
+    validate_spec(tol)
     walker = _Walker(tol, name, check_dtype)
     walker.walk(expected, actual, ())
     unmatched: tuple[str, ...] = ()

@@ -8,16 +8,13 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
 from equivtool.comparison._advice import ToleranceAdvice
-from equivtool.comparison._tolerance import Index, Tolerance
+from equivtool.comparison.tolerance import Index, Tolerance
+from equivtool._base.render import fmt_err
 
 __all__ = ["LeafComparison", "Comparison"]
 
 _NONFINITE_HINT = ("no finite value was compared; if this output is legitimately non-finite "
                    "(a -inf mask), give it Tolerance(allow_nonfinite=True)")
-
-
-def _fmt_err(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{x:.3g}"
 
 
 def _fmt_value(x: Any) -> str:
@@ -142,7 +139,7 @@ class LeafComparison:
     def __str__(self) -> str:
         if self.ok:
             line = (f"{self._header()}; {self._shape_line()}; {self.compared_str}; "
-                    f"max abs diff {_fmt_err(self.max_abs)}")
+                    f"max abs diff {fmt_err(self.max_abs)}")
             return line + (f"; {self.note}" if self.note else "")
         lines = [self._header(), "  " + self._shape_line()]
         if self.inconclusive:
@@ -155,8 +152,8 @@ class LeafComparison:
             lines.append(f"  Mismatched elements: {self.mismatched} / {self.size} ({percent:.3g}%)")
             where = " (where both sides are finite)" if self.nan_mismatch or self.inf_mismatch else ""
             if not math.isnan(self.max_abs):
-                lines.append(f"  Max absolute difference{where}: {_fmt_err(self.max_abs)}")
-                lines.append(f"  Max relative difference{where}: {_fmt_err(self.max_rel)}")
+                lines.append(f"  Max absolute difference{where}: {fmt_err(self.max_abs)}")
+                lines.append(f"  Max relative difference{where}: {fmt_err(self.max_rel)}")
             if self.first_mismatch is not None:
                 lines.append(
                     f"  First mismatch at {_fmt_index(self.first_mismatch)}: "
@@ -187,8 +184,8 @@ class LeafComparison:
         if self.shape_mismatch or (self.dtype_mismatch and not self.ok):
             lines[0] += "; the shapes or dtypes must match too"
         ulp = "" if math.isnan(adv.max_ulp) else f"; largest distance {adv.max_ulp:.0f} ULP ({adv.ulp_dtype})"
-        lines.append(f"|actual - expected| where finite: median {_fmt_err(adv.median)}, "
-                     f"p99 {_fmt_err(adv.p99)}, max {_fmt_err(adv.max)}{ulp}")
+        lines.append(f"|actual - expected| where finite: median {fmt_err(adv.median)}, "
+                     f"p99 {fmt_err(adv.p99)}, max {fmt_err(adv.max)}{ulp}")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -334,7 +331,7 @@ class Comparison:
         n = len(self.leaves)
         status = self.status
         if status == "passed":
-            line = f"{label}: all {n} leaves close; max abs diff {_fmt_err(self.max_abs)}"
+            line = f"{label}: all {n} leaves close; max abs diff {fmt_err(self.max_abs)}"
         elif status == "inconclusive":
             pending = self.inconclusive_leaves
             if not pending:
@@ -346,7 +343,7 @@ class Comparison:
             first = self.first_failure
             line = (
                 f"{label}: {len(self.failures)} of {n} leaves differ; "
-                f"max abs diff {_fmt_err(self.max_abs)}; first divergence: {first.name!r}"
+                f"max abs diff {fmt_err(self.max_abs)}; first divergence: {first.name!r}"
             )
         if self.unmatched_tolerance_keys:
             keys = ", ".join(repr(k) for k in self.unmatched_tolerance_keys)

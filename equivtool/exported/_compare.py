@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from equivtool._base import scratch
-from equivtool._base.cli_tolerances import tolerance_spec
+from equivtool.comparison.tolerance import tolerance_spec
 from equivtool.comparison import compare, unmatched_keys
 from equivtool.engine import signals as _signals
 from equivtool.exported import _recorder
@@ -101,7 +101,7 @@ def parse_val_ranges(value) -> dict:
 
 def parse_tolerances(atol, rtol) -> dict:
     """``--atol [OUT:]V`` / ``--rtol [OUT:]V`` -> a tolerance spec (see
-    :func:`equivtool._base.cli_tolerances.tolerance_spec`); a bad value is a
+    :func:`equivtool.comparison.tolerance.tolerance_spec`); a bad value is a
     :class:`ModelLoadError` (exit 2)."""
     try:
         return tolerance_spec(atol, rtol)
@@ -255,7 +255,7 @@ def _check_inputs_option(inputs, data_loader, input_shapes, val_range) -> None:
 def _check_generated(old: Side, shapes: Mapping, ranges: Mapping) -> None:
     """Generated inputs that fit in memory, with ranges their dtypes hold, checked
     before anything is allocated (a static shape may ask for tens of GiB)."""
-    from equivtool._base.cli_inputs import InputError, check_range
+    from equivtool._base.inputs import InputError, check_range
     for spec in old.inputs:
         shape, _ = _recorder.input_shape(spec.as_dict(), shapes)
         if shape is None or spec.dtype == "string":

@@ -18,7 +18,7 @@ import time
 import equivtool  # noqa: F401  (must come before tensorflow)
 import numpy as np
 
-from equivtool._base.progress import print_progress, write_reports
+from equivtool.cli.progress import print_progress, write_reports
 from .keras_shim import make_shim, tf1_forward
 
 MIN_IMAGE_SIZE = 107

@@ -155,7 +155,7 @@ def run(batch_size: int = BATCH_SIZE, train_steps: int = TRAIN_STEPS, seed: int 
 
 
 def main(argv=None) -> int:
-    from equivtool._base.progress import print_progress
+    from equivtool.cli.progress import print_progress
 
     parser = argparse.ArgumentParser(prog="python -m examples.mnist_convnet.train_parity",
                                      description=__doc__.split("\n\n")[0])

@@ -1,14 +1,17 @@
-"""``equivtool doctor``'s checks: a list of small functions, each returning ``(ok, text)``.
+"""``equivtool doctor [--tf1-python PATH]``: a list of small checks, each returning ``(ok, text)``.
 
 Each check imports what it reads when it runs, so importing this module (and
-the command line, which lists them) has no side effect; ``equivtool.cli``
-prints their lines and sets the exit code.
+the command line, which lists them) has no side effect; :func:`run` prints
+their lines and sets the exit code (1 when one found a problem).
 """
 
 from __future__ import annotations
 
 import functools
+import platform
 from typing import Callable
+
+from equivtool.cli.common import EXIT_DIFFERENT, EXIT_OK
 
 
 @functools.lru_cache(maxsize=1)
@@ -126,9 +129,9 @@ def doctor_xent_gpu() -> tuple[bool, str]:
 
 
 def _live_check(name: str) -> Callable[[], tuple[bool, str]]:
-    """A live check of equivtool._platform.selfcheck (the real code path, run tiny here)."""
+    """A live check of equivtool.cli.selfcheck (the real code path, run tiny here)."""
     def check() -> tuple[bool, str]:
-        from equivtool._platform import selfcheck as _selfcheck
+        from equivtool.cli import selfcheck as _selfcheck
         result = getattr(_selfcheck, name)()
         return result.ok, ("ok: " if result.ok else "FAILS: ") + result.detail
     return check
@@ -199,3 +202,34 @@ def _tf1_probe(python: str):
 def clear_cache() -> None:
     """Forget the versions read by an earlier run (each ``equivtool doctor`` reads them afresh)."""
     _versions.cache_clear()
+
+
+def run(args) -> int:
+    clear_cache()
+    problems = []
+    print(f"equivtool doctor (Python {platform.python_version()}, {platform.machine()})")
+    checks = list(DOCTOR_CHECKS)
+    if getattr(args, "tf1_python", None) is not None:
+        checks += tf1_python_checks(args.tf1_python)
+    for label, check in checks:
+        try:
+            ok, text = check()
+        except Exception as exc:  # noqa: BLE001 - report, don't crash: this is the diagnostic command
+            ok, text = False, f"check failed: {type(exc).__name__}: {exc}"
+        print(f"  {label:<15} {text}")
+        if not ok:
+            problems.append(f"{label}: {text}")
+    if problems:
+        print("\nProblems:")
+        for problem in problems:
+            print(f"  - {problem}")
+        return EXIT_DIFFERENT
+    print("\nThe environment can run equivtool.")
+    return EXIT_OK
+
+
+def add_parser(subparsers) -> None:
+    doctor = subparsers.add_parser("doctor", help="check that this environment can run equivtool")
+    doctor.add_argument("--tf1-python", default=None, metavar="PATH",
+                        help="also check an old interpreter: its Python, TensorFlow 1.x and tf.contrib")
+    doctor.set_defaults(run=run)

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["Tolerance", "ToleranceSpec", "resolve_tolerance"]
+__all__ = ["Tolerance", "ToleranceSpec", "resolve_tolerance", "tolerance_spec"]
 
 Index = tuple[int, ...]
 
@@ -78,8 +78,8 @@ class Tolerance:
         """
         e = np.asarray(expected)
         a = np.asarray(actual)
-        kind = _common_kind(_kind(e.dtype), _kind(a.dtype))
-        close, _ = _close_mask(e, a, self, kind)
+        kind = common_kind(value_kind(e.dtype), value_kind(a.dtype))
+        close, _ = close_mask(e, a, self, kind)
         return close
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,7 +117,7 @@ def unmatched_keys(spec: ToleranceSpec, names: Sequence[str]) -> list:
     return [key for key in spec if key != "*" and not any(_key_matches(key, n) is not None for n in names)]
 
 
-def _resolve(spec: ToleranceSpec, names: Sequence[str]) -> tuple[Tolerance, Optional[str]]:
+def resolve_with_key(spec: ToleranceSpec, names: Sequence[str]) -> tuple[Tolerance, Optional[str]]:
     if spec is None:
         return Tolerance(), None
     if isinstance(spec, Tolerance):
@@ -138,7 +138,7 @@ def _resolve(spec: ToleranceSpec, names: Sequence[str]) -> tuple[Tolerance, Opti
     return best[2], best[1]
 
 
-def _validate_spec(spec: ToleranceSpec) -> None:
+def validate_spec(spec: ToleranceSpec) -> None:
     if spec is None or isinstance(spec, Tolerance):
         return
     if not isinstance(spec, Mapping):
@@ -171,54 +171,54 @@ def resolve_tolerance(spec: ToleranceSpec, leaf_name: str, *aliases: str) -> Tol
     ``aliases`` are other names the same leaf answers to (``compare`` passes
     the path without its ``name=`` prefix).
     """
-    _validate_spec(spec)
-    return _resolve(spec, (leaf_name, *aliases))[0]
+    validate_spec(spec)
+    return resolve_with_key(spec, (leaf_name, *aliases))[0]
 
 
 # ---------------------------------------------------------------------------
 # Element-wise arithmetic
 # ---------------------------------------------------------------------------
 
-_FLOAT, _COMPLEX, _EXACT, _OTHER = "float", "complex", "exact", "other"
+FLOAT, COMPLEX, EXACT, OTHER = "float", "complex", "exact", "other"
 
 
-def _kind(dtype: np.dtype) -> str:
+def value_kind(dtype: np.dtype) -> str:
     if dtype.kind == "f":
-        return _FLOAT
+        return FLOAT
     if dtype.kind == "c":
-        return _COMPLEX
+        return COMPLEX
     if dtype.kind in "biuUSMm":
-        return _EXACT
+        return EXACT
     if dtype.kind == "V" and dtype.fields is None:
         try:  # bfloat16, float8_*, int4 ... come from ml_dtypes (no TensorFlow needed)
             import ml_dtypes
         except ImportError:  # pragma: no cover - ml_dtypes ships with numpy-based TF stacks
-            return _OTHER
+            return OTHER
         try:
             ml_dtypes.finfo(dtype)
-            return _FLOAT
+            return FLOAT
         except (ValueError, TypeError):
             pass
         try:
             ml_dtypes.iinfo(dtype)
-            return _EXACT
+            return EXACT
         except (ValueError, TypeError):
             pass
-    return _OTHER
+    return OTHER
 
 
-def _common_kind(k1: str, k2: str) -> str:
+def common_kind(k1: str, k2: str) -> str:
     if k1 == k2:
         return k1
-    if _OTHER in (k1, k2):
-        return _OTHER
-    if _COMPLEX in (k1, k2):
-        return _COMPLEX
-    return _FLOAT  # exact against float: compare numerically after promotion
+    if OTHER in (k1, k2):
+        return OTHER
+    if COMPLEX in (k1, k2):
+        return COMPLEX
+    return FLOAT  # exact against float: compare numerically after promotion
 
 
 def _as_number_array(x: np.ndarray, kind: str) -> np.ndarray:
-    if kind == _COMPLEX:
+    if kind == COMPLEX:
         return x.astype(np.complex128, copy=False)
     return x.astype(np.float64, copy=False)
 
@@ -237,15 +237,15 @@ def _integer_diff(e: np.ndarray, a: np.ndarray) -> np.ndarray:
     return (high.astype(np.uint64) - low.astype(np.uint64)).astype(np.float64)
 
 
-def _close_mask(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> tuple[np.ndarray, Optional[dict]]:
+def close_mask(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> tuple[np.ndarray, Optional[dict]]:
     """The closeness mask and, for numbers, what the error statistics need:
     ``diff`` (|a - e|), ``abs_e`` (|e|), ``finite`` (None when all positions
     are finite on both sides), ``nan`` and ``inf`` mismatch counts."""
-    if kind in (_EXACT, _OTHER):
+    if kind in (EXACT, OTHER):
         close = np.asarray(e == a, dtype=bool)
         if close.shape != np.broadcast_shapes(e.shape, a.shape):
             raise TypeError("the values cannot be compared element by element")
-        if kind == _OTHER or e.dtype.kind in "USMm" or a.dtype.kind in "USMm":
+        if kind == OTHER or e.dtype.kind in "USMm" or a.dtype.kind in "USMm":
             return close, None
         e64, a64 = e.astype(np.float64), a.astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -273,7 +273,7 @@ def _close_mask(e: np.ndarray, a: np.ndarray, tol: Tolerance, kind: str) -> tupl
     return close, stats
 
 
-def _max_errors(stats: Optional[dict]) -> tuple[float, float]:
+def max_errors(stats: Optional[dict]) -> tuple[float, float]:
     """Largest absolute and relative differences where both sides are finite."""
     if stats is None:
         return math.nan, math.nan
@@ -292,7 +292,7 @@ def _max_errors(stats: Optional[dict]) -> tuple[float, float]:
     return max_abs, max_rel
 
 
-def _compared(close: np.ndarray, stats: Optional[dict], tol: Tolerance) -> int:
+def count_compared(close: np.ndarray, stats: Optional[dict], tol: Tolerance) -> int:
     """How many element pairs were compared: finite on both sides (matching
     non-finite ones too under ``allow_nonfinite``); all of them for exact kinds."""
     finite = None if stats is None else stats["finite"]
@@ -304,7 +304,7 @@ def _compared(close: np.ndarray, stats: Optional[dict], tol: Tolerance) -> int:
     return count
 
 
-def _nothing_compared(e: np.ndarray) -> str:
+def why_nothing_compared(e: np.ndarray) -> str:
     """Why a leaf that agreed compared nothing."""
     if e.size == 0:
         return f"zero-size (shape {tuple(e.shape)}), no element to compare"
@@ -314,9 +314,9 @@ def _nothing_compared(e: np.ndarray) -> str:
 
 
 
-def _scalar(x: np.ndarray, index: Index, kind: str) -> Any:
+def scalar_at(x: np.ndarray, index: Index, kind: str) -> Any:
     value = x[index]
-    if kind == _FLOAT and x.dtype.kind == "V":
+    if kind == FLOAT and x.dtype.kind == "V":
         return float(value)
     item = value.item() if hasattr(value, "item") else value
     if isinstance(item, bytes):
@@ -324,3 +324,47 @@ def _scalar(x: np.ndarray, index: Index, kind: str) -> Any:
     if isinstance(item, (bool, int, float, complex, str)) or item is None:
         return item
     return str(item)
+
+
+# Tolerances as a command line gives them: `--atol [OUTPUT:]VALUE`, `--rtol [OUTPUT:]VALUE`, each repeatable
+# (`equivtool check`, `equivtool compare` and compare_models' atol=/rtol=).
+
+def tolerance_spec(atol, rtol) -> dict:
+    """``--atol [OUT:]V`` / ``--rtol [OUT:]V`` (floats, lists of strings or mappings) ->
+    a tolerance spec: output name or pattern -> Tolerance, ``"*"`` the default (the
+    guide's, where no ``*`` value is given). A value that is not a finite number >= 0
+    is a ``ValueError`` naming the argument."""
+    def collect(value, argument):
+        if value is None:
+            return {}
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = {"*": value}
+        elif isinstance(value, str):
+            value = [value]
+        if isinstance(value, Mapping):
+            items = [(str(k), v) for k, v in value.items()]
+        else:
+            items = []
+            for text in value:
+                name, _, number = str(text).rpartition(":")
+                items.append((name or "*", number))
+        result = {}
+        for name, text in items:
+            where = name + ":" if name != "*" else ""
+            try:
+                number = float(text)
+            except (TypeError, ValueError):
+                raise ValueError(f"{argument}: not a number: {str(text)!r}" + (f" (in {where}{text})" if where
+                                 else "") + "; expected [OUTPUT:]VALUE with VALUE a finite number >= 0") from None
+            if not np.isfinite(number) or number < 0:
+                raise ValueError(f"{argument}: expected [OUTPUT:]VALUE with VALUE a finite number >= 0, "
+                                 f"got {where}{number}")
+            result[name] = number
+        return result
+
+    atols, rtols = collect(atol, "--atol"), collect(rtol, "--rtol")
+    default = Tolerance(rtol=rtols.get("*", Tolerance().rtol), atol=atols.get("*", Tolerance().atol))
+    spec = {name: Tolerance(rtol=rtols.get(name, default.rtol), atol=atols.get(name, default.atol))
+            for name in (set(atols) | set(rtols)) - {"*"}}
+    spec["*"] = default
+    return spec

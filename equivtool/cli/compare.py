@@ -1,8 +1,7 @@
-"""``equivtool compare OLD NEW`` and ``equivtool record-script``: the parsers and runners.
+"""``equivtool compare OLD NEW``: :func:`equivtool.compare_models` from the command line.
 
-``equivtool/cli.py`` calls :func:`add_parsers`; each command's ``run`` returns
-the exit code: 0 equivalent, 1 not equivalent or inconclusive, 2 a usage, load
-or format error, printed as one line (never a traceback).
+Exit codes: 0 equivalent, 1 not equivalent or inconclusive, 2 a usage, load or
+format error, printed as one line (never a traceback).
 """
 
 from __future__ import annotations
@@ -10,14 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
-from equivtool.exported._record import recorder_source  # what record-script prints
+from equivtool._base.errors import short
+from equivtool.cli.common import EXIT_DIFFERENT, EXIT_OK, EXIT_USAGE, check_output_path
 
-EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 
-
-def add_parsers(subparsers, check_output_path) -> None:
-    """Add ``compare`` and ``record-script``; ``check_output_path(path, argument)``
-    raises a ``ValueError`` when a report cannot be written there (the CLI's own)."""
+def add_parser(subparsers) -> None:
     compare = subparsers.add_parser(
         "compare", help="compare two exported models (SavedModel, frozen .pb, tf-keras file, golden record)",
         description="Compare two exported models output by output (and, with --localize, node by node). "
@@ -81,25 +77,15 @@ def add_parsers(subparsers, check_output_path) -> None:
                               "one made by `equivtool tf1-env DIR`, with the record-script recorder")
     compare.add_argument("--json", default=None, help="write a JSON report here")
     compare.add_argument("--html", default=None, help="write an HTML report here")
-    compare.set_defaults(run=run_compare, check_output_path=check_output_path)
-
-    record = subparsers.add_parser(
-        "record-script", help="print the golden-record writer to run in an old TensorFlow (1.15+) environment",
-        description="Print a self-contained script (TensorFlow 1.15 API and NumPy only): "
-                    "python record.py MODEL OUT.npz [--signature S] [--tags T] [--graph-inputs ...] "
-                    "[--graph-outputs ...] [--inputs FILE.npz] [--input-shapes ...] [--seed N] [--intermediates]")
-    record.set_defaults(run=run_record_script)
+    compare.set_defaults(run=run)
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
-
-def run_compare(args) -> int:
+def run(args) -> int:
     from equivtool.exported._compare import compare_models
     try:
-        args.check_output_path(args.json, "--json")
-        args.check_output_path(args.html, "--html")
+        check_output_path(args.json, "--json")
+        check_output_path(args.html, "--html")
         print(f"equivtool compare {args.old} vs {args.new}", flush=True)
         report = compare_models(
             args.old, args.new, signature=args.signature, tags=args.tags, graph_inputs=args.graph_inputs,
@@ -113,7 +99,7 @@ def run_compare(args) -> int:
             strict_tolerances=args.strict_tolerances, old_signature=args.old_signature,
             new_signature=args.new_signature, old_tags=args.old_tags, new_tags=args.new_tags)
     except ValueError as exc:  # the CLI's UsageError included
-        print(f"equivtool compare: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"equivtool compare: error: {short(exc, None)}", file=sys.stderr)
         if getattr(exc, "stderr", None) and args.json:  # the old interpreter's whole output, kept
             _write_error_report(args, exc)
         return EXIT_USAGE
@@ -122,7 +108,7 @@ def run_compare(args) -> int:
         found = step.data.get("localization")
         if found is not None and step.passed:
             print(found)
-    from equivtool._base.progress import write_reports
+    from equivtool.cli.progress import write_reports
     write_reports(report, args.json, args.html)
     return EXIT_OK if report.passed else EXIT_DIFFERENT
 
@@ -131,13 +117,8 @@ def _write_error_report(args, exc) -> None:
     """A JSON report of one errored step holding what the old interpreter wrote on stderr."""
     from equivtool.report import EquivalenceReport, StepResult
     step = StepResult(name="outputs", title="signature outputs", status="error", seconds=0.0,
-                      message=_one_line(exc), data={"old_interpreter_stderr": exc.stderr})
+                      message=short(exc, None), data={"old_interpreter_stderr": exc.stderr})
     report = EquivalenceReport((step,), {"command": "compare", "old": args.old, "new": args.new,
                                          "old_python": args.old_python})
     report.to_json(args.json)
     print(f"JSON report (the old interpreter's stderr): {os.path.abspath(args.json)}", file=sys.stderr)
-
-
-def run_record_script(args) -> int:
-    sys.stdout.write(recorder_source())
-    return EXIT_OK

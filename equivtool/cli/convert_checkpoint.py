@@ -1,72 +1,58 @@
 """``equivtool convert-checkpoint``: :func:`equivtool.convert_checkpoint` from the command line.
 
-Hooked into ``equivtool.cli`` by :func:`add_parser`, which receives that
-module (its argument helpers and exit codes) rather than importing it, so the
-two import nothing from each other at module level. Exit codes as ``check``:
+Exit codes as ``check``:
 0 written, 2 bad usage or a checkpoint that does not convert (one line on
 stderr naming the variable, slot or argument; nothing written).
 """
 
 from __future__ import annotations
 
-import functools
-import pkgutil
+from equivtool.cli.common import (EXIT_OK, MAX_INPUT_ELEMENTS, UsageError, importable_cwd, load_object,
+                                  load_target, parse_shape)
 
 
-def _load_object(cli, spec: str, argument: str):
-    """The object ``MODULE:NAME`` names (any object: rename rules are a list)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise cli.UsageError(f"{argument}: expected MODULE:NAME (e.g. my_models:RENAME), got {spec!r}")
-    cli._import_module(module_name, argument)
-    try:
-        return pkgutil.resolve_name(spec)
-    except (AttributeError, ValueError):
-        raise cli.UsageError(f"{argument}: module {module_name!r} has no attribute {attr!r}") from None
-
-
-def _inputs(cli, args):
+def _inputs(args):
     """The inputs the layer is built with: the options of ``check`` (``--input-shape``,
     ``--inputs FILE.npz``, repeatable ``--input NAME:SHAPE:DTYPE[:LO,HI]``);
     ``--input-dtype int32|int64`` with ``--input-shape`` gives token ids, all 0."""
     if args.input_dtype != "float32":
         if not args.input_shape or args.inputs or args.input:
-            raise cli.UsageError("--input-dtype: applies to --input-shape only; give an integer input as "
+            raise UsageError("--input-dtype: applies to --input-shape only; give an integer input as "
                                  "--input NAME:SHAPE:int32:LO,HI or in --inputs FILE.npz")
         import numpy as np
-        return np.zeros(cli.parse_shape(args.input_shape), args.input_dtype)  # id 0 is in every vocabulary
+        return np.zeros(parse_shape(args.input_shape), args.input_dtype)  # id 0 is in every vocabulary
     if args.input_shape and not (args.inputs or args.input):  # as `check` makes it
         import numpy as np
-        return np.random.RandomState(0).standard_normal(cli.parse_shape(args.input_shape)).astype(np.float32)
-    from equivtool._base.cli_inputs import InputError, cli_inputs
+        return np.random.RandomState(0).standard_normal(parse_shape(args.input_shape)).astype(np.float32)
+    from equivtool._base.inputs import InputError, inputs_from_options
     try:
-        return cli_inputs(args.input_shape, args.inputs, args.input, 0, cli.MAX_INPUT_ELEMENTS)[0]
+        return inputs_from_options(args.input_shape, args.inputs, args.input, 0, MAX_INPUT_ELEMENTS)[0]
     except InputError as exc:
-        raise cli.UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
-def cmd_convert_checkpoint(cli, args) -> int:
-    inputs = _inputs(cli, args)  # usage errors before TensorFlow is imported
+def run(args) -> int:
+    inputs = _inputs(args)  # usage errors before TensorFlow is imported
     from equivtool._platform.quiet import quiet_command
     quiet_command()
     from equivtool.checkpoints.convert import convert
 
-    with cli.importable_cwd():
-        factory = cli.load_target(args.tf2_factory, "MODULE:FACTORY")
-        optimizer = cli.load_target(args.optimizer, "--optimizer") if args.optimizer else None
-        rename = _load_object(cli, args.rename, "--rename") if args.rename else None
-        layout = _load_object(cli, args.slot_layout, "--slot-layout") if args.slot_layout else None
+    with importable_cwd():
+        factory = load_target(args.tf2_factory, "MODULE:FACTORY")
+        optimizer = load_target(args.optimizer, "--optimizer") if args.optimizer else None
+        rename = load_object(args.rename, "--rename") if args.rename else None
+        layout = load_object(args.slot_layout, "--slot-layout") if args.slot_layout else None
         try:
             conversion, _, _ = convert(args.tf1_checkpoint, factory, inputs, args.output, rename=rename,
                                        optimizer=optimizer, overwrite=args.overwrite, slot_layout=layout)
         except (TypeError, ValueError) as exc:
-            raise cli.UsageError(str(exc)) from None
+            raise UsageError(str(exc)) from None
     print(conversion)
-    return cli.EXIT_OK
+    return EXIT_OK
 
 
-def add_parser(sub, cli) -> None:
-    parser = sub.add_parser("convert-checkpoint",
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("convert-checkpoint",
                             help="write a TF2 checkpoint (model and optimizer slots) from a TF1 one")
     parser.add_argument("tf1_checkpoint", metavar="TF1_CKPT", help="TF1 checkpoint prefix or folder")
     parser.add_argument("tf2_factory", metavar="MODULE:FACTORY", help="zero-argument factory of the TF2 layer")
@@ -88,4 +74,4 @@ def add_parser(sub, cli) -> None:
                         help="a declared TF1 optimizer layout (an equivtool.SlotLayout, e.g. "
                              "equivtool:ADAM_WEIGHT_DECAY for BERT's AdamWeightDecayOptimizer)")
     parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint at OUTPUT")
-    parser.set_defaults(run=functools.partial(cmd_convert_checkpoint, cli), starts_tensorflow=True)
+    parser.set_defaults(run=run, starts_tensorflow=True)

@@ -15,7 +15,7 @@ path for a few milliseconds and compares what it got with what it must give:
 - **xent op**: loads the compiled op and compares its loss and gradient on a
   2x3 batch with ``tf.nn.sparse_softmax_cross_entropy_with_logits``.
 
-Nothing here prints: ``cli.cmd_doctor`` prints the results.
+Nothing here prints: ``equivtool doctor`` (:mod:`equivtool.cli.doctor`) prints the results.
 """
 
 from __future__ import annotations

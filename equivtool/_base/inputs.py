@@ -155,7 +155,7 @@ def load_npz(path: str):
     return arrays
 
 
-def cli_inputs(input_shape, inputs_file, input_specs, seed: int, max_elements: int):
+def inputs_from_options(input_shape, inputs_file, input_specs, seed: int, max_elements: int):
     """``(inputs, description)`` from exactly one of the three options."""
     given = [name for name, value in (("--input-shape", input_shape), ("--inputs", inputs_file),
                                       ("--input", input_specs)) if value]

@@ -1,0 +1,152 @@
+"""``equivtool check MODULE:TF1_FN MODULE:TF2_FACTORY``: :func:`equivtool.check_equivalence`
+from the command line, and the command that re-runs its failing steps localized."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from equivtool.cli.common import (MAX_INPUT_ELEMENTS, MAX_SEED, EXIT_DIFFERENT, EXIT_OK, UsageError, check_no_arguments,
+                                  check_output_path, check_seed, importable_cwd, load_target, parse_shape,
+                                  split_names)
+
+
+def run(args) -> int:
+    from equivtool import check_equivalence
+    from equivtool.cli.progress import print_progress, write_reports
+    from equivtool.engine.registry import MODES, STEPS
+
+    seed = check_seed(args.seed)
+    steps = split_names(args.steps, STEPS, "--steps")
+    modes = split_names(args.mode, MODES, "--mode") or MODES
+    check_output_path(args.json, "--json")
+    check_output_path(args.html, "--html")
+    outputs = [p for text in args.outputs for p in text.split(",") if p] if args.outputs else None
+    if args.input_shape and not (args.inputs or args.input):
+        shape = parse_shape(args.input_shape)
+        import numpy as np
+        try:
+            inputs = np.random.RandomState(seed).standard_normal(shape).astype(np.float32)
+        except (MemoryError, ValueError) as exc:
+            raise UsageError(f"--input-shape: cannot allocate an input of shape {shape}: "
+                             f"{type(exc).__name__}: {exc}") from None
+    else:
+        from equivtool._base.inputs import InputError, inputs_from_options
+        try:
+            inputs, shape = inputs_from_options(args.input_shape, args.inputs, args.input, seed, MAX_INPUT_ELEMENTS)
+        except InputError as exc:
+            raise UsageError(str(exc)) from None
+    tolerance = None
+    if args.atol or args.rtol:
+        from equivtool.comparison.tolerance import tolerance_spec
+        try:
+            tolerance = tolerance_spec(args.atol, args.rtol)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if set(tolerance) == {"*"}:
+            tolerance = tolerance["*"]
+    with importable_cwd():
+        tf1_fn = load_target(args.tf1_fn, "TF1_FN")
+        tf2_factory = load_target(args.tf2_factory, "TF2_FACTORY")
+        check_no_arguments(tf2_factory, args.tf2_factory, "TF2_FACTORY",
+                            "def make_layer(): return MyLayer(units=...)")
+        start = time.perf_counter()
+        print(f"equivtool check {args.tf1_fn} vs {args.tf2_factory}, input {shape}", flush=True)
+        try:
+            report = check_equivalence(
+                tf1_fn, tf2_factory, inputs, tolerance=tolerance, steps=steps, modes=modes,
+                tf_function=args.tf_function,
+                graph_rewrites=args.graph_rewrites, seed=seed, progress=print_progress(start),
+                localize="all" if args.localize_all else args.localize,
+                workers=args.workers, outputs=outputs, strict_tolerances=args.strict_tolerances,
+                strict_intermediates=args.strict_intermediates,
+                meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
+        except (TypeError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+    print()
+    print(report)
+    rerun = localize_command(args, report)
+    if rerun:
+        print(f"\nTo find the first op whose output differs, re-run localized:\n  {rerun}")
+    write_reports(report, args.json, args.html)
+    return EXIT_OK if report.passed else EXIT_DIFFERENT
+
+
+def localize_command(args, report) -> str:
+    """The ``equivtool check`` command that localizes this run's failed forward-pass
+    steps ("" when it ran localized or none failed)."""
+    from equivtool.localize.result import is_localizable
+    if args.localize or getattr(args, "localize_all", False):
+        return ""
+    failed = [s.name for s in report.steps if s.status == "failed" and is_localizable(s.name)]
+    if not failed:
+        return ""
+    steps = ",".join(dict.fromkeys(name.split("/", 1)[0] for name in failed))
+    words = ["equivtool", "check", args.tf1_fn, args.tf2_factory, *_input_words(args),
+             "--steps", steps, "--seed", str(args.seed)]
+    modes = sorted({name.split("/")[1] for name in failed if name.startswith("random/")})
+    if modes:
+        words += ["--mode", ",".join(modes)]
+    if args.tf_function:
+        words.append("--tf-function")
+    if args.graph_rewrites != "as_written":
+        words += ["--graph-rewrites", args.graph_rewrites]
+    words += [word for text in getattr(args, "outputs", None) or () for word in ("--outputs", text)]
+    for flag in ("atol", "rtol"):
+        words += [word for text in getattr(args, flag, None) or () for word in (f"--{flag}", text)]
+    words.append("--localize")
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _input_words(args) -> list:
+    """The inputs options of this run, to repeat them."""
+    if getattr(args, "inputs", None):
+        return ["--inputs", args.inputs]
+    if getattr(args, "input", None):
+        return [word for spec in args.input for word in ("--input", spec)]
+    return ["--input-shape", args.input_shape]
+
+
+def add_parser(subparsers) -> None:
+    check = subparsers.add_parser("check", help="run check_equivalence on MODULE:TF1_FN and MODULE:TF2_FACTORY")
+    check.add_argument("tf1_fn", metavar="MODULE:TF1_FN", help="tf1_fn(inputs, training) -> outputs")
+    check.add_argument("tf2_factory", metavar="MODULE:TF2_FACTORY", help="zero-argument factory of the TF2 layer")
+    check.add_argument("--input-shape", default=None, help="e.g. 1,299,299,3 (float32, standard normal)")
+    check.add_argument("--inputs", default=None, metavar="FILE.npz",
+                       help="inputs from np.savez: keys arr_0..arr_N give a list, other keys a dict")
+    check.add_argument("--input", action="append", default=None, metavar="NAME:SHAPE:DTYPE[:LO,HI]",
+                       help="one generated input of a dict (repeatable), e.g. input_ids:2,128:int32:0,30521: "
+                            "integers from [LO, HI] (HI included, default 0,1), floats from [LO, HI) (HI "
+                            "excluded; without a range standard normal), bool takes no range; a range the "
+                            "dtype cannot hold is refused (as compare --val-range)")
+    check.add_argument("--outputs", action="append", default=None, metavar="PATTERNS",
+                       help="compare only these output leaves: comma-separated patterns, '!' excludes "
+                            "(e.g. '!*/depthwise_output'); repeatable")
+    check.add_argument("--steps", default=None, help="comma-separated steps (default: all but optimizer/checkpoint)")
+    check.add_argument("--mode", default=None, help="comma-separated random-tool modes")
+    check.add_argument("--tf-function", action="store_true", help="call the TF2 layer inside tf.function")
+    check.add_argument("--graph-rewrites", choices=("as_written", "tensorflow_default"), default="as_written",
+                       help="as_written (default): Grappler's numerics-changing passes off on both sides, "
+                            "so the verdict does not depend on the CPU; tensorflow_default: prove the "
+                            "fused graphs TensorFlow deploys")
+    check.add_argument("--localize", action="store_true",
+                       help="for failing forward-pass steps, find the first TF op whose output differs")
+    check.add_argument("--localize-all", action="store_true",
+                       help="--localize for every forward-pass step, passing ones included")
+    check.add_argument("--strict-intermediates", action="store_true",
+                       help="with --localize: fail a step whose outputs pass while an intermediate op differs "
+                            "beyond tolerance")
+    check.add_argument("--workers", type=int, default=1,
+                       help="processes running the TF1 and TF2 sides of each step, this one included (default 1: this process only)")
+    check.add_argument("--seed", type=int, default=42, help=f"input and random-tool seed (0 to {MAX_SEED})")
+    check.add_argument("--atol", action="append", default=None, metavar="[OUTPUT:]VALUE",
+                       help="absolute tolerance, for every leaf or for the output leaves OUTPUT matches "
+                            "(a name or pattern, e.g. 'end_points/logits'); repeatable; default the guide's 1e-5")
+    check.add_argument("--rtol", action="append", default=None, metavar="[OUTPUT:]VALUE",
+                       help="relative tolerance, as --atol; default the guide's 1e-6")
+    check.add_argument("--strict-tolerances", action="store_true",
+                       help="an OUTPUT of --atol/--rtol that matches no output leaf is an error (exit 2), "
+                            "not a warning")
+    check.add_argument("--html", default=None, help="write an HTML report here")
+    check.add_argument("--json", default=None, help="write a JSON report here")
+    check.set_defaults(run=run)
