@@ -3,7 +3,7 @@
 For each model, the TF1 inference graph runs with fixed weights (the
 ``fixed_weights`` step's values) in one session per configuration:
 
-- ``as_written``: every pass of ``equivtool._platform.execution.NUMERIC_PASSES`` off
+- ``as_written``: every pass of ``equivtool._platform.graph_rewrites.NUMERIC_PASSES`` off
   (equivtool's default);
 - ``+PASS``: as written, with that one pass back at TensorFlow's default;
 - ``tensorflow_default``: TensorFlow's defaults (every pass on).
@@ -36,8 +36,8 @@ import equivtool  # noqa: E402,F401  (environment fix first)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from equivtool._platform import execution as _execution  # noqa: E402
-from equivtool.engine.sides import runners  # noqa: E402
+from equivtool._platform import graph_rewrites as _graph_rewrites  # noqa: E402
+from equivtool.engine.sides import tf1_side as runners  # noqa: E402
 from equivtool._platform.tf_internals import RewriterConfig  # noqa: E402
 
 
@@ -95,7 +95,7 @@ def models() -> dict:
 
 
 def configs() -> dict:
-    passes = _execution._known_passes()
+    passes = _graph_rewrites._known_passes()
 
     def config(on=()):
         c = tf.compat.v1.ConfigProto()
@@ -117,7 +117,7 @@ def measure(tf1_fn, make_layer, inputs) -> dict:
         placeholder = tf.compat.v1.placeholder(tf.float32, inputs.shape)
         outputs = tf.nest.flatten(tf1_fn(placeholder, False))
         variables = tf.compat.v1.global_variables()
-        written = _execution.written_types(graph.as_graph_def())
+        written = _graph_rewrites.written_types(graph.as_graph_def())
     values = {runners.strip_output_index(v.name): runners.fixed_value(runners.strip_output_index(v.name),
                                                                        v.shape, v.dtype) for v in variables}
     layer(tf.convert_to_tensor(inputs), training=False)
@@ -129,19 +129,19 @@ def measure(tf1_fn, make_layer, inputs) -> dict:
         with tf.compat.v1.Session(graph=graph, config=config) as session:
             runners.load_by_initializer(session, [(v, values[runners.strip_output_index(v.name)])
                                                   for v in variables])
-            kernels = _execution.session_kernels(session, outputs, {placeholder: inputs})
+            kernels = _graph_rewrites.session_kernels(session, outputs, {placeholder: inputs})
             got = session.run(outputs, {placeholder: inputs})
         error = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
                     for a, b in zip(got, eager))
-        fused = sorted(set(_execution.fused_kernels(kernels, written).values()))
+        fused = sorted(set(_graph_rewrites.fused_kernels(kernels, written).values()))
         results[name] = (error, fused)
     return results
 
 
 def machine() -> str:
-    cpu = _execution.cpu()
+    cpu = _graph_rewrites.cpu()
     return (f"{cpu['model']} ({', '.join(cpu['isa'])}), {os.cpu_count()} cores, oneDNN "
-            f"{'on' if _execution.onednn_enabled() else 'off'}, TensorFlow {tf.__version__}, "
+            f"{'on' if _graph_rewrites.onednn_enabled() else 'off'}, TensorFlow {tf.__version__}, "
             f"Python {platform.python_version()}")
 
 

@@ -32,12 +32,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import equivtool  # noqa: E402  (the environment fix, before TensorFlow)
 import numpy as np  # noqa: E402
 
-from equivtool.engine.sides.runners import TF1Side  # noqa: E402
-from equivtool.engine.sides.tf2_layer import TF2Side  # noqa: E402
+from equivtool.engine.sides.tf1_side import TF1Side  # noqa: E402
+from equivtool.engine.sides.tf2_side import TF2Side  # noqa: E402
 from equivtool.seeding import DeterministicRandomTestTool  # noqa: E402
-from equivtool.variables import _make_renamer  # noqa: E402
+from equivtool.variables import make_renamer  # noqa: E402
 
-RENAMER = _make_renamer(None)
+RENAMER = make_renamer(None)
 MODE = "num_random_ops"
 
 

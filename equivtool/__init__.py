@@ -52,11 +52,11 @@ _EXPORTS = {
     "MODES": "engine.registry",
     "Localization": "localize",
     # the native TF2 end state: mapping, checkpoint conversion
-    "VariableMapping": "checkpoints.mapping",
-    "map_variables": "checkpoints.mapping",
+    "VariableMapping": "variables.mapping",
+    "map_variables": "variables.mapping",
     "convert_checkpoint": "checkpoints.convert",
-    "SlotLayout": "checkpoints._slots",
-    "ADAM_WEIGHT_DECAY": "checkpoints._slots",
+    "SlotLayout": "variables.slots",
+    "ADAM_WEIGHT_DECAY": "variables.slots",
     # reproducibility
     "audit_determinism": "determinism",
     # exported models and golden records

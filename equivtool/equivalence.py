@@ -54,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool._base.tree import flatten_tensors
-from equivtool._platform import execution as _execution
+from equivtool._platform import graph_rewrites as _graph_rewrites
 from equivtool.comparison import Tolerance
 from equivtool.coverage import Coverage
 from equivtool.engine import registry as _steps
@@ -62,7 +62,7 @@ from equivtool.engine.noise_floor import DEFAULT_MULTIPLE as DEFAULT_NOISE_FLOOR
 from equivtool.engine.options import Options
 from equivtool.engine.run import Engine
 from equivtool.report import EquivalenceReport, StepResult
-from equivtool.seeding._traced import execution_note
+from equivtool.seeding.traced import execution_note
 
 __all__ = ["check_equivalence", "UnmatchedToleranceKeys", "STEPS", "MODES", "DEFAULT_STEPS"]
 
@@ -155,7 +155,7 @@ def check_equivalence(
         user wrote and the verdict does not depend on the CPU.
         ``"tensorflow_default"``: TensorFlow's defaults on both sides, to prove the
         deployed, fused graphs against each other; the report then says the
-        verdict may depend on the CPU. See :mod:`equivtool._platform.execution`.
+        verdict may depend on the CPU. See :mod:`equivtool._platform.graph_rewrites`.
       seed: the random tool's seed.
       progress: called with each :class:`StepResult` as soon as it is known.
       meta: extra information stored in the report (model name, ...).
@@ -214,15 +214,8 @@ def check_equivalence(
         for :func:`equivtool.convert_checkpoint` (``equivtool.ADAM_WEIGHT_DECAY``
         for BERT's ``AdamWeightDecayOptimizer``).
     """
-    options = Options.build(
-        tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
-        step_tolerances=step_tolerances, loss_fn=loss_fn, optimizers=optimizers, train_steps=train_steps,
-        checkpoint=checkpoint, rename=rename, tf_function=tf_function,
-        graph_rewrites=graph_rewrites, seed=seed, progress=progress, meta=meta, strategy=strategy,
-        localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization,
-        outputs=outputs, strict_tolerances=strict_tolerances, noise_floor=noise_floor,
-        noise_floor_multiple=noise_floor_multiple, strict_intermediates=strict_intermediates,
-        slot_layout=slot_layout)
+    # The arguments are declared once, in this signature: every one goes to Options.build by name.
+    options = Options.build(**locals())
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None:
@@ -269,7 +262,7 @@ def _header(options: Options) -> dict:
         "execution": execution_note(options.tf_function, strategy is not None, options.localize),
         "graph_rewrites": options.graph_rewrites,
         # what the verdict depends on: CPU, oneDNN, rewrites off on each side, threads
-        "platform": _execution.platform(options.graph_rewrites, options.tf_function),
+        "platform": _graph_rewrites.platform(options.graph_rewrites, options.tf_function),
         "seed": options.seed,
         "input_shapes": [list(np.shape(leaf)) for leaf in flatten_tensors(options.inputs)],
         "strategy": None if strategy is None else

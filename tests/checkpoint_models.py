@@ -127,7 +127,7 @@ class NativeEmbedding(tf.keras.layers.Layer):
 def train_tf1(tf1_fn, inputs, make_optimizer, steps: int, prefix: str, global_step: bool = True) -> str:
     """Train ``tf1_fn`` ``steps`` steps in TF1 (the engine's default loss) and save
     everything, slots included, with ``tf.compat.v1.train.Saver``; returns the path."""
-    from equivtool.engine.sides.runners import default_loss
+    from equivtool.engine.sides.tf1_side import default_loss
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(1)

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from equivtool.checkpoints.convert import convert
-from equivtool.checkpoints.mapping import VariableMapping
+from equivtool.variables.mapping import VariableMapping
 from tests import checkpoint_models as cm
 from tests.checkpoint_models import rewrite_checkpoint as _rewrite
 

@@ -6,7 +6,7 @@ import equivtool
 import numpy as np
 import pytest
 
-from equivtool.checkpoints.mapping import mapping_rules, propose
+from equivtool.variables.mapping import mapping_rules, propose
 from equivtool.variables import VariableInfo, VariableSet
 from tests import checkpoint_models as cm
 

@@ -6,7 +6,8 @@ import equivtool
 import pytest
 import tensorflow as tf
 
-from equivtool.checkpoints import _resume, _slots
+from equivtool.checkpoints import _resume
+from equivtool.variables import slots as _slots
 from tests import checkpoint_models as cm
 
 v1 = tf.compat.v1

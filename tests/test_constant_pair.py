@@ -129,9 +129,10 @@ def test_a_variable_only_the_training_pass_creates_is_initialised():
 # the variables are moved between the TF1 graphs a chunk at a time.
 # --------------------------------------------------------------------------
 
-from equivtool.engine import steps as _runs_module  # noqa: E402
+from equivtool.engine.steps import forward as _forward_steps, training as _training_steps  # noqa: E402
 
-_ORIGINAL_SPLITS = {name: getattr(_runs_module, name) for name in ("random_constant", "gradients")}
+_STEP_MODULES = {"random_constant": _forward_steps, "gradients": _training_steps}
+_ORIGINAL_SPLITS = {name: getattr(module, name) for name, module in _STEP_MODULES.items()}
 
 
 def _recorded_captures(monkeypatch, steps):
@@ -155,7 +156,7 @@ def _recorded_captures(monkeypatch, steps):
         return dataclasses.replace(split, tf1=side("tf1", split.tf1), tf2=side("tf2", split.tf2))
 
     for name in ("random_constant", "gradients"):  # wrapping the originals, not an earlier call's wrapper
-        monkeypatch.setattr(_runs_module, name, recording(name, _ORIGINAL_SPLITS[name]))
+        monkeypatch.setattr(_STEP_MODULES[name], name, recording(name, _ORIGINAL_SPLITS[name]))
     x = np.random.RandomState(0).rand(*INPUT_SHAPE).astype(np.float32)
     report = equivtool.check_equivalence(slim_net, SlimNetShim, x, steps=steps, modes=["constant"])
     assert report.step("random/constant/training").status == "passed", str(report)
@@ -195,7 +196,7 @@ def test_a_fixed_weights_that_left_its_values_behind_would_be_caught(monkeypatch
 
 
 def test_the_tf1_graphs_exchange_values_a_chunk_at_a_time(monkeypatch):
-    from equivtool.engine.sides import runners
+    from equivtool.engine.sides import tf1_side as runners
 
     def build(training):
         side = runners.TF1Side(slim_net, np.ones(INPUT_SHAPE, np.float32), renamer=lambda n: n, loss_fn=None)
@@ -219,7 +220,7 @@ def test_the_tf1_graphs_exchange_values_a_chunk_at_a_time(monkeypatch):
 
 def test_a_copied_variables_initializer_is_not_run():
     """Its values would be overwritten; an initializer that cannot run shows it is skipped."""
-    from equivtool.engine.sides import runners
+    from equivtool.engine.sides import tf1_side as runners
 
     def fed_init(x, training):
         w = tf.compat.v1.get_variable("w", initializer=tf.compat.v1.placeholder_with_default(

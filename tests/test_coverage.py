@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from equivtool.coverage import Coverage
-from equivtool.engine.sides.runners import primary_output, primary_output_path
+from equivtool.engine.sides.tf1_side import primary_output, primary_output_path
 from equivtool.report import EquivalenceReport, StepResult
 
 

@@ -7,7 +7,9 @@ import pytest
 
 import equivtool
 import tensorflow as tf
-from equivtool.engine.sides import runners
+
+from options_support import equivalence_arguments
+from equivtool.engine.sides import tf1_side as runners
 from equivtool._platform import tf_internals as _tfi
 from equivtool.testing import assert_equivalent
 
@@ -220,13 +222,13 @@ def test_fixed_values_depend_only_on_name_and_shape():
 def test_fixed_values_are_made_as_each_variable_is_assigned(monkeypatch):
     """Not a second copy of the model at once: a side assigning a chunk at a time
     holds one chunk of fixed values."""
-    from equivtool.engine import steps as _step_runs
+    from equivtool.engine.steps import common as _step_runs
 
     made = []
     monkeypatch.setattr(_step_runs, "fixed_value",
                         lambda name, shape, dtype: made.append(name) or runners.fixed_value(name, shape, dtype))
     variables = [tf.Variable(tf.zeros([2, 3])), tf.Variable(tf.zeros([3]))]
-    values = _step_runs._FixedValues(["w", "b"], variables, "ckpt/")
+    values = _step_runs.FixedValues(["w", "b"], variables, "ckpt/")
     assert "w" in values and "x" not in values and list(values) == ["w", "b"] and made == []
     np.testing.assert_array_equal(values["b"], runners.fixed_value("ckpt/b", (3,), tf.float32))
     assert made == ["ckpt/b"]
@@ -285,7 +287,7 @@ def test_only_the_runners_execute_tensorflow():
 
     from equivtool import equivalence
     from equivtool.engine import pair as _pair
-    from equivtool.engine import steps as _step_runs
+    from equivtool.engine.steps import checkpoint, common, forward, training, variables
     from equivtool.engine import registry as steps
     forbidden = {"session", "graph", "Session", "Saver", "minimize", "as_default", "variables_initializer"}
     # type checks of arguments, and the version in the report header
@@ -298,7 +300,7 @@ def test_only_the_runners_execute_tensorflow():
             node = node.value
         return ".".join([node.id] + parts[::-1]) if isinstance(node, ast.Name) else ""
 
-    for module in (equivalence, _step_runs, _pair, steps):
+    for module in (equivalence, common, variables, forward, training, checkpoint, _pair, steps):
         tree = ast.parse(inspect.getsource(module))
         attributes = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute)]
         used = {node.attr for node in attributes}
@@ -377,11 +379,8 @@ def test_the_engine_reads_one_frozen_options_object():
     import dataclasses
 
     from equivtool.engine.options import Options as _Options
-    options = _Options.build(slim_net, SlimNetShim, X, steps=None, modes=equivtool.MODES, tolerance=None,
-                             step_tolerances=None, loss_fn=None, optimizers=SGD, train_steps=2,
-                             checkpoint=None, rename=None, tf_function=False,
-                             graph_rewrites="as_written", seed=np.int64(7), progress=None,
-                             meta={"model": "small"}, strategy=None)
+    options = _Options.build(slim_net, SlimNetShim, X, **equivalence_arguments(
+        optimizers=SGD, train_steps=2, seed=np.int64(7), meta={"model": "small"}))
     assert options.steps == equivtool.DEFAULT_STEPS + ("optimizer",)
     assert options.seed == 7 and type(options.seed) is int
     assert options.want_gradients and options.meta == {"model": "small"}
@@ -450,3 +449,21 @@ def test_the_remapper_is_switched_off_where_it_aborts_even_with_tensorflow_defau
     default = runners.session_config("tensorflow_default").graph_options.rewrite_options
     assert (default.remapping == off) == runners.remapper_aborts_on_layer_norm()  # on this TensorFlow
     assert default.arithmetic_optimization == 0  # TensorFlow's default
+
+
+def test_check_equivalence_declares_its_arguments_once():
+    """Its signature is the only declaration: Options.build reads every keyword
+    argument by that name, and no other."""
+    import inspect
+    import re
+
+    from equivtool.engine import options as _options
+    source = inspect.getsource(_options.Options.build)
+    read = set(re.findall(r"\ba\.(\w+)", source))
+    keywords = {name for name, p in inspect.signature(equivtool.check_equivalence).parameters.items()
+                if p.kind is p.KEYWORD_ONLY}
+    assert len(keywords) > 20 and read == keywords, (sorted(keywords - read), sorted(read - keywords))
+    with pytest.raises(AttributeError, match="slot_layout"):  # a name left out is not defaulted quietly
+        arguments = equivalence_arguments()
+        del arguments["slot_layout"]
+        _options.Options.build(slim_net, SlimNetShim, X, **arguments)

@@ -16,10 +16,10 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from equivtool._platform import execution as _execution
-from equivtool.engine.sides import runners, tf2_layer
+from equivtool._platform import graph_rewrites as _graph_rewrites
+from equivtool.engine.sides import tf1_side as runners, tf2_side as tf2_layer
 from equivtool._platform.tf_internals import RewriterConfig, context
-from equivtool.variables import _make_renamer
+from equivtool.variables import make_renamer
 
 INPUTS = np.random.RandomState(0).uniform(-1, 1, (2, 8, 8, 3)).astype(np.float32)
 
@@ -46,7 +46,7 @@ def _old_session_config() -> tf.compat.v1.ConfigProto:
 
 
 def _tf1_kernels(config=None, graph_rewrites="as_written", fn=conv_bn_relu):
-    side = runners.TF1Side(fn, INPUTS, renamer=_make_renamer(None), loss_fn=None,
+    side = runners.TF1Side(fn, INPUTS, renamer=make_renamer(None), loss_fn=None,
                            graph_rewrites=graph_rewrites)
     try:
         if config is not None:  # the planted fault: another session config
@@ -55,51 +55,51 @@ def _tf1_kernels(config=None, graph_rewrites="as_written", fn=conv_bn_relu):
             side.session = tf.compat.v1.Session(graph=side.graph, config=config)
         forward = side.forward(training=False)
         side.initialize()
-        kernels = _execution.session_kernels(side.session, forward.outputs, side.feed())
-        return kernels, _execution.written_types(side.graph.as_graph_def())
+        kernels = _graph_rewrites.session_kernels(side.session, forward.outputs, side.feed())
+        return kernels, _graph_rewrites.written_types(side.graph.as_graph_def())
     finally:
         side.close()
 
 
 def _tf2_kernels(graph_rewrites="as_written"):
-    side = tf2_layer.TF2Side(ConvBnRelu(), renamer=_make_renamer(None), loss_fn=None,
+    side = tf2_layer.TF2Side(ConvBnRelu(), renamer=make_renamer(None), loss_fn=None,
                            use_tf_function=True, graph_rewrites=graph_rewrites)
     # A function graph is optimized, and recorded, when first instantiated: the first call.
-    return _execution.function_kernels(lambda: side.forward(INPUTS, training=False))
+    return _graph_rewrites.function_kernels(lambda: side.forward(INPUTS, training=False))
 
 
 def test_tf1_session_runs_no_fused_kernel_as_written():
     kernels, written = _tf1_kernels()
     assert {"Conv2D", "FusedBatchNormV3", "Relu", "MatMul"} <= written
     assert kernels, "nothing was read from the session's partition graphs"
-    assert _execution.fused_kernels(kernels, written) == {}
+    assert _graph_rewrites.fused_kernels(kernels, written) == {}
 
 
 def test_tf1_planted_old_config_runs_fused_kernels():
     """The session config before this change (arithmetic optimizer off only)
     lets the remapper fuse conv + batch norm + ReLU: the check catches it."""
     kernels, written = _tf1_kernels(config=_old_session_config())
-    fused = set(_execution.fused_kernels(kernels, written).values())
+    fused = set(_graph_rewrites.fused_kernels(kernels, written).values())
     assert fused & {"_MklNativeFusedConv2D", "_FusedConv2D", "_MklFusedConv2D"}, fused
     assert fused & {"_MklNativeFusedMatMul", "_FusedMatMul", "_MklFusedMatMul"}, fused
 
 
 def test_tf1_tensorflow_default_runs_fused_kernels():
     kernels, written = _tf1_kernels(graph_rewrites="tensorflow_default")
-    assert _execution.fused_kernels(kernels, written)
+    assert _graph_rewrites.fused_kernels(kernels, written)
 
 
 def test_tf2_function_runs_no_fused_kernel_as_written():
     kernels, written = _tf2_kernels()
     assert {"Conv2D", "FusedBatchNormV3", "Relu", "MatMul"} <= written
     assert kernels, "nothing was read from the function graphs"
-    assert _execution.fused_kernels(kernels, written) == {}
+    assert _graph_rewrites.fused_kernels(kernels, written) == {}
 
 
 def test_tf2_function_tensorflow_default_runs_fused_kernels():
     """Without the function options (TensorFlow's defaults) tf.function graphs are fused too."""
     kernels, written = _tf2_kernels(graph_rewrites="tensorflow_default")
-    fused = set(_execution.fused_kernels(kernels, written).values())
+    fused = set(_graph_rewrites.fused_kernels(kernels, written).values())
     assert fused & {"_MklNativeFusedConv2D", "_FusedConv2D", "_MklFusedConv2D"}, fused
 
 
@@ -118,11 +118,11 @@ def test_graphs_instantiated_before_the_call_are_not_read_as_its_own(monkeypatch
     def left_over(kernels):
         return {name: kind for name, kind in kernels.items() if "Softplus" in kind}
     # The runtime keeps left-over graphs once anything in the process has recorded.
-    _execution.function_kernels(tf.function(tf.identity), tf.constant(0.0))
+    _graph_rewrites.function_kernels(tf.function(tf.identity), tf.constant(0.0))
     _leave_graphs_behind()
     kernels, _ = _tf2_kernels()
     assert kernels and left_over(kernels) == {}
-    monkeypatch.setattr(_execution, "_drain_function_graphs", lambda ctx: None)
+    monkeypatch.setattr(_graph_rewrites, "_drain_function_graphs", lambda ctx: None)
     _leave_graphs_behind()
     kernels, _ = _tf2_kernels()
     assert left_over(kernels), "the planted leak was not seen: the test proves nothing"
@@ -134,17 +134,17 @@ def test_conv_bias_merge_is_the_one_onednn_rewrite_left():
     def conv_bias(inputs, training):
         return slim.conv2d(inputs, 4, 3, activation_fn=None, scope="conv")
     kernels, written = _tf1_kernels(fn=conv_bias)
-    merged = _execution.fused_kernels(kernels, written, allow=())
-    if _execution.onednn_enabled():
+    merged = _graph_rewrites.fused_kernels(kernels, written, allow=())
+    if _graph_rewrites.onednn_enabled():
         assert set(merged.values()) == {"_MklNativeConv2DWithBias"}
-    assert _execution.fused_kernels(kernels, written) == {}
+    assert _graph_rewrites.fused_kernels(kernels, written) == {}
 
 
 def test_fused_kernels_judges_names():
     written = {"Conv2D", "BiasAdd", "Relu"}
     kernels = {"a": "_MklNativeConv2D", "b": "BiasAdd", "c": "_Arg", "d": "_FusedConv2D", "e": "Relu"}
-    assert _execution.fused_kernels(kernels, written) == {"d": "_FusedConv2D"}
-    assert _execution.fused_kernels({}, written) == {}
+    assert _graph_rewrites.fused_kernels(kernels, written) == {"d": "_FusedConv2D"}
+    assert _graph_rewrites.fused_kernels({}, written) == {}
 
 
 def test_function_rewrites_restores_options_and_leaves_other_threads():
@@ -156,7 +156,7 @@ def test_function_rewrites_restores_options_and_leaves_other_threads():
         seen["other"] = ctx.function_call_options.config_proto_serialized
 
     with pytest.raises(RuntimeError):
-        with _execution.function_rewrites("as_written"):
+        with _graph_rewrites.function_rewrites("as_written"):
             inside = tf.compat.v1.ConfigProto()
             inside.ParseFromString(ctx.function_call_options.config_proto_serialized)
             assert inside.graph_options.rewrite_options.remapping == RewriterConfig.OFF
@@ -180,7 +180,7 @@ def test_function_rewrites_over_an_all_default_config():
     empty = ctx.function_call_options
     try:
         assert empty.config_proto_serialized == b""
-        with _execution.function_rewrites("as_written"):
+        with _graph_rewrites.function_rewrites("as_written"):
             inside = tf.compat.v1.ConfigProto()
             inside.ParseFromString(ctx.function_call_options.config_proto_serialized)
             assert inside.graph_options.rewrite_options.remapping == RewriterConfig.OFF
@@ -196,7 +196,7 @@ def test_function_rewrites_out_of_order_exit_on_threads():
 
     def run(name, wait_first):
         before = ctx.function_call_options
-        scope = _execution.function_rewrites("as_written")
+        scope = _graph_rewrites.function_rewrites("as_written")
         scope.__enter__()
         barrier.wait()
         if wait_first:
@@ -217,10 +217,10 @@ def test_function_rewrites_out_of_order_exit_on_threads():
 def test_session_config_as_written_turns_numeric_passes_off():
     config = runners.session_config("as_written")
     options = config.graph_options.rewrite_options
-    for name in _execution.turned_off("as_written"):
+    for name in _graph_rewrites.turned_off("as_written"):
         assert getattr(options, name) == RewriterConfig.OFF, name
     assert {"remapping", "arithmetic_optimization", "constant_folding"} <= set(
-        _execution.turned_off("as_written"))
+        _graph_rewrites.turned_off("as_written"))
     default = runners.session_config("tensorflow_default").graph_options.rewrite_options
     assert default.arithmetic_optimization == RewriterConfig.DEFAULT
 

@@ -284,19 +284,19 @@ def test_sides_run_the_graph_as_written(models, kind):
     the conv's swapped for oneDNN's fused conv are caught. (Whether TensorFlow's
     defaults fuse this small net depends on the version: 2.21 does, 2.16 does not;
     tests/test_execution.py proves the defaults fuse where they do.)"""
-    from equivtool._platform import execution as _execution
+    from equivtool._platform import graph_rewrites as _graph_rewrites
     with equivtool.load_side(models[kind]) as side:
         if kind == "tf1":
             feed = {side.input_tensors["images"]: images()}
-            kernels = _execution.session_kernels(side.session, dict(side.output_tensors), feed)
-            written = _execution.written_types(side.graph.as_graph_def())
+            kernels = _graph_rewrites.session_kernels(side.session, dict(side.output_tensors), feed)
+            written = _graph_rewrites.written_types(side.graph.as_graph_def())
         else:  # the signature's function graphs, as the runtime executed them
-            kernels, written = _execution.function_kernels(side.run, {"images": images()})
-    assert _execution.fused_kernels(kernels, written) == {}
+            kernels, written = _graph_rewrites.function_kernels(side.run, {"images": images()})
+    assert _graph_rewrites.fused_kernels(kernels, written) == {}
     convs = [name for name, kind_ in kernels.items() if "Conv2D" in kind_]
     assert convs, f"no conv kernel ran: nothing was checked ({sorted(set(kernels.values()))})"
     planted = {**kernels, convs[0]: "_MklNativeFusedConv2D"}
-    assert _execution.fused_kernels(planted, written) == {convs[0]: "_MklNativeFusedConv2D"}
+    assert _graph_rewrites.fused_kernels(planted, written) == {convs[0]: "_MklNativeFusedConv2D"}
 
 
 def test_data_loader_batches_each_a_step(models, tmp_path):

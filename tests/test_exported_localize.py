@@ -209,13 +209,13 @@ def test_the_tf2_dump_runs_the_graph_as_written(models, tmp_path):
     what was written (the conv among them); the check can fail, as a planted fused conv
     shows. (Every node's output is consumed by its write there, so even TensorFlow's
     default rewrites find nothing to fuse in this net: measured, not asserted.)"""
-    from equivtool._platform import execution as _execution
+    from equivtool._platform import graph_rewrites as _graph_rewrites
     with equivtool.load_side(models["tf2"]) as side:
         view = side.graph_view(feed())
         tensors = compared_tensors(view)
-        kernels, written = _execution.function_kernels(view.dumped, tensors, str(tmp_path), 1 << 20)
-    assert _execution.fused_kernels(kernels, written) == {}
+        kernels, written = _graph_rewrites.function_kernels(view.dumped, tensors, str(tmp_path), 1 << 20)
+    assert _graph_rewrites.fused_kernels(kernels, written) == {}
     convs = [name for name, kind in kernels.items() if "Conv2D" in kind]
     assert convs, f"no conv kernel ran in the dump: nothing was checked ({sorted(set(kernels.values()))})"
     planted = {**kernels, convs[0]: "_MklNativeFusedConv2D"}
-    assert _execution.fused_kernels(planted, written) == {convs[0]: "_MklNativeFusedConv2D"}
+    assert _graph_rewrites.fused_kernels(planted, written) == {convs[0]: "_MklNativeFusedConv2D"}

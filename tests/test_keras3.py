@@ -27,7 +27,7 @@ import tf_slim as slim  # noqa: E402
 from equivtool import DeterministicRandomTestTool, VariableSet, check_equivalence, map_variables  # noqa: E402
 from equivtool._platform import tf_internals as _tfi  # noqa: E402
 from equivtool.seeding._keras3 import NAMES  # noqa: E402
-from equivtool.variables._flavour import (  # noqa: E402
+from equivtool.variables.flavour import (  # noqa: E402
     is_keras3, layer_variables, variable_dtype, variable_name, variable_shape)
 
 RENAME = {r"/weights$": "/kernel", r"/biases$": "/bias", r"conv1/BatchNorm/": "bn/"}
@@ -392,8 +392,8 @@ def test_a_mapping_aligns_keras3_weights_by_path():
 def test_an_aligned_keras3_variable_takes_its_fixed_value():
     from types import SimpleNamespace
 
-    from equivtool.checkpoints._align import tf2_aligned
-    from equivtool.engine.sides.runners import fixed_value
+    from equivtool.engine.align import tf2_aligned
+    from equivtool.engine.sides.tf1_side import fixed_value
     options = SimpleNamespace(aligned="rules", renamer=lambda name: name)
     with tf2_aligned(options):
         layer = keras.layers.Dense(4, name="dense")
@@ -409,7 +409,7 @@ def _keras3_initialize():
 
 
 def test_keras3_initialize_is_restored_after_an_exception_and_out_of_order_exits():
-    from equivtool.checkpoints._align import _keras3_assigned
+    from equivtool.engine.align import _keras3_assigned
     before = _keras3_initialize()
     with pytest.raises(KeyError):
         with _keras3_assigned(lambda v: None):

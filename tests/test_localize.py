@@ -23,6 +23,7 @@ import tf_slim
 from equivtool._platform.tf_internals import op_callbacks
 
 from equivtool import check_equivalence
+from equivtool.engine.sides.tf2_side import run_tapped
 from equivtool.localize import Localization, OpError, as_localization, localize_forward
 from equivtool.localize.result import rerun_hint
 from tests import small_models
@@ -218,6 +219,11 @@ def _run_tf1(session, placeholder, calls=None):
     return run
 
 
+def tapped(fn):
+    """A TF2 call as localize_forward takes it: ``call(tap)`` runs ``fn`` with the tap installed."""
+    return lambda tap: run_tapped(tap, fn)
+
+
 def _no_callbacks() -> bool:
     return not op_callbacks.should_invoke_op_callbacks()
 
@@ -225,7 +231,7 @@ def _no_callbacks() -> bool:
 def test_the_op_tap_is_removed_after_a_run_and_after_an_exception(small_pair):
     graph, placeholder, outputs, session, layer = small_pair
     assert _no_callbacks()
-    found = localize_forward(graph, outputs, _run_tf1(session, placeholder), lambda: layer(_inputs()))
+    found = localize_forward(graph, outputs, _run_tf1(session, placeholder), tapped(lambda: layer(_inputs())))
     assert found.status == "no_divergence" and found.compared == 9
     assert _no_callbacks()
 
@@ -233,7 +239,7 @@ def test_the_op_tap_is_removed_after_a_run_and_after_an_exception(small_pair):
         layer(_inputs())
         raise RuntimeError("the TF2 call failed")
     with pytest.raises(RuntimeError, match="the TF2 call failed"):
-        localize_forward(graph, outputs, _run_tf1(session, placeholder), failing_call)
+        localize_forward(graph, outputs, _run_tf1(session, placeholder), tapped(failing_call))
     assert _no_callbacks()
     # eager ops after the failure are not seen by a stale tap
     assert float(tf.reduce_sum(tf.ones([2]))) == 2.0
@@ -243,9 +249,9 @@ def test_buffering_is_bounded_by_the_budget(small_pair):
     graph, placeholder, outputs, session, layer = small_pair
     calls_small, calls_large = [], []
     small = localize_forward(graph, outputs, _run_tf1(session, placeholder, calls_small),
-                             lambda: layer(_inputs()), budget_bytes=1)
+                             tapped(lambda: layer(_inputs())), budget_bytes=1)
     large = localize_forward(graph, outputs, _run_tf1(session, placeholder, calls_large),
-                             lambda: layer(_inputs()), budget_bytes=1 << 30)
+                             tapped(lambda: layer(_inputs())), budget_bytes=1 << 30)
     assert small.to_dict() | {"seconds": 0} == large.to_dict() | {"seconds": 0}
     assert calls_small == [1] * 9  # one op at a time: never more than one op's outputs held
     assert calls_large == [9]
@@ -256,7 +262,7 @@ def test_comparison_stops_at_the_first_divergence(small_pair):
     calls = []
     with patched(small_models.tf.nn, "relu", tf.nn.elu):
         found = localize_forward(graph, outputs, _run_tf1(session, placeholder, calls),
-                                 lambda: layer(_inputs()), budget_bytes=1)
+                                 tapped(lambda: layer(_inputs())), budget_bytes=1)
     assert found.tf1_op == "small_net/Relu" and found.tf2_type == "Elu"
     assert found.compared == 4  # Conv2D, BiasAdd, FusedBatchNormV3, then the activation
     assert len(calls) == 4  # nothing after the divergent op was fetched
@@ -266,7 +272,7 @@ def test_the_tf_function_spill_folder_is_removed(small_pair, monkeypatch, tmp_pa
     graph, placeholder, outputs, session, layer = small_pair
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     found = localize_forward(graph, outputs, _run_tf1(session, placeholder),
-                             lambda: tf.function(lambda x: layer(x))(_inputs()))
+                             tapped(lambda: tf.function(lambda x: layer(x))(_inputs())))
     assert found.mode == "tf.function" and found.status == "no_divergence" and found.compared == 9
     assert glob.glob(os.path.join(tmp_path, "equivtool-localize-*")) == []
 
@@ -274,7 +280,7 @@ def test_the_tf_function_spill_folder_is_removed(small_pair, monkeypatch, tmp_pa
 def test_nothing_aligned_is_inconclusive_not_no_divergence(small_pair):
     graph, placeholder, outputs, session, _ = small_pair
     found = localize_forward(graph, outputs, _run_tf1(session, placeholder),
-                             lambda: tf.sin(tf.constant([1.0, 2.0])))
+                             tapped(lambda: tf.sin(tf.constant([1.0, 2.0]))))
     assert found.status == "inconclusive"
     assert "no op could be aligned" in found.reason
     assert found.compared == 0 and found.unaligned_tf1_count == 9
@@ -287,9 +293,9 @@ def test_a_failed_localization_is_inconclusive_and_keeps_the_verdict(small_pair)
     from equivtool.report import StepResult
     graph, placeholder, outputs, session, _ = small_pair
     step = StepResult.from_comparisons("fixed_weights", "t", [equivtool.compare(np.ones(2), np.ones(2))])
-    side = types.SimpleNamespace(graph=graph, session=session, feed=lambda: {placeholder: _inputs()})
+    side = types.SimpleNamespace(graph=graph, op_runner=lambda outputs: _run_tf1(session, placeholder))
 
-    def failing():
+    def failing(tap):
         raise RuntimeError("boom")
     result = localize_on_step(step, side, outputs, failing, equivtool.Tolerance(), only_failed=False)
     assert result.status == step.status == "passed" and result.comparisons == step.comparisons
@@ -302,7 +308,7 @@ def test_localize_argument_is_checked_before_any_work():
     with pytest.raises(TypeError, match="localize: expected True .*, 'all' .* or False"):
         check_equivalence(slim_net, SlimNetShim, _inputs(), localize="yes")
     with pytest.raises(ValueError, match="budget_bytes"):
-        localize_forward(tf.Graph(), [], lambda t: [], lambda: None, budget_bytes=0)
+        localize_forward(tf.Graph(), [], lambda t: [], lambda tap: None, budget_bytes=0)
 
 
 # --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import equivtool  # noqa: F401  (sets up the environment before TensorFlow)
 import tensorflow as tf
 
+from equivtool.engine.sides.tf2_side import run_tapped
 from equivtool.localize import localize_forward
 
 # unary ops of distinct functions, none the identity on another's range (elu is on a
@@ -86,7 +87,8 @@ def _localize(paths, ops, planted=None):
         with tf.name_scope("migrated_layer"):
             return _build(tf.constant(_inputs()), paths, ops, tf.name_scope, planted)
     try:
-        found = localize_forward(graph, nodes[-1], lambda t: session.run(t, {placeholder: _inputs()}), tf2_call)
+        found = localize_forward(graph, nodes[-1], lambda t: session.run(t, {placeholder: _inputs()}),
+                                 lambda tap: run_tapped(tap, tf2_call))
     finally:
         session.close()
     return found, [t.op.name for t in nodes]

@@ -10,19 +10,20 @@ import tensorflow as tf
 
 import equivtool
 from published_models import shim_of
-from equivtool.localize._capture import _Lockstep, _Record, _TF1Op
+from equivtool.localize.alignment import TF1Op
+from equivtool.localize.lockstep import Lockstep, Record
 
 
 def _op(index, name, op_type="Conv2D"):
-    return _TF1Op(index, types.SimpleNamespace(name=name, type=op_type), [0], name)
+    return TF1Op(index, types.SimpleNamespace(name=name, type=op_type), [0], name)
 
 
 def test_shifted_suffixes_align_in_structural_order():
     ops = [_op(0, "x/conv/Conv2D"), _op(1, "x_1/conv/Conv2D"), _op(2, "x_2/conv/Conv2D")]
-    lockstep = _Lockstep(ops, run_tf1=None, tolerance=None, budget_bytes=1 << 20)
+    lockstep = Lockstep(ops, run_tf1=None, tolerance=None, budget_bytes=1 << 20)
     # eagerly the instances were numbered from 1 (x_1, x_2, x_3): the k-th aligns with the k-th
     for expected, scope in zip(ops, ("x_1/conv", "x_2/conv", "x_3/conv")):
-        record = _Record(f"{scope}/Conv2D", scope, "Conv2D", [np.zeros(1)], [])
+        record = Record(f"{scope}/Conv2D", scope, "Conv2D", [np.zeros(1)], [])
         found = lockstep.align(record)
         assert found is expected, (scope, found.name if found else None)
         found.matched = True

@@ -25,7 +25,8 @@ import tensorflow as tf
 from equivtool import check_equivalence
 from equivtool.comparison import compare
 from equivtool.localize import Localization, OpError, as_localization
-from equivtool.localize._capture import _Lockstep, _Record, _TF1Op
+from equivtool.localize.alignment import TF1Op
+from equivtool.localize.lockstep import Lockstep, Record
 from equivtool.localize.result import hidden_divergence, localization_html, strict_intermediates
 from equivtool.report import EquivalenceReport, StepResult
 from tests import small_models
@@ -181,16 +182,16 @@ def test_a_swapped_op_is_blamed_where_it_is(model, where, types_, tf_function):
 
 def _op(index, name, op_type):
     tensor = types.SimpleNamespace(name=f"{name}:0")
-    return _TF1Op(index, types.SimpleNamespace(name=name, type=op_type, outputs=[tensor], inputs=[]), [0], name)
+    return TF1Op(index, types.SimpleNamespace(name=name, type=op_type, outputs=[tensor], inputs=[]), [0], name)
 
 
 def _walk(tf1_values, tf2_values):
     """A lockstep over a chain of ops whose values are given per side."""
     ops = [_op(i, f"net/op{i}", "Exp") for i in range(len(tf1_values))]
     by_name = {op.op.outputs[0].name: v for op, v in zip(ops, tf1_values)}
-    lockstep = _Lockstep(ops, lambda tensors: [by_name[t.name] for t in tensors], equivtool.Tolerance(), 1)
+    lockstep = Lockstep(ops, lambda tensors: [by_name[t.name] for t in tensors], equivtool.Tolerance(), 1)
     for op, value in zip(ops, tf2_values):
-        lockstep.add(_Record(op.key, op.scope, op.type, [value], []))
+        lockstep.add(Record(op.key, op.scope, op.type, [value], []))
     lockstep.flush()
     return lockstep
 
@@ -411,14 +412,14 @@ def test_check_flags_reach_check_equivalence(flags, expected, monkeypatch, capsy
 
 
 def test_an_outer_scope_is_stripped_only_when_every_op_is_under_it():
-    from equivtool.localize._capture import _Naming
-    outer = _Naming(["net/conv1/Conv2D", "net/net/fc/MatMul"])
+    from equivtool.localize.alignment import Naming
+    outer = Naming(["net/conv1/Conv2D", "net/net/fc/MatMul"])
     assert outer.outer == "net" and outer.tf1_key("net/net/fc/MatMul") == "fc/MatMul"
     assert outer.other_scope(["layer", "net", "conv1", "net", "conv1"], layer_scope=True) == ["conv1"]
     for names in (["conv1/Conv2D", "conv2/Conv2D"], ["net/conv1/Tanh", "Tanh"]):  # none: names stay whole
-        naming = _Naming(names)
+        naming = Naming(names)
         assert naming.outer is None and [naming.tf1_key(n) for n in names] == names
-    top = _Naming(["conv1/Conv2D", "conv2/Conv2D", "Relu"])
+    top = Naming(["conv1/Conv2D", "conv2/Conv2D", "Relu"])
     assert top.other_scope(["migrated", "conv2"], layer_scope=True) == ["conv2"]
     assert top.other_scope(["StatefulPartitionedCall", "conv2_1"], layer_scope=False) == ["conv2_1"]
     assert top.other_scope(["migrated"], layer_scope=True) == []  # an unscoped op under the layer's scope

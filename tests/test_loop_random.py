@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from equivtool.engine.sides.tf1_graph import depends_on, loop_random_ops
+from equivtool.engine.sides.tf1_graph_reading import depends_on, loop_random_ops
 from tests import sparse_models as sm
 
 SGD = (lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1), lambda: tf.keras.optimizers.SGD(0.1))

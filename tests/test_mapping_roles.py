@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from equivtool.checkpoints.mapping import fresh_layer_numbering, propose, renumbering_hint
+from equivtool.variables.mapping import fresh_layer_numbering, propose, renumbering_hint
 from equivtool.variables import VariableInfo, VariableSet
 
 v1 = tf.compat.v1

@@ -15,12 +15,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from options_support import equivalence_arguments
+
 import equivtool
 from equivtool.comparison import Comparison, Tolerance, compare
-from equivtool.engine import noise_floor, steps
+from equivtool.engine import noise_floor
+from equivtool.engine.steps import training as training_steps
 from equivtool.engine.options import Options
 from equivtool.engine.run import Engine
-from equivtool.engine.sides.runners import TF1Side
+from equivtool.engine.sides.tf1_side import TF1Side
 from equivtool.report import StepResult
 from tests import checkpoint_models as cm
 from tests.test_checkpoints_resume import ADAM, adam_ckpt, mapping  # noqa: F401 (the resume tests' fixtures)
@@ -176,10 +179,8 @@ def test_the_perturbed_run_moves_every_float_variable_and_puts_everything_back_o
 
 
 def _engine(**kwargs) -> Engine:
-    arguments = dict(steps=["optimizer"], modes=("constant",), tolerance=None, step_tolerances=None,
-                     loss_fn=None, optimizers=ADAM, train_steps=2, checkpoint=None, rename=None,
-                     tf_function=False, seed=42)
-    arguments.update(kwargs)
+    arguments = equivalence_arguments(**{"steps": ["optimizer"], "modes": ("constant",), "optimizers": ADAM,
+                                         "train_steps": 2, **kwargs})
     return Engine(Options.build(cm.slim_net, cm.NativeNet, cm.images(), **arguments))
 
 
@@ -193,7 +194,7 @@ def test_the_optimizer_step_runs_tf1_once_more_at_most_and_restores_every_variab
         half = engine.tf1_half
         half.gradient_pass()  # what the step does first (it updates the moving statistics)
         before = half.side.global_state()
-        tf1 = steps._optimizer_tf1(engine)
+        tf1 = training_steps._optimizer_tf1(engine)
         after = half.side.global_state()
         assert set(before) <= set(after)
         for name in before:

@@ -368,6 +368,6 @@ def test_doctor_says_where_the_gpu_kernels_come_from(monkeypatch, tmp_path):
     (cache / "kernels" / "xent-0123456789abcdef-float32-sm_89-nvrtc12.9.cubin").write_bytes(b"x")
     monkeypatch.setenv("EQUIVTOOL_CACHE_DIR", str(cache))
     monkeypatch.setenv("EQUIVTOOL_NVRTC", str(tmp_path / "absent" / "libnvrtc.so.12"))
-    line = _gpu.describe(ops.op_status()["path"], {"cuda": "0"})
+    line = _gpu.describe_gpu(ops.op_status()["path"], {"cuda": "0"})
     assert line.startswith("run time (NVRTC, driver API): no NVRTC found; cached sm_89 in "), line
     assert str(cache) in line and ("driver CUDA" in line or "no NVIDIA driver" in line), line

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from equivtool import cli, ops, seeding
+from equivtool.seeding import tool as seeding_tool
 from equivtool.cli import selfcheck as _selfcheck
 
 
@@ -20,7 +21,7 @@ def test_both_checks_pass_on_this_tensorflow():
 
 def test_random_check_finds_a_float_seed_as_tf_keras_2_16_got_it(monkeypatch):
     # What tf-keras 2.16-2.18 received before the fix: randint(1, 1e9) -> a float.
-    monkeypatch.setattr(seeding._KerasSeedSource, "randint",
+    monkeypatch.setattr(seeding_tool._KerasSeedSource, "randint",
                         lambda self, a, b: float(self._tool._next_keras_seed(int(a), int(b))))
     check = _selfcheck.check_random_tool()
     assert not check.ok
@@ -61,7 +62,7 @@ def test_op_check_finds_an_op_that_cannot_load(monkeypatch):
 
 
 def test_doctor_exits_non_zero_with_the_reason(monkeypatch, capsys):
-    monkeypatch.setattr(seeding._KerasSeedSource, "randint", lambda self, a, b: float(a))
+    monkeypatch.setattr(seeding_tool._KerasSeedSource, "randint", lambda self, a, b: float(a))
     assert cli.main(["doctor"]) == cli.EXIT_DIFFERENT != cli.EXIT_OK
     out = capsys.readouterr().out
     assert "random tool     FAILS: cannot seed" in out

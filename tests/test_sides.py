@@ -5,12 +5,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from options_support import equivalence_arguments
+
 import equivtool
 from equivtool.engine import pair, registry, sides
 from equivtool.engine.options import Options
 from equivtool.engine.run import Engine
-from equivtool.engine.sides.runners import TF1Side
-from equivtool.engine.sides.tf2_layer import TF2Side
+from equivtool.engine.sides.tf1_side import TF1Side
+from equivtool.engine.sides.tf2_side import TF2Side
 
 X = np.ones([2, 4], np.float32)
 
@@ -26,10 +28,7 @@ class Dense(tf.keras.layers.Layer):
 
 
 def _engine(**kwargs) -> Engine:
-    arguments = dict(steps=None, modes=("constant",), tolerance=None, step_tolerances=None, loss_fn=None,
-                     optimizers=None, train_steps=1, checkpoint=None, rename=None, tf_function=False,
-                     graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None)
-    arguments.update(kwargs)
+    arguments = equivalence_arguments(modes=("constant",), train_steps=1, **kwargs)
     return Engine(Options.build(dense_tf1, Dense, X, **arguments))
 
 

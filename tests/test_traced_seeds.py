@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import equivtool
-from equivtool.seeding._traced import TraceAlignment
+from equivtool.seeding.traced import TraceAlignment
 
 
 def test_retrace_gets_the_first_traces_forward_seeds_not_the_initializers():

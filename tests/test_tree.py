@@ -11,7 +11,7 @@ import pytest
 import equivtool  # noqa: F401  (before TensorFlow)
 import tensorflow as tf
 from equivtool._base import tree as _tree
-from equivtool.engine.sides import runners
+from equivtool.engine.sides import tf1_side as runners
 
 Pair = collections.namedtuple("Pair", "left right")
 

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import equivtool
-from equivtool.variables._guards import second_call_message, uniquified_scope
+from equivtool.variables.guards import second_call_message, uniquified_scope
 
 GENERIC = ("Variable bert_1/word_embeddings was about to be created inside assert_no_variable_creations(): "
            "shape=(11, 8), dtype=float32, trainable=True, requested at m.py:3 in f. Every variable must be "

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from equivtool.engine.sides.tf1_graph import align_pass_keys
+from equivtool.engine.sides.tf1_graph_reading import align_pass_keys
 
 SGD = (lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1), lambda: tf.keras.optimizers.SGD(0.1))
 ALL_STEPS = {"variables_once", "parity", "fixed_weights", "random/constant/inference", "random/constant/training",

@@ -290,11 +290,11 @@ def _write_atomic(path: str, text: str) -> None:
 def _cpu() -> str:
     """The CPU's model name and the vector extensions oneDNN can use: its fused kernels round
     differently across them, so every row names its CPU. Read by equivtool's own
-    ``_platform/execution.cpu`` (loaded from its file: this tool runs without equivtool's
+    ``_platform/graph_rewrites.cpu`` (loaded from its file: this tool runs without equivtool's
     dependencies), the same description as the report's header."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
-        "_equivtool_execution", os.path.join(REPO, "equivtool", "_platform", "execution.py"))
+        "_equivtool_graph_rewrites", os.path.join(REPO, "equivtool", "_platform", "graph_rewrites.py"))
     execution = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(execution)
     cpu = execution.cpu()

@@ -22,7 +22,7 @@ def is_namedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
-def _rebuild_mapping(original: Mapping, items: list):
+def rebuild_mapping(original: Mapping, items: list):
     return dict(items) if type(original) is dict else type(original)(items)
 
 
@@ -105,7 +105,7 @@ def expand_composites(structure):
     if parts is not None:
         return parts
     if isinstance(structure, Mapping):
-        return _rebuild_mapping(structure, [(k, expand_composites(v)) for k, v in structure.items()])
+        return rebuild_mapping(structure, [(k, expand_composites(v)) for k, v in structure.items()])
     if isinstance(structure, (list, tuple)) and not is_sparse(structure):
         return _rebuild_sequence(structure, [expand_composites(v) for v in structure])
     return structure
@@ -121,7 +121,7 @@ def to_numpy(structure):
     if parts is not None:
         return parts
     if isinstance(structure, Mapping):
-        return _rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
+        return rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
     if isinstance(structure, (list, tuple)):
         return _rebuild_sequence(structure, [to_numpy(v) for v in structure])
     if structure is None:
@@ -146,7 +146,7 @@ def pack_like(structure, leaves: list):
 
     def build(node):
         if isinstance(node, Mapping):
-            return _rebuild_mapping(node, [(k, build(v)) for k, v in node.items()])
+            return rebuild_mapping(node, [(k, build(v)) for k, v in node.items()])
         if isinstance(node, (list, tuple)):
             return _rebuild_sequence(node, [build(v) for v in node])
         return next(iterator)

@@ -31,11 +31,11 @@ SYMBOLS: dict[str, str] = {
     "tensor_util": "tensorflow.python.framework.tensor_util",
     # variables: creates_variables_once keeps the method's signature visible to Keras
     "tf_decorator": "tensorflow.python.util.tf_decorator",
-    # _platform/execution.py: Grappler's numerics-changing passes switched off (TF1 session, TF2 function calls)
+    # _platform/graph_rewrites.py: Grappler's numerics-changing passes switched off (TF1 session, TF2 function calls)
     "RewriterConfig": "tensorflow.core.protobuf.rewriter_config_pb2:RewriterConfig",
-    # _platform/execution.py: each thread's function-call options and the run metadata of function calls
+    # _platform/graph_rewrites.py: each thread's function-call options and the run metadata of function calls
     "EagerContext": "tensorflow.python.eager.context:Context",
-    # _platform/execution.py: whether oneDNN is on (the report header, doctor)
+    # _platform/graph_rewrites.py: whether oneDNN is on (the report header, doctor)
     "util_port": "tensorflow.python.util._pywrap_util_port",
     # determinism: sessions found in the audited state, datasets' graphs, op recording; localize: op taps
     "BaseSession": "tensorflow.python.client.session:BaseSession",

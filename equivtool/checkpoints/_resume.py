@@ -24,19 +24,18 @@ import contextlib
 import os
 
 import numpy as np
-import tensorflow as tf
 
 from equivtool.engine import noise_floor
-from equivtool.engine.steps import SplitStep
+from equivtool.engine.steps.common import SplitStep
 from equivtool._platform.tf_internals import save_slice_info
 from equivtool.checkpoints.convert import checkpoint_path, convert
-from equivtool.checkpoints.mapping import fresh_layer_numbering, tf1_value
+from equivtool.variables.mapping import fresh_layer_numbering, tf1_value
 from equivtool.comparison import compare
 from equivtool.report import StepResult
-from equivtool.checkpoints import _slots
-from equivtool.variables._flavour import variable_name
-from equivtool.engine.sides.runners import TF1Side, variable_key
-from equivtool.engine.sides.tf2_layer import TF2Side
+from equivtool.variables import slots as _slots
+from equivtool.variables.flavour import variable_name
+from equivtool.engine.sides.tf1_side import TF1Side, variable_key
+from equivtool.engine.sides.tf2_side import TF2Side, call_layer
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.registry import SkipStep, title
 
@@ -77,23 +76,11 @@ def _resume_tf1(e) -> dict:
     try:
         training = side.build_training(make_tf1, True)
         optimizer = training.optimizer
-        with side.graph.as_default():
-            everything = tf.compat.v1.global_variables()
-            stored = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-            absent = sorted({save_slice_info(v).full_name if save_slice_info(v) else v.op.name
-                             for v in everything} - set(stored))
-            if absent:
-                raise ValueError(f"checkpoint: {path!r} lacks {absent}, which the TF1 training graph "
-                                 f"({type(optimizer).__name__}) has: was it written by this model and optimizer?")
-            tf.compat.v1.train.Saver(var_list=everything).restore(side.session, path)
-            side._initialized = True  # every variable restored
-            trainable = side.trainable_variables()
-            slots = [(v, optimizer.get_slot(v, name)) for name in optimizer.get_slot_names() for v in trainable]
-            slots = [(v, s) for v, s in slots if s is not None]
-            non_slot = [v for v in optimizer.variables() if v.op.name in ("beta1_power", "beta2_power")]
+        slots, non_slot = side.restore_training(path, optimizer)
+
         def train_step() -> tuple:
             loss = side.train_step(training)
-            model_values, slot_values, non_slot_values = side.session.run(
+            model_values, slot_values, non_slot_values = side.fetch(
                 (side.variables, [s for _, s in slots], non_slot))
             slot_keys = [(v, s.op.name.rsplit("/", 1)[-1]) for v, s in slots]
             by_slot = {}
@@ -132,7 +119,7 @@ def _resume_tf2(e, _) -> dict:
     if e.factory is not None:
         with tool.scope(), fresh_layer_numbering() if o.aligned else contextlib.nullcontext():
             writer = e.factory()
-            writer(tf.nest.map_structure(tf.convert_to_tensor, o.inputs), training=False)
+            call_layer(writer, o.inputs, False, False)  # built, as the converted layer is
     with tool.scope():
         side = TF2Side(e.new_layer(), renamer=o.renamer, loss_fn=o.loss_fn, use_tf_function=o.tf_function,
                        graph_rewrites=o.graph_rewrites)
@@ -140,9 +127,7 @@ def _resume_tf2(e, _) -> dict:
     conversion, _, _ = convert(o.checkpoint, None, o.inputs, target, rename=o.renamer, optimizer=make_tf2,
                                overwrite=True, layer=writer or side.layer, slot_layout=o.slot_layout)
     optimizer = side.make_optimizer(make_tf2)
-    # Loaded as its users load it (restore, not read: the file holds save_counter).
-    status = tf.train.Checkpoint(model=side.layer, optimizer=optimizer).restore(conversion.path)
-    status.assert_existing_objects_matched()
+    side.restore_checkpoint(conversion.path, optimizer)
     lr = float(optimizer.get_config()["learning_rate"]) if any(
         how != "copy" for _, _, how in conversion.slots) else None
     # A converted slot is "<slot>/<writer's variable name>"; the resumed layer's

@@ -2,7 +2,7 @@
 
 The model's variables go through the mapping (``rename=`` rules or a
 :class:`~equivtool.VariableMapping`); the TF1 optimizer's slots become the
-tf-keras optimizer's (see ``equivtool.checkpoints._slots`` for each layout and
+tf-keras optimizer's (see ``equivtool.variables.slots`` for each layout and
 what it preserves), and ``iterations`` is recovered from ``global_step`` or
 Adam's beta powers, checked against each other. Every problem found is named
 before anything is written (an output that is, or shares files with, the input
@@ -36,13 +36,13 @@ import tensorflow as tf
 
 from equivtool._base import scratch
 from equivtool._base.errors import short
-from equivtool.checkpoints import _slots
-from equivtool.checkpoints.mapping import (MappingRenamer, as_rename, check_inputs, fresh_layer_numbering,
+from equivtool.variables import slots as _slots
+from equivtool.variables.mapping import (MappingRenamer, as_rename, check_inputs, fresh_layer_numbering,
                                            make_layer, renumbering_hint, tf2_value)
 from equivtool.engine import signals as _signals
-from equivtool.engine.sides.runners import checkpoint_exists
-from equivtool.variables import _make_renamer
-from equivtool.variables._flavour import is_keras3, layer_variables, variable_dtype, variable_name, variable_shape
+from equivtool.engine.sides.tf1_side import checkpoint_exists
+from equivtool.variables import make_renamer
+from equivtool.variables.flavour import is_keras3, layer_variables, variable_dtype, variable_name, variable_shape
 
 __all__ = ["convert_checkpoint", "Conversion", "convert"]
 
@@ -229,7 +229,7 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
     if slot_layout is not None and not isinstance(slot_layout, _slots.SlotLayout):
         raise TypeError(f"slot_layout: expected an equivtool.SlotLayout (e.g. equivtool.ADAM_WEIGHT_DECAY), "
                         f"got {type(slot_layout).__name__}")
-    renamer = _make_renamer(as_rename(rename))
+    renamer = make_renamer(as_rename(rename))
     if optimizer is not None and not (callable(optimizer) or hasattr(optimizer, "apply_gradients")):
         raise TypeError(f"optimizer: expected a tf-keras optimizer, a Keras 3 optimizer or a zero-argument factory, "
                         f"got {type(optimizer).__name__}")

@@ -9,7 +9,7 @@ from equivtool.cli.common import EXIT_OK, UsageError
 
 def run(args) -> int:
     from equivtool.ops import build_ops
-    from equivtool.ops._build import BuildError
+    from equivtool.ops import BuildError
     try:
         path = build_ops(verbose=args.verbose)
     except (BuildError, OSError) as exc:

@@ -82,7 +82,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from equivtool.exported._compare import compare_models
+    from equivtool.exported import compare_models
     try:
         check_output_path(args.json, "--json")
         check_output_path(args.html, "--html")

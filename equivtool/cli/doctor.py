@@ -78,18 +78,18 @@ def doctor_devices() -> tuple[bool, str]:
 
 def doctor_machine() -> tuple[bool, str]:
     """What a verdict depends on: the CPU, its instruction sets, oneDNN, threads."""
-    from equivtool._platform import execution as _execution
-    cpu, threads = _execution.cpu(), _execution.threads()
+    from equivtool._platform import graph_rewrites as _graph_rewrites
+    cpu, threads = _graph_rewrites.cpu(), _graph_rewrites.threads()
     return True, (f"{cpu['model']} ({', '.join(cpu['isa']) or 'no AVX2'}"
                   + (f"; ONEDNN_MAX_CPU_ISA={cpu['onednn_max_cpu_isa']}" if "onednn_max_cpu_isa" in cpu else "")
-                  + f"), oneDNN {'on' if _execution.onednn_enabled() else 'off'}, "
+                  + f"), oneDNN {'on' if _graph_rewrites.onednn_enabled() else 'off'}, "
                   f"threads intra-op {threads['intra_op']}, inter-op {threads['inter_op']}"
                   + (" (TensorFlow's default)" if threads["default"] else ""))
 
 
 def doctor_rewrites() -> tuple[bool, str]:
-    from equivtool._platform import execution as _execution
-    return True, ("as_written (default) turns off " + ", ".join(_execution.turned_off("as_written"))
+    from equivtool._platform import graph_rewrites as _graph_rewrites
+    return True, ("as_written (default) turns off " + ", ".join(_graph_rewrites.turned_off("as_written"))
                   + " in TF1 sessions and TF2 function graphs")
 
 
@@ -105,7 +105,7 @@ def doctor_xent_op() -> tuple[bool, str]:
 def doctor_xent_cuda() -> tuple[bool, str]:
     """The op library's CUDA runtime, the driver it needs, SASS and PTX (read from the file)."""
     from equivtool.ops import op_status
-    from equivtool.ops._build import cuda_contents, cuda_report
+    from equivtool.ops import cuda_contents, cuda_report
     status = op_status()
     if not (status.get("built") and not status.get("error") and status.get("cuda")):
         return True, "no CUDA kernels compiled into this library (see: xent op GPU)"
@@ -116,16 +116,16 @@ def doctor_xent_gpu() -> tuple[bool, str]:
     """Where the op's GPU kernels come from (nvcc ahead of time, NVRTC at run time,
     none and why), which NVRTC, the architectures cached, the driver version."""
     from equivtool.ops import op_status
-    from equivtool.ops._gpu import describe
-    from equivtool.ops._load import read_stamp
+    from equivtool.ops import describe_gpu
+    from equivtool.ops import read_stamp
     status = op_status()
     if not status.get("built") or status.get("error"):
         return True, "op library not usable (see: xent op)"
     now, stamp = status.get("gpu_kernels"), read_stamp(status["path"]) or {}
     if stamp.get("cuda") == "1":
-        return True, describe(status["path"], stamp)
+        return True, describe_gpu(status["path"], stamp)
     head = f"none ({now.reason})" if now is not None and now.source == "none" else str(now)
-    return True, f"now: {head}; {describe(status['path'], stamp)}"
+    return True, f"now: {head}; {describe_gpu(status['path'], stamp)}"
 
 
 def _live_check(name: str) -> Callable[[], tuple[bool, str]]:

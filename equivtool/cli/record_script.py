@@ -9,7 +9,7 @@ from equivtool.cli.common import EXIT_OK
 
 
 def run(args) -> int:
-    from equivtool.exported._record import recorder_source
+    from equivtool.exported import recorder_source
     sys.stdout.write(recorder_source())
     return EXIT_OK
 

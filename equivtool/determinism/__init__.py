@@ -113,7 +113,7 @@ The package: ``_report`` (the report model and its rendering), ``_capture``
 
 from __future__ import annotations
 
-from equivtool.determinism._audit import audit_determinism
+from equivtool.determinism.audit import audit_determinism
 from equivtool.determinism._causes import CAUSE_KINDS, GPU_NONDETERMINISTIC_OPS, STATEFUL_RANDOM_OPS
 from equivtool.determinism._report import Cause, DeterminismReport, LeafDifference
 

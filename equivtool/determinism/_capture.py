@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from equivtool.determinism import _tf
 from equivtool._base.names import strip_output_index
-from equivtool.engine.sides.runners import load_by_initializer
+from equivtool.engine.sides.tf1_side import load_by_initializer
 
 
 def _object_location(fn: Callable) -> str:

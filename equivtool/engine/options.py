@@ -8,6 +8,7 @@ cannot be sent to a worker process (:mod:`equivtool.engine.send`) up front.
 from __future__ import annotations
 
 import dataclasses
+import types
 import os
 import warnings
 from typing import Any, Callable, Mapping
@@ -17,17 +18,17 @@ import tensorflow as tf
 
 from equivtool.engine import output_filter
 from equivtool._base.tree import flatten_tensors
-from equivtool._platform import execution as _execution
+from equivtool._platform import graph_rewrites as _rewrites
 from equivtool.comparison import Tolerance
 from equivtool.engine import noise_floor as _noise_floor
 from equivtool.engine import registry as _steps
 from equivtool.engine import send as _send
 from equivtool.engine.registry import MODES, STEPS
-from equivtool.engine.sides.runners import checkpoint_exists
+from equivtool.engine.sides.tf1_side import checkpoint_exists
 from equivtool.report import StepResult
-from equivtool.variables import _make_renamer
-from equivtool.checkpoints._slots import SlotLayout
-from equivtool.checkpoints.mapping import aligned_weights, as_rename
+from equivtool.variables import make_renamer
+from equivtool.variables.slots import SlotLayout
+from equivtool.variables.mapping import aligned_weights, as_rename
 
 
 _PYTHON_NUMBERS = (bool, int, float, complex)
@@ -158,7 +159,7 @@ class Options:
     checkpoint: Any
     renamer: Callable[[str], str]
     tf_function: bool
-    graph_rewrites: str               # "as_written" | "tensorflow_default" (equivtool._platform.execution)
+    graph_rewrites: str               # "as_written" | "tensorflow_default" (equivtool._platform.graph_rewrites)
     seed: int
     progress: Callable[[StepResult], None] | None
     meta: Mapping
@@ -179,57 +180,57 @@ class Options:
         return "gradients" in self.steps
 
     @classmethod
-    def build(cls, tf1_fn, tf2_layer, inputs, *, steps, modes, tolerance, step_tolerances, loss_fn,
-              optimizers, train_steps, checkpoint, rename, tf_function,
-              graph_rewrites="as_written", seed=42, progress=None, meta=None, strategy=None, localize=False,
-              workers=1, outputs=None, disable_arithmetic_optimization=None,
-              strict_tolerances=False, noise_floor=True,
-              noise_floor_multiple=_noise_floor.DEFAULT_MULTIPLE, strict_intermediates=False,
-              slot_layout=None) -> "Options":
+    def build(cls, tf1_fn, tf2_layer, inputs, **arguments) -> "Options":
         """Check every argument (raising an error that names it and the expected
-        form) before any work starts."""
+        form) before any work starts.
+
+        ``arguments`` are :func:`equivtool.check_equivalence`'s keyword arguments,
+        every one of them: its signature is the one place they and their defaults
+        are declared (a name missing here is an ``AttributeError`` naming it)."""
+        a = types.SimpleNamespace(**arguments)
         if not callable(tf1_fn):
             raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}")
         if not callable(tf2_layer):
             raise TypeError("tf2_layer: expected a Keras layer or a zero-argument factory returning one, "
                             f"got {type(tf2_layer).__name__}")
         input_notes = _check_inputs(inputs)
-        output_patterns = output_filter.check_patterns(outputs)
-        enabled = [name for name, given in (("optimizers", optimizers is not None),
-                                            ("checkpoint", bool(checkpoint)),
-                                            ("resume", optimizers is not None
-                                             and isinstance(checkpoint, (str, os.PathLike)))) if given]
-        selected = _steps.select_steps(steps, enabled)
-        selected_modes = _steps.select_modes(modes)
+        output_patterns = output_filter.check_patterns(a.outputs)
+        enabled = [name for name, given in (("optimizers", a.optimizers is not None),
+                                            ("checkpoint", bool(a.checkpoint)),
+                                            ("resume", a.optimizers is not None
+                                             and isinstance(a.checkpoint, (str, os.PathLike)))) if given]
+        selected = _steps.select_steps(a.steps, enabled)
+        selected_modes = _steps.select_modes(a.modes)
         if "random" in selected and not selected_modes:
             raise ValueError(f"modes: the random step needs at least one mode from {list(MODES)}")
-        _check_training(train_steps, optimizers, loss_fn)
-        _check_run_options(tf_function, seed, progress, strategy)
-        graph_rewrites = _graph_rewrites(graph_rewrites, disable_arithmetic_optimization)
-        _check_checkpoint(checkpoint)
+        _check_training(a.train_steps, a.optimizers, a.loss_fn)
+        _check_run_options(a.tf_function, a.seed, a.progress, a.strategy)
+        graph_rewrites = _graph_rewrites(a.graph_rewrites, a.disable_arithmetic_optimization)
+        _check_checkpoint(a.checkpoint)
         from equivtool.localize import check_localize
-        check_localize(localize)
-        if not isinstance(strict_intermediates, bool) or (strict_intermediates and not localize):
+        check_localize(a.localize)
+        if not isinstance(a.strict_intermediates, bool) or (a.strict_intermediates and not a.localize):
             raise TypeError(f"strict_intermediates: expected True (with localize=True or 'all') or False, got "
-                            f"{strict_intermediates!r}" + ("" if localize else " without localize"))
-        if slot_layout is not None and not isinstance(slot_layout, SlotLayout):
-            raise TypeError(f"slot_layout: expected an equivtool.SlotLayout (e.g. equivtool.ADAM_WEIGHT_DECAY), "
-                            f"got {type(slot_layout).__name__}")
-        for name, flag in (("strict_tolerances", strict_tolerances), ("noise_floor", noise_floor)):
+                            f"{a.strict_intermediates!r}" + ("" if a.localize else " without localize"))
+        if a.slot_layout is not None and not isinstance(a.slot_layout, SlotLayout):
+            raise TypeError("slot_layout: expected an equivtool.SlotLayout (e.g. equivtool.ADAM_WEIGHT_DECAY), "
+                            f"got {type(a.slot_layout).__name__}")
+        for name, flag in (("strict_tolerances", a.strict_tolerances), ("noise_floor", a.noise_floor)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected True or False, got {flag!r}")
-        multiple = _noise_floor.check_multiple(noise_floor_multiple)
-        if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
-            raise ValueError(f"workers: expected an int >= 1 (processes running the two sides), got {workers!r}")
+        multiple = _noise_floor.check_multiple(a.noise_floor_multiple)
+        if isinstance(a.workers, (bool, np.bool_)) or not isinstance(a.workers, (int, np.integer)) or a.workers < 1:
+            raise ValueError(f"workers: expected an int >= 1 (processes running the two sides), got {a.workers!r}")
         options = cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
-                   tolerances=_StepTolerances(tolerance, step_tolerances), loss_fn=loss_fn,
-                   optimizers=optimizers, train_steps=train_steps, checkpoint=checkpoint,
-                   renamer=_make_renamer(as_rename(rename)), tf_function=bool(tf_function),
-                   graph_rewrites=graph_rewrites, seed=int(seed),
-                   progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
-                   localize=localize, strict_intermediates=strict_intermediates, workers=int(workers),
-                   outputs=output_patterns, strict_tolerances=strict_tolerances, aligned=aligned_weights(rename),
-                   noise_floor=noise_floor, noise_floor_multiple=multiple, slot_layout=slot_layout)
+                   tolerances=_StepTolerances(a.tolerance, a.step_tolerances), loss_fn=a.loss_fn,
+                   optimizers=a.optimizers, train_steps=a.train_steps, checkpoint=a.checkpoint,
+                   renamer=make_renamer(as_rename(a.rename)), tf_function=bool(a.tf_function),
+                   graph_rewrites=graph_rewrites, seed=int(a.seed),
+                   progress=a.progress, meta={**input_notes, **_check_meta(a.meta)}, strategy=a.strategy,
+                   localize=a.localize, strict_intermediates=a.strict_intermediates, workers=int(a.workers),
+                   outputs=output_patterns, strict_tolerances=a.strict_tolerances,
+                   aligned=aligned_weights(a.rename),
+                   noise_floor=a.noise_floor, noise_floor_multiple=multiple, slot_layout=a.slot_layout)
         if options.workers > 1:
             reason = in_process_reason(options)
             if reason is None:
@@ -252,7 +253,7 @@ def _check_training(train_steps, optimizers, loss_fn) -> None:
 def _graph_rewrites(graph_rewrites, disable_arithmetic_optimization) -> str:
     """``graph_rewrites``, checked; the deprecated ``disable_arithmetic_optimization``
     (``True``: as written, ``False``: TensorFlow's defaults) still works, with a warning."""
-    _execution.check_graph_rewrites(graph_rewrites)
+    _rewrites.check_graph_rewrites(graph_rewrites)
     if disable_arithmetic_optimization is None:
         return graph_rewrites
     if not isinstance(disable_arithmetic_optimization, (bool, np.bool_)):

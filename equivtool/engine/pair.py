@@ -14,9 +14,9 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Callable
 
-from equivtool.checkpoints._align import tf1_aligned, tf2_aligned
-from equivtool.engine.sides.runners import TF1Side
-from equivtool.engine.sides.tf2_layer import TF2Side
+from equivtool.engine.align import tf1_aligned, tf2_aligned
+from equivtool.engine.sides.tf1_side import TF1Side
+from equivtool.engine.sides.tf2_side import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.registry import SkipStep
 from equivtool.variables import assert_no_variable_creations

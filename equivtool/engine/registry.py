@@ -27,9 +27,9 @@ __all__ = ["Step", "REGISTRY", "STEPS", "DEFAULT_STEPS", "MODES", "SUB_STEPS", "
 
 #: The :class:`~equivtool.DeterministicRandomTestTool` modes, in the order the
 #: ``random`` step runs them.
-MODES = ("constant", "num_random_ops")
+from equivtool.seeding.modes import MODES  # noqa: E402  (the random tool's, TensorFlow-free)
 
-_RUNS = "equivtool.engine.steps:"
+_RUNS = "equivtool.engine.steps."  # + "<module>:<step>", one module per what a step proves
 
 
 @dataclass(frozen=True)
@@ -79,32 +79,32 @@ class Step:
 def _random(mode: str, training: bool, run_rank: int, shared: bool) -> Step:
     what = "training" if training else "inference"
     return Step(f"random/{mode}/{what}", f"Random tool, {mode} mode: {what}",
-                _RUNS + ("random_constant" if shared else "random_fresh"), option="random", mode=mode,
+                _RUNS + ("forward:random_constant" if shared else "forward:random_fresh"), option="random", mode=mode,
                 params=(("mode", mode), ("training", training)), run_rank=run_rank, shared=shared,
                 needs=("forward",))
 
 
 #: Every step, in report order. Run order: :func:`run_order`.
 REGISTRY: tuple[Step, ...] = (
-    Step("variables_once", "Variables are created once", _RUNS + "variables_once", run_rank=0,
+    Step("variables_once", "Variables are created once", _RUNS + "variables:variables_once", run_rank=0,
          needs=("variables",)),
-    Step("parity", "Variable parity (names, shapes, dtypes, trainability)", _RUNS + "parity", run_rank=1,
+    Step("parity", "Variable parity (names, shapes, dtypes, trainability)", _RUNS + "variables:parity", run_rank=1,
          needs=("variables",)),
     # Changes the variables and puts them back (after the pair's first call,
     # which the random-mode comparisons read): before the TF1 training graph's
     # session exists, so that the values it saves are not held beside it.
     Step("fixed_weights", "Fixed weights: inference outputs and regularization losses",
-         _RUNS + "fixed_weights", run_rank=2, needs=("forward", "variables")),
+         _RUNS + "forward:fixed_weights", run_rank=2, needs=("forward", "variables")),
     _random("constant", False, run_rank=2, shared=True),
     _random("constant", True, run_rank=2, shared=True),
     # Fresh graphs and layers per comparison: after the shared pair is freed.
     _random("num_random_ops", False, run_rank=9, shared=False),
     _random("num_random_ops", True, run_rank=9, shared=False),
-    Step("gradients", "Gradients of the loss w.r.t. every trainable variable", _RUNS + "gradients",
+    Step("gradients", "Gradients of the loss w.r.t. every trainable variable", _RUNS + "training:gradients",
          run_rank=3, needs=("gradients",)),
-    Step("optimizer", "Optimizer steps: losses and updated variables", _RUNS + "optimizer",
+    Step("optimizer", "Optimizer steps: losses and updated variables", _RUNS + "training:optimizer",
          default=False, enabled_by="optimizers", run_rank=5, needs=("training", "variables")),
-    Step("checkpoint", "TF1 name-based checkpoint loaded into both sides", _RUNS + "checkpoint",
+    Step("checkpoint", "TF1 name-based checkpoint loaded into both sides", _RUNS + "checkpoint:checkpoint",
          default=False, enabled_by="checkpoint", run_rank=6, needs=("checkpoints", "forward")),
     # A graph and a layer of its own (see equivtool.checkpoints._resume).
     Step("resume", "Training resumed from a TF1 checkpoint (converted for TF2): loss, variables, slots",

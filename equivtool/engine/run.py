@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping
 import tensorflow as tf
 
 from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
-from equivtool.checkpoints.mapping import fresh_layer_numbering
+from equivtool.variables.mapping import fresh_layer_numbering
 from equivtool.comparison import Comparison, compare
 from equivtool.coverage import output_levels
 from equivtool.engine import output_filter
@@ -31,8 +31,8 @@ from equivtool.engine.outputs import align_output_keys, split_outputs
 from equivtool.engine.pair import TF1Half, TF2Half
 from equivtool.engine.registry import SkipStep, Step
 from equivtool.engine.sides import refusal
-from equivtool.engine.sides.runners import TF1Side
-from equivtool.engine.sides.tf2_layer import TF2Side, restore_snapshot, snapshot_layer
+from equivtool.engine.sides.tf1_side import TF1Side
+from equivtool.engine.sides.tf2_side import TF2Side, restore_snapshot, snapshot_layer
 from equivtool.report import StepResult
 
 
@@ -264,12 +264,13 @@ class Engine:
                          + (f" (+{len(below) - 5} more)" if len(below) > 5 else ""))
         return StepResult.from_comparisons(name, _steps.title(name), comparisons, notes=notes, data=data)
 
-    def localized(self, result: StepResult, tf1, tf1_outputs, call_tf2: Callable[[], Any],
+    def localized(self, result: StepResult, tf1, tf1_outputs, call_tf2: Callable[[Any], Any],
                   state=None) -> StepResult:
         """With ``localize=True``: ``result`` with the first divergent op attached as
         ``data["localization"]`` (see :mod:`equivtool.localize`); its numbers and
-        status are left as they are. ``state`` (a context-manager factory) puts
-        back what the localization pass changed."""
+        status are left as they are. ``call_tf2(tap)`` runs the TF2 pass with the op
+        tap installed; ``state`` (a context-manager factory) puts back what the
+        localization pass changed."""
         if not self.options.localize:
             return result
         from equivtool.localize import localize_on_step

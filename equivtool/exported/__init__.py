@@ -20,8 +20,9 @@ from equivtool._base.lazy import lazy_exports
 
 # Imported on first use: the CLI registers its parsers from ._cli, and
 # `equivtool ... --help` must answer without NumPy or TensorFlow.
-_EXPORTS = {"compare_models": "_compare", "load_side": "_load", "ModelLoadError": "_sides"}
+_EXPORTS = {"compare_models": "_compare", "load_side": "_load", "ModelLoadError": "_sides",
+            "recorder_source": "_record"}
 
-__all__ = ["compare_models", "load_side", "ModelLoadError"]
+__all__ = ["compare_models", "load_side", "ModelLoadError", "recorder_source"]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -420,9 +420,9 @@ def _compare_models(*, old, new, signature, tags, graph_inputs, graph_outputs, i
     if not isinstance(strict_intermediates, bool) or (strict_intermediates and not localize):
         raise ModelLoadError(f"strict_intermediates: expected True (with localize=True) or False, got "
                              f"{strict_intermediates!r}" + ("" if localize else " without localize"))
-    from equivtool._platform import execution as _execution
+    from equivtool._platform import graph_rewrites as _graph_rewrites
     try:
-        _execution.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
+        _graph_rewrites.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     if isinstance(load_op_library, (str, os.PathLike)):
@@ -485,7 +485,7 @@ def _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_
                    tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize, save_outputs, meta,
                    started, *, patterns, strict_tolerances, signatures, same,
                    strict_intermediates) -> EquivalenceReport:
-    from equivtool._platform import execution as _execution
+    from equivtool._platform import graph_rewrites as _graph_rewrites
     try:
         sides = []
         for (which, side), (side_signature, side_tags) in zip((("old", old), ("new", new)), signatures):
@@ -505,7 +505,7 @@ def _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_
         old_side, new_side = sides
         report = _compare(old_side, new_side, shapes, ranges, tolerance, in_map, out_map, seed, inputs,
                           data_loader, batches, localize, save_outputs,
-                          {"platform": _execution.platform(graph_rewrites, True), **dict(meta or {})}, started,
+                          {"platform": _graph_rewrites.platform(graph_rewrites, True), **dict(meta or {})}, started,
                           release_old=any(side is old_side for side in owned), patterns=patterns,
                           strict_tolerances=strict_tolerances, extra_notes=same)
         if not strict_intermediates:

@@ -115,7 +115,7 @@ def function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites):
     per tensor added to the function's own graph (made for this view, no one
     else's), the function pruned to those writes."""
     import tensorflow as tf
-    from equivtool._platform import execution as _execution
+    from equivtool._platform import graph_rewrites as _graph_rewrites
     from equivtool._platform import tf_internals as _tf_internals
     files, writes = {}, []
     with wrapped.graph.as_default(), tf.name_scope("equivtool_dump"):
@@ -124,7 +124,7 @@ def function_dump(wrapped, feeds, values, tensors, folder, graph_rewrites):
             writes.append(tf.io.write_file(files[tensor.name], tf.io.serialize_tensor(tensor)))
     try:
         pruned = wrapped.prune(feeds=feeds, fetches=writes)
-        with _execution.function_rewrites(graph_rewrites):
+        with _graph_rewrites.function_rewrites(graph_rewrites):
             pruned(*values)
     except (tf.errors.OpError, ValueError) as exc:
         if _filled(folder, []) or "No space left" in str(exc):
@@ -202,12 +202,12 @@ def function_sizes(wrapped, feeds, values, tensors, graph_rewrites) -> list:
     """The byte size of each tensor of ``tensors`` in one call of the inlined
     function pruned to their shapes (``tf.shape`` ops added to the view's own graph)."""
     import tensorflow as tf
-    from equivtool._platform import execution as _execution
+    from equivtool._platform import graph_rewrites as _graph_rewrites
     with wrapped.graph.as_default(), tf.name_scope("equivtool_shapes"):
         shapes = [tf.shape(t, out_type=tf.int64) for t in tensors]
     try:
         pruned = wrapped.prune(feeds=feeds, fetches=shapes)
-        with _execution.function_rewrites(graph_rewrites):
+        with _graph_rewrites.function_rewrites(graph_rewrites):
             found = pruned(*values)
     except (tf.errors.OpError, ValueError) as exc:
         raise DumpFailed(f"running the model to measure its nodes failed: {short(exc)}") from None

@@ -20,12 +20,12 @@ def load_side(path: str, *, signature: str = "serving_default", tags: Sequence[s
     tensor name), a tf-keras ``.h5``/``.keras`` file, or a golden record
     ``.npz``. ``graph_rewrites`` ("as_written", the default, or
     "tensorflow_default") says which Grappler passes the side's session runs
-    (:mod:`equivtool._platform.execution`). Errors are :class:`ModelLoadError` (a
+    (:mod:`equivtool._platform.graph_rewrites`). Errors are :class:`ModelLoadError` (a
     ``ValueError``) with one line.
     """
-    from equivtool._platform import execution as _execution
+    from equivtool._platform import graph_rewrites as _graph_rewrites
     try:
-        _execution.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
+        _graph_rewrites.check_graph_rewrites(graph_rewrites, "--graph-rewrites")
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     path = os.fspath(path)

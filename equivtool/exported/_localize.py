@@ -3,7 +3,7 @@
 Both sides are graphs whose every tensor can be fetched (:meth:`Side.graph_view`:
 the loaded TF1 graph, the TF2 signature inlined over its loaded variables, or a golden
 record's GraphDef with the values it holds). Their nodes are aligned with the
-engine's localization rules (:mod:`equivtool.localize._capture`): names with
+engine's localization rules (:mod:`equivtool.localize.alignment` and :mod:`~equivtool.localize.lockstep`): names with
 the model's outer scope stripped first (``StatefulPartitionedCall/net/small_net/
 conv1/Conv2D`` and ``small_net/conv1/Conv2D`` are both ``conv1/Conv2D``), then
 scope and type in order, then type and shapes. Only nodes computed from the
@@ -28,7 +28,8 @@ import numpy as np
 from equivtool.exported import _dump
 from equivtool.exported._errors import short
 from equivtool.exported._sides import ModelLoadError, Side
-from equivtool.localize import _capture
+from equivtool.localize.alignment import TF1Op, tf1_forward_ops
+from equivtool.localize.lockstep import Lockstep, Record, divergence_path
 from equivtool.localize.result import Localization
 
 _LIST_LIMIT = 10
@@ -52,9 +53,9 @@ def _computed_from_inputs(graph, inputs) -> set:
 
 def _ops(view, naming=None):
     """The compared ops of a graph view (computed from the inputs; in a record, held
-    by it), re-indexed, with keys as ``naming`` (OLD's :class:`_capture._Naming`)
+    by it), re-indexed, with keys as ``naming`` (OLD's :class:`~equivtool.localize.alignment.Naming`)
     makes them; without one, the view is OLD and its own naming is returned."""
-    ops, _, own_naming = _capture._tf1_ops(view.graph, list(view.outputs.values()))
+    ops, _, own_naming = tf1_forward_ops(view.graph, list(view.outputs.values()))
     live = _computed_from_inputs(view.graph, list(view.inputs.values()))
     result = []
     for op in ops:
@@ -66,7 +67,7 @@ def _ops(view, naming=None):
         if naming is not None:
             components = op.name.split("/")
             key = "/".join(naming.other_scope(components[:-1], layer_scope=False) + components[-1:])
-        result.append(_capture._TF1Op(len(result), op.op, op.outputs, key))
+        result.append(TF1Op(len(result), op.op, op.outputs, key))
     return result, own_naming
 
 
@@ -134,12 +135,12 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *
     else:
         read_new = new_view.dumped(new_tensors, os.path.join(folder, "new"), budget_bytes)
     _return_freed_memory()  # the run's own memory, before the values are read back
-    lockstep = _capture._Lockstep(old_ops, lambda tensors: [read_old(t) for t in tensors], tolerance, 1)
+    lockstep = Lockstep(old_ops, lambda tensors: [read_old(t) for t in tensors], tolerance, 1)
     for op in new_ops:  # each aligned pair compared as it comes (a budget of 1 byte flushes each)
         if lockstep.divergence is not None:
             break
         values = [read_new(op.op.outputs[i]) for i in op.outputs]
-        lockstep.add(_capture._Record(op.key, op.scope, op.type, values, None, graph_op=op.op))
+        lockstep.add(Record(op.key, op.scope, op.type, values, None, graph_op=op.op))
     lockstep.flush()
     lockstep.closed = True
     notes = []
@@ -158,7 +159,7 @@ def localize(old: Side, new: Side, old_feed, new_feed, tolerance, folder: str, *
         op, record, leaf = lockstep.divergence
         found = Localization("diverged", tf1_op=op.name, tf2_op=record.graph_op.name, tf1_type=op.type,
                              tf2_type=record.type, tf1_source=old.path, tf2_source=new.path,
-                             divergence=leaf, path=_capture._path(op, lockstep), notes=notes, **common)
+                             divergence=leaf, path=divergence_path(op, lockstep), notes=notes, **common)
     elif lockstep.compared == 0:
         found = Localization("inconclusive", reason=lockstep.nothing_proven(
             f"no node could be aligned: {len(old_ops)} OLD nodes, {len(new_ops)} NEW nodes computed from the "

@@ -50,7 +50,7 @@ SKIPPED_TYPES = frozenset([
     "Size", "Rank", "RestoreV2", "SaveV2", "MergeV2Checkpoints",
 ])
 FIRST_OUTPUT_ONLY = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
-# Grappler passes that can change a float result (equivtool._platform.execution.NUMERIC_PASSES),
+# Grappler passes that can change a float result (equivtool._platform.graph_rewrites.NUMERIC_PASSES),
 # switched off where this TensorFlow has them
 NUMERIC_PASSES = ("remapping", "arithmetic_optimization", "constant_folding", "layout_optimizer",
                   "auto_mixed_precision", "auto_mixed_precision_onednn_bfloat16", "auto_mixed_precision_mkl",

@@ -13,7 +13,7 @@ One small class per kind of artifact, one interface (:class:`Side`):
 
 Every side runs a graph as written: TF1 SavedModels and frozen graphs in a
 ``tf.compat.v1.Session`` whose Grappler passes that can change a float result
-are off (``graph_rewrites="as_written"``, :mod:`equivtool._platform.execution`), TF2
+are off (``graph_rewrites="as_written"``, :mod:`equivtool._platform.graph_rewrites`), TF2
 SavedModels and tf-keras files as their signature's concrete function, called
 with the same passes off through the thread's function-call options; so a
 verdict does not depend on the CPU. For ``--localize`` a concrete function's
@@ -177,9 +177,9 @@ class Side(engine_sides.Side):
 
 def session_config(graph_rewrites: str = "as_written"):
     """The sessions' options: under "as_written" every Grappler pass that can change a
-    float result is off (:mod:`equivtool._platform.execution`): the graph runs as written."""
-    from equivtool._platform import execution as _execution
-    return _execution.rewrite_config(graph_rewrites)
+    float result is off (:mod:`equivtool._platform.graph_rewrites`): the graph runs as written."""
+    from equivtool._platform import graph_rewrites as _graph_rewrites
+    return _graph_rewrites.rewrite_config(graph_rewrites)
 
 
 class GraphSide(Side):
@@ -370,7 +370,7 @@ def _inlined_view(function, input_names, output_names, values, path, graph_rewri
     to the view's graph.
     """
     import tensorflow as tf
-    from equivtool._platform import execution as _execution
+    from equivtool._platform import graph_rewrites as _graph_rewrites
     from equivtool._platform import tf_internals as _tf_internals
     try:
         graph_def = _tf_internals.inline_graph_optimization(function, True, False)
@@ -397,7 +397,7 @@ def _inlined_view(function, input_names, output_names, values, path, graph_rewri
 
     def fetch(tensors):
         pruned = wrapped.prune(feeds=feeds, fetches=list(tensors))
-        with _execution.function_rewrites(graph_rewrites):
+        with _graph_rewrites.function_rewrites(graph_rewrites):
             results = pruned(*values)
         return [r.numpy() for r in results]
 
@@ -453,7 +453,7 @@ class FunctionSide(Side):
     """A TF2 concrete function: a SavedModel's signature, or a tf-keras model's forward pass.
 
     ``run`` calls it with this thread's function-call options switched to the
-    ``graph_rewrites`` passes (:func:`equivtool._platform.execution.function_rewrites`,
+    ``graph_rewrites`` passes (:func:`equivtool._platform.graph_rewrites.function_rewrites`,
     restored on every exit path); ``graph_view`` inlines it into one graph for
     ``--localize`` (:func:`_inlined_view`: the variables are read, not copied).
     """
@@ -470,11 +470,11 @@ class FunctionSide(Side):
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict:
         import tensorflow as tf
-        from equivtool._platform import execution as _execution
+        from equivtool._platform import graph_rewrites as _graph_rewrites
         self.check_feed(feed)
         args = [tf.convert_to_tensor(np.asarray(feed[n])) for n in self.input_names]
         try:
-            with _execution.function_rewrites(self.graph_rewrites):
+            with _graph_rewrites.function_rewrites(self.graph_rewrites):
                 if self.function.structured_input_signature[1]:
                     result = self.function(**dict(zip(self.input_names, args)))
                 else:

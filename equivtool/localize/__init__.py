@@ -33,7 +33,7 @@ __all__ = ["Localization", "OpError", "LOCALIZATION_STATUSES", "LOCALIZE_CHOICES
 
 def __getattr__(name: str):
     if name == "localize_forward":
-        from equivtool.localize._capture import localize_forward
+        from equivtool.localize.forward import localize_forward
         return localize_forward
     raise AttributeError(f"module 'equivtool.localize' has no attribute {name!r}")
 
@@ -74,10 +74,10 @@ def localize_on_step(result, tf1_side, tf1_outputs, call_tf2, tolerance, *, stat
         found = Localization("inconclusive", reason="not run under a distribution strategy: replica "
                              "functions run on other threads, outside the op taps")
     else:
-        from equivtool.localize._capture import localize_forward, tf1_runner
+        from equivtool.localize.forward import localize_forward
         try:
             with (state() if state is not None else contextlib.nullcontext()):
-                found = localize_forward(tf1_side.graph, tf1_outputs, tf1_runner(tf1_side, tf1_outputs),
+                found = localize_forward(tf1_side.graph, tf1_outputs, tf1_side.op_runner(tf1_outputs),
                                          call_tf2, tolerance)
         except Exception as exc:  # the step's verdict stands; say why nothing was localized
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -31,5 +31,13 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+# What `equivtool doctor` and `equivtool build-ops` read about the build (not public API).
+_DIAGNOSTICS = {
+    "BuildError": "_build",
+    "cuda_contents": "_build",
+    "cuda_report": "_build",
+    "read_stamp": "_load",
+    "describe_gpu": "_gpu",
+}
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, {**_EXPORTS, **_DIAGNOSTICS})

@@ -131,7 +131,7 @@ def enable(path: str, stamp: dict, archs: list[int] | None = None) -> GpuKernels
             return GpuKernels(source="none", reason=reason)
 
 
-def describe(path: str, stamp: dict) -> str:
+def describe_gpu(path: str, stamp: dict) -> str:
     """One line for ``equivtool doctor``: where the GPU kernels come from, which
     NVRTC, the architectures in the cache, the driver. Loads nothing new."""
     from equivtool.ops import _nvrtc

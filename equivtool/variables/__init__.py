@@ -43,10 +43,10 @@ __all__ = [
 ]
 
 
-from equivtool.variables._guards import (  # noqa: E402  (step 1 lives in its own module)
+from equivtool.variables.guards import (  # noqa: E402  (step 1 lives in its own module)
     CreatedVariable, VariableCreationError, assert_no_variable_creations,  # noqa: F401
     catch_and_raise_created_variables, creates_variables_once)
-from equivtool.variables._flavour import (  # noqa: E402  (one reader of names, dtypes, shapes)
+from equivtool.variables.flavour import (  # noqa: E402  (one reader of names, dtypes, shapes)
     layer_variables, variable_dtype, variable_name, variable_shape)
 
 
@@ -175,7 +175,7 @@ def tf2_variables(layer: Callable, *args, calls: int = 2, **kwargs) -> VariableS
 RenameRules = Union[None, Callable[[str], str], Mapping[str, str], Sequence[tuple]]
 
 
-def _make_renamer(rename: RenameRules) -> Callable[[str], str]:
+def make_renamer(rename: RenameRules) -> Callable[[str], str]:
     if rename is None:
         return lambda name: name
     if callable(rename):
@@ -278,7 +278,7 @@ def compare_variables(expected, actual, rename: RenameRules = None) -> VariableP
     """
     expected_set = _as_variable_set(expected, "expected")
     actual_set = _as_variable_set(actual, "actual")
-    renamer = _make_renamer(rename)
+    renamer = make_renamer(rename)
 
     def index(varset: VariableSet, side: str):
         grouped: "collections.OrderedDict[str, list]" = collections.OrderedDict()

@@ -1,9 +1,9 @@
 """The sides: the only code that executes TensorFlow, behind one small protocol.
 
 A **side** is one of the two things a check compares: today the user's TF1
-graph function (:class:`~equivtool.engine.sides.runners.TF1Side`, graph
-helpers in :mod:`~equivtool.engine.sides.tf1_graph`) and the user's TF2 layer
-(:class:`~equivtool.engine.sides.tf2_layer.TF2Side`). A side builds or loads a
+graph function (:class:`~equivtool.engine.sides.tf1_side.TF1Side`, graph
+helpers in :mod:`~equivtool.engine.sides.tf1_graph_reading`) and the user's TF2 layer
+(:class:`~equivtool.engine.sides.tf2_side.TF2Side`). A side builds or loads a
 model, runs a forward pass, reads and assigns variables, computes gradients,
 trains and checkpoints; what crosses a process from it is NumPy captures only.
 

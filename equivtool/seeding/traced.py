@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 import tensorflow as tf
 
-from equivtool.seeding import DeterministicRandomTestTool
+from equivtool.seeding.tool import DeterministicRandomTestTool
 
 
 class TraceAlignment:

@@ -9,7 +9,7 @@ no fault of its own, and those failures would hide real ones.
 
 With ``check_equivalence(..., rename=map_variables(...))`` every variable
 starts, on both sides, from a fixed value that depends only on its mapped
-name and shape (:func:`equivtool.engine.sides.runners.fixed_value`, the ``fixed_weights``
+name and shape (:func:`equivtool.engine.sides.tf1_side.fixed_value`, the ``fixed_weights``
 step's values: kernels scaled by fan-in, batch-norm variances positive):
 
 * TF1: the variable's initializer is replaced before it is built, so it adds
@@ -35,13 +35,8 @@ from typing import Callable, Iterator
 import tensorflow as tf
 
 from equivtool._platform import tf_internals as _tfi
-from equivtool.engine.sides.runners import fixed_value, variable_key
-from equivtool.variables._flavour import variable_dtype, variable_name, variable_shape
-
-#: How the report says the weights were aligned.
-ALIGNED = ("weights aligned: every variable starts on both sides from a fixed value of its mapped name and "
-           "shape (a native rewrite's initializers draw other numbers than TF1's, so initializers are not "
-           "compared; the forward pass's random ops and arithmetic are)")
+from equivtool.engine.sides.tf1_side import fixed_value, variable_key
+from equivtool.variables.flavour import variable_dtype, variable_name, variable_shape
 
 
 @contextlib.contextmanager

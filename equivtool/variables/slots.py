@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool._base.names import strip_output_index
-from equivtool.variables._flavour import is_keras3, variable_name
+from equivtool.variables.flavour import is_keras3, variable_name
 
 __all__ = ["SlotLayout", "LAYOUTS", "ADAM_WEIGHT_DECAY", "keras_kind", "layout_for", "tf1_family",
            "find_family", "declared_layout", "iterations_from_betas", "slot_name", "slot_variables"]

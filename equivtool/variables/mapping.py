@@ -548,12 +548,17 @@ def as_rename(rename: Any, argument: str = "rename"):
     return rename
 
 
+# The report's note when a VariableMapping aligns the weights (equivtool.engine.align does it).
+ALIGNED = ("weights aligned: every variable starts on both sides from a fixed value of its mapped name and "
+           "shape (a native rewrite's initializers draw other numbers than TF1's, so initializers are not "
+           "compared; the forward pass's random ops and arithmetic are)")
+
+
 def aligned_weights(rename: Any) -> str | None:
     """How ``check_equivalence`` aligns the weights for ``rename``: a
     :class:`VariableMapping` (a native rewrite) aligns them (see
-    ``equivtool.checkpoints._align``); rules alone do not."""
+    ``equivtool.engine.align``); rules alone do not."""
     if isinstance(rename, VariableMapping):
-        from equivtool.checkpoints._align import ALIGNED
         return ALIGNED
     return None
 

@@ -29,7 +29,7 @@ from equivtool._base.stack import user_frame_location
 from equivtool._platform import tf_internals as _tfi
 from equivtool._platform.tf_internals import tf_decorator
 from equivtool._base.names import strip_output_index as _strip_output_index
-from equivtool.variables._flavour import variable_dtype, variable_name, variable_shape
+from equivtool.variables.flavour import variable_dtype, variable_name, variable_shape
 
 
 class VariableCreationError(ValueError):

@@ -2,7 +2,7 @@
 
 ``TF1Side`` builds the user's TF1 forward function in a fresh ``tf.Graph`` and
 runs it in a ``tf.compat.v1.Session``; ``TF2Side``
-(:mod:`equivtool.engine.sides.tf2_layer`) calls the user's Keras layer eagerly
+(:mod:`equivtool.engine.sides.tf2_side`) calls the user's Keras layer eagerly
 or inside ``tf.function``. Both return captures as NumPy values keyed by
 normalised variable names, so everything downstream is plain data.
 
@@ -24,10 +24,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import tensorflow as tf
-from equivtool._platform import execution as _execution
-from equivtool._platform.execution import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
+from equivtool._platform import graph_rewrites as _graph_rewrites
+from equivtool._platform import tf_internals as _tf_internals
+from equivtool._platform.graph_rewrites import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
 from equivtool.engine import noise_floor
-from equivtool.engine.sides.tf1_graph import align_pass_keys, loop_random_ops
+from equivtool.engine.sides.tf1_graph_reading import align_pass_keys, loop_random_ops
+from equivtool._base.graph import ancestors
 from equivtool._base.names import strip_output_index
 from equivtool._base.tree import expand_composites, flatten_tensors, pack_like
 from equivtool.engine.sides import CAPABILITIES, Side
@@ -52,6 +54,9 @@ def load_by_initializer(session, pairs) -> None:
 # freed heap memory is rarely given back); moved a chunk at a time, only one
 # chunk's worth is held.
 CHUNK_BYTES = 32 << 20
+# Random ops that move along a stream on every Session.run (see TF1Side.op_runner).
+STATEFUL_RANDOM = ("RandomUniform", "RandomStandardNormal", "TruncatedNormal", "RandomUniformInt",
+                   "RandomShuffle", "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2")
 
 
 def variable_bytes(variable) -> int:
@@ -162,9 +167,9 @@ def default_loss(outputs, regularization_loss):
 def session_config(graph_rewrites: str = "as_written") -> tf.compat.v1.ConfigProto:
     """The TF1 side's session options: under ``"as_written"`` every Grappler pass
     that can change a float result is off, so the session computes what was
-    written (see :mod:`equivtool._platform.execution`); the remapper is off on TensorFlow
+    written (see :mod:`equivtool._platform.graph_rewrites`); the remapper is off on TensorFlow
     2.16 whatever is asked, since there it crashes."""
-    return _execution.rewrite_config(graph_rewrites)
+    return _graph_rewrites.rewrite_config(graph_rewrites)
 
 
 # --------------------------------------------------------------------------
@@ -409,6 +414,55 @@ class TF1Side(Side):
     def checkpoint_names(self) -> dict:
         """Matching key -> the name a TF1 checkpoint stores the variable under."""
         return {variable_key(v.name, self.renamer): v.op.name for v in self.variables}
+
+    def restore_training(self, path: str, optimizer) -> tuple:
+        """Every variable of the training graph (the model's, the optimizer's slots
+        and its own, such as Adam's beta powers) restored from the TF1 checkpoint
+        at ``path``; a ``ValueError`` names what the checkpoint lacks. Returns
+        ``(slots, non_slot)``: ``(variable, slot)`` pairs of the trainable
+        variables, and the optimizer's own variables that a TF1 checkpoint holds."""
+        with self.graph.as_default():
+            everything = tf.compat.v1.global_variables()
+            stored = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+            absent = sorted({_tf_internals.save_slice_info(v).full_name if _tf_internals.save_slice_info(v)
+                             else v.op.name for v in everything} - set(stored))
+            if absent:
+                raise ValueError(f"checkpoint: {path!r} lacks {absent}, which the TF1 training graph "
+                                 f"({type(optimizer).__name__}) has: was it written by this model and optimizer?")
+            tf.compat.v1.train.Saver(var_list=everything).restore(self.session, path)
+            self._initialized = True  # every variable restored
+            trainable = self.trainable_variables()
+            slots = [(v, optimizer.get_slot(v, name)) for name in optimizer.get_slot_names() for v in trainable]
+            non_slot = [v for v in optimizer.variables() if v.op.name in ("beta1_power", "beta2_power")]
+        return [(v, s) for v, s in slots if s is not None], non_slot
+
+    def fetch(self, fetches):
+        """The values of ``fetches`` (tensors or variables of this graph), in one run."""
+        return self.session.run(fetches)
+
+    def op_runner(self, outputs) -> Callable[[list], list]:
+        """``run(tensors) -> values`` of any tensors of this pass (localization fetches
+        every op's outputs with it), the inputs fed.
+
+        A stateful random op moves along its stream on every ``Session.run``; when
+        the pass has one (dropout in training mode), each run gets a new session
+        holding the current variable values, so every run sees the first draws, as
+        the step's own single run did. The step's session is left untouched.
+        """
+        upstream = ancestors(t.op for t in tf.nest.flatten(outputs) if hasattr(t, "op"))
+        feed = self.feed()
+        if not any(op.type in STATEFUL_RANDOM for op in upstream):
+            return lambda tensors: self.session.run(tensors, feed_dict=feed)
+        with self.graph.as_default():
+            everything = tf.compat.v1.global_variables()
+        values = self.session.run(everything)
+
+        def run(tensors):
+            with tf.compat.v1.Session(graph=self.graph, config=self._config) as session:
+                session.run([v.initializer for v in everything],
+                            feed_dict={v.initializer.inputs[1]: value for v, value in zip(everything, values)})
+                return session.run(tensors, feed_dict=feed)
+        return run
 
     def close(self) -> None:
         self.session.close()

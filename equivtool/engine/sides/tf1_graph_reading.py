@@ -2,7 +2,7 @@
 keys of a second pass built in the same graph.
 
 Both answer questions the engine asks of the TF1 side after building it
-(:class:`equivtool.engine.sides.runners.TF1Side` records the first; the step runs judge
+(:class:`equivtool.engine.sides.tf1_side.TF1Side` records the first; the step runs judge
 with it); nothing here runs a session.
 """
 
@@ -13,7 +13,7 @@ from typing import Mapping
 
 import tensorflow as tf  # safe: importing the equivtool package applied the environment fix
 from equivtool._base.graph import ancestors
-from equivtool._base.tree import _rebuild_mapping
+from equivtool._base.tree import rebuild_mapping
 
 __all__ = ["align_pass_keys", "depends_on", "loop_random_ops"]
 
@@ -110,9 +110,9 @@ def align_pass_keys(outputs, first):
         if (keys != first_keys and len(keys) == len(first_keys)
                 and all(isinstance(k, str) and isinstance(f, str) and _same_but_uniquified(k, f)
                         for k, f in zip(keys, first_keys))):
-            return _rebuild_mapping(outputs, [(f, align_pass_keys(outputs[k], first[f]))
+            return rebuild_mapping(outputs, [(f, align_pass_keys(outputs[k], first[f]))
                                               for k, f in zip(keys, first_keys)])
-        return _rebuild_mapping(outputs, [(k, align_pass_keys(v, first.get(k))) for k, v in outputs.items()])
+        return rebuild_mapping(outputs, [(k, align_pass_keys(v, first.get(k))) for k, v in outputs.items()])
     if (isinstance(outputs, (list, tuple)) and not hasattr(outputs, "_fields")
             and isinstance(first, (list, tuple)) and len(outputs) == len(first)):
         return type(outputs)(align_pass_keys(v, f) for v, f in zip(outputs, first))

@@ -1,7 +1,7 @@
 """The TF2 layer side: the user's Keras layer, called eagerly, inside
 ``tf.function`` (with the same graph rewrites off as the TF1 session), or under
 a ``tf.distribute`` strategy. Its captures are NumPy values keyed by normalised
-variable names, as the TF1 side's (:mod:`equivtool.engine.sides.runners`).
+variable names, as the TF1 side's (:mod:`equivtool.engine.sides.tf1_side`).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Callable, Mapping
 
 import numpy as np
 import tensorflow as tf
-from equivtool._platform import execution as _execution
+from equivtool._platform import graph_rewrites as _graph_rewrites
 from equivtool._platform import tf_internals as _tf_internals
 from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, to_numpy
 from equivtool.engine.sides import CAPABILITIES, Side
-from equivtool.checkpoints.mapping import tf1_value, tf2_value
-from equivtool.engine.sides.runners import default_loss, variable_key
-from equivtool.variables._flavour import layer_variables, variable_name
+from equivtool.variables.mapping import tf1_value, tf2_value
+from equivtool.engine.sides.tf1_side import default_loss, variable_key
+from equivtool.variables.flavour import layer_variables, variable_name
 
 # --------------------------------------------------------------------------
 # TF2 side
@@ -42,7 +42,7 @@ class TF2Side(Side):
                  use_tf_function: bool = False, strategy=None, graph_rewrites: str = "as_written",
                  trace_scope: Callable | None = None):
         """``trace_scope``: a context-manager factory wrapping every ``tf.function``
-        trace's body (the seed alignment of :mod:`equivtool.seeding._traced`)."""
+        trace's body (the seed alignment of :mod:`equivtool.seeding.traced`)."""
         self.layer = layer
         self.graph_rewrites = graph_rewrites
         self.trace_scope = trace_scope
@@ -104,7 +104,7 @@ class TF2Side(Side):
 
     def _run(self, inputs, training, with_gradients, optimizer=None, fresh=False):
         # Function graphs run with the same rewrites off as the TF1 session.
-        with _execution.function_rewrites(self.graph_rewrites):
+        with _graph_rewrites.function_rewrites(self.graph_rewrites):
             return self._run_here(inputs, training, with_gradients, optimizer, fresh)
 
     def _run_here(self, inputs, training, with_gradients, optimizer, fresh):
@@ -192,6 +192,14 @@ class TF2Side(Side):
                 absent.append(name)
         return loaded, absent
 
+    def restore_checkpoint(self, path: str, optimizer) -> None:
+        """The layer and ``optimizer`` restored from the TF2 checkpoint at ``path``, as
+        its users restore it (``tf.train.Checkpoint(model=..., optimizer=...)``; restored,
+        not read, since the file holds ``save_counter``); every object the layer
+        and optimizer already hold must be matched in the file."""
+        status = tf.train.Checkpoint(model=self.layer, optimizer=optimizer).restore(path)
+        status.assert_existing_objects_matched()
+
 
 def strategy_scope(strategy):
     """``strategy.scope()``, or nothing without a strategy."""
@@ -237,3 +245,32 @@ def snapshot_layer(layer) -> list:
 def restore_snapshot(snapshot: list) -> None:
     for variable, value in snapshot:
         variable.assign(value)
+
+
+# --------------------------------------------------------------------------
+# Localization's extra pass: the layer's forward pass with an op tap installed
+# --------------------------------------------------------------------------
+
+def run_tapped(tap, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with ``tap`` installed as an op callback (the hook
+    tfdbg v2 is built on: it sees every eager op, and every op of a graph being
+    traced), removed again on every exit path, an exception included."""
+    _tf_internals.op_callbacks.add_op_callback(tap)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _tf_internals.op_callbacks.remove_op_callback(tap)
+
+
+def call_layer(layer, inputs, training: bool, use_tf_function: bool, graph_rewrites: str = "as_written",
+               tap=None):
+    """The TF2 layer's forward pass alone (no losses), eagerly or in a new ``tf.function``
+    (a new trace, which a tap sees being built; run with ``graph_rewrites``' passes
+    off, as the step's own call); with ``tap``, under :func:`run_tapped`."""
+    def call():
+        tensors = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+        if use_tf_function:
+            with _graph_rewrites.function_rewrites(graph_rewrites):
+                return tf.function(lambda x: layer(x, training=training))(tensors)
+        return layer(tensors, training=training)
+    return call() if tap is None else run_tapped(tap, call)
