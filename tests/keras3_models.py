@@ -1,0 +1,55 @@
+"""Small Keras 3 models for tests/test_keras3_end_state.py (and the CLI tests there).
+
+* ``tf1_net``: a tf-slim conv + batch norm (``fused=False``: the update Keras 3
+  makes) + dense net, without dropout, so a resumed run draws no random numbers;
+* ``Net``: its faithful Keras 3 rewrite, registered with Keras so that
+  ``keras.saving.load_model`` rebuilds it from a ``.keras`` file;
+* ``TO_TF1``: the rules mapping ``Net``'s variable paths to ``tf1_net``'s names;
+* optimizer factories for ``convert-checkpoint --optimizer``.
+"""
+
+from __future__ import annotations
+
+import equivtool  # noqa: F401  (environment fix before TensorFlow)
+import keras
+import numpy as np
+import tensorflow as tf
+import tf_slim as slim
+
+X = np.random.RandomState(0).randn(4, 5, 5, 2).astype("float32")
+TO_TF1 = {r"/kernel$": "/weights", r"/bias$": "/biases", r"^net/bn/": "net/conv1/BatchNorm/"}
+
+
+def tf1_net(x, training):
+    with tf.compat.v1.variable_scope("net"):
+        h = slim.conv2d(x, 3, [3, 3], scope="conv1")
+        h = slim.batch_norm(h, decay=0.9, epsilon=1e-3, scale=True, is_training=training, fused=False,
+                            scope="conv1/BatchNorm")
+        return slim.fully_connected(slim.flatten(h), 4, activation_fn=None, scope="logits")
+
+
+@keras.saving.register_keras_serializable("equivtool_tests")
+class Net(keras.Model):
+    def __init__(self, momentum=0.9, name="net", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.momentum = momentum
+        self.conv = keras.layers.Conv2D(3, 3, padding="same", activation="relu", name="conv1")
+        self.bn = keras.layers.BatchNormalization(momentum=momentum, epsilon=1e-3, name="bn")
+        self.flat = keras.layers.Flatten()
+        self.fc = keras.layers.Dense(4, name="logits")
+
+    def call(self, x, training=False):
+        return self.fc(self.flat(self.bn(self.conv(x), training=training)))
+
+    def get_config(self):
+        return {"momentum": self.momentum, "name": self.name}
+
+
+def adam():
+    return keras.optimizers.Adam(0.01, epsilon=1e-8)
+
+
+def tf_keras_net():
+    """A tf-keras model: a .keras file with a Keras 3 optimizer cannot hold it."""
+    return tf.keras.Sequential([tf.keras.Input((5, 5, 2)), tf.keras.layers.Flatten(), tf.keras.layers.Dense(4)],
+                               name="net")

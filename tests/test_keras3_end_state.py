@@ -1,0 +1,294 @@
+"""The Keras 3 end state: what a Keras 3 user loads, and the optimizers they train with.
+
+* ``convert_checkpoint(..., format="keras")`` / ``convert-checkpoint --format
+  keras`` writes a ``.keras`` file with the model and its optimizer state;
+  ``keras.saving.load_model`` reads it and training resumed from it follows
+  the TF1 run step by step (a fresh optimizer does not: the comparison can
+  fail). The file is written atomically, replaced only when asked, and no
+  temporary file survives an error or an interrupt.
+* Keras 3 ``AdamW`` (its ``epsilon`` slip caught), ``SGD`` with Nesterov
+  momentum, ``RMSprop`` and ``Adagrad`` resume a TF1 run; what cannot be
+  converted is refused in one line naming the optimizer and what is missing.
+"""
+
+import os
+import signal
+import zipfile
+
+import equivtool  # noqa: F401  (environment fix before TensorFlow)
+import numpy as np
+import pytest
+import tensorflow as tf
+
+keras = pytest.importorskip("keras")
+if not keras.__version__.startswith("3"):
+    pytest.skip("Keras 3 is not installed", allow_module_level=True)
+
+from equivtool import check_equivalence, cli, convert_checkpoint  # noqa: E402
+from equivtool.variables import _make_renamer  # noqa: E402
+from tests.keras3_models import TO_TF1, X, Net, adam, tf1_net  # noqa: E402
+
+v1 = tf.compat.v1
+
+
+def _train(steps, prefix, make_optimizer, more=0, loss_fn=None):
+    """Train ``tf1_net`` ``steps`` steps, save, then ``more`` steps: returns the
+    prefix and each later step's variables by TF1 name."""
+    loss_fn = loss_fn or (lambda outputs, reg: tf.reduce_mean(tf.square(outputs)))
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(1)
+        loss = loss_fn(tf1_net(tf.constant(X), True), None)
+        step = v1.train.get_or_create_global_step()
+        with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+            train = make_optimizer().minimize(loss, global_step=step)
+        model = [v for v in v1.global_variables() if v.op.name.startswith("net/") and "/Adam" not in v.op.name]
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            for _ in range(steps):
+                session.run(train)
+            path = v1.train.Saver().save(session, prefix)
+            later = []
+            for _ in range(more):
+                session.run(train)
+                later.append(dict(zip([v.op.name for v in model], session.run(model))))
+    return path, later
+
+
+@pytest.fixture(scope="module")
+def adam_run(tmp_path_factory):
+    return _train(5, str(tmp_path_factory.mktemp("adam") / "model"), lambda: v1.train.AdamOptimizer(0.01), more=3)
+
+
+def _keras_steps(model, optimizer, steps):
+    """``steps`` training steps of the Keras 3 ``model`` (the TF1 run's loss);
+    each step's variables by TF1 name."""
+    to_tf1 = _make_renamer(TO_TF1)
+    out = []
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(X, training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        # a model loaded from a file names its variables without the model's own scope
+        out.append({to_tf1(v.path if v.path.startswith("net/") else "net/" + v.path): v.numpy()
+                    for v in model.weights})
+    return out
+
+
+def _worst(expected_steps, actual_steps) -> float:
+    """The largest absolute difference over every variable of every step (inf when a name is missing)."""
+    worst = 0.0
+    for expected, actual in zip(expected_steps, actual_steps):
+        assert set(expected) == set(actual), (sorted(expected), sorted(actual))  # every variable compared
+        for name, value in expected.items():
+            worst = max(worst, float(np.max(np.abs(value - actual[name]))))
+    return worst
+
+
+# --------------------------------------------------------------------------
+# format="keras": a .keras file with the optimizer, resumed
+# --------------------------------------------------------------------------
+
+def test_a_keras_file_loads_with_its_optimizer_and_resumes_the_tf1_run(adam_run, tmp_path):
+    path, later = adam_run
+    out = str(tmp_path / "converted.keras")
+    assert convert_checkpoint(path, Net, X, out, rename=TO_TF1, optimizer=adam, format="keras") == out
+    assert zipfile.is_zipfile(out) and not [n for n in os.listdir(tmp_path) if n != "converted.keras"]
+    model = keras.saving.load_model(out)
+    assert isinstance(model, Net) and int(model.optimizer.iterations.numpy()) == 5
+    reader = tf.train.load_checkpoint(path)
+    np.testing.assert_array_equal(model.conv.kernel.numpy(), reader.get_tensor("net/conv1/weights"))
+    resumed = _keras_steps(model, model.optimizer, len(later))
+    assert len(resumed[0]) == 8 and _worst(later, resumed) < 1e-5
+
+
+def test_the_resume_comparison_fails_without_the_converted_optimizer_state(adam_run, tmp_path):
+    """Planted fault: the weights converted, the optimizer fresh (no m, v, step count)."""
+    path, later = adam_run
+    out = str(tmp_path / "converted.keras")
+    convert_checkpoint(path, Net, X, out, rename=TO_TF1, optimizer=adam, format="keras")
+    model = keras.saving.load_model(out)
+    assert _worst(later, _keras_steps(model, adam(), len(later))) > 1e-3
+
+
+def test_a_keras_file_is_replaced_only_when_asked_and_never_through_a_symlink(adam_run, tmp_path):
+    path, _ = adam_run
+    out = tmp_path / "model.keras"
+    out.write_bytes(b"the user's file")
+    with pytest.raises(ValueError, match=r"^output: .*model.keras' exists; pass overwrite=True \(--overwrite\)"):
+        convert_checkpoint(path, Net, X, str(out), rename=TO_TF1, optimizer=adam, format="keras")
+    assert out.read_bytes() == b"the user's file"
+    convert_checkpoint(path, Net, X, str(out), rename=TO_TF1, optimizer=adam, format="keras", overwrite=True)
+    assert zipfile.is_zipfile(out)
+    link = tmp_path / "link.keras"
+    link.symlink_to(tmp_path / "elsewhere.keras")
+    with pytest.raises(ValueError, match="is a symlink; refusing to write through it"):
+        convert_checkpoint(path, Net, X, str(link), rename=TO_TF1, optimizer=adam, format="keras", overwrite=True)
+    assert not (tmp_path / "elsewhere.keras").exists()
+    assert sorted(os.listdir(tmp_path)) == ["link.keras", "model.keras"]
+
+
+def test_bad_keras_outputs_and_sides_are_one_line_and_write_nothing(adam_run, tmp_path):
+    path, _ = adam_run
+    for output, kwargs, message in [
+            (tmp_path / "model.ckpt", {}, r"^output: .*expected a file name ending in \.keras"),
+            (tmp_path / "m.keras", {"format": "h5"}, r"^format: expected one of 'checkpoint', 'keras', got 'h5'$"),
+            (tmp_path / "m.keras", {"tf2": "tests.keras3_models:tf_keras_net"},
+             r"^format='keras': the TF2 side is a tf_keras.*needs a Keras 3 keras.Model"),
+            (tmp_path / "m.keras", {"optimizer": lambda: tf.keras.optimizers.Adam(0.01)},
+             r"^format='keras': the optimizer is a tf_keras")]:
+        kwargs = dict(kwargs)
+        from tests import keras3_models
+        tf2 = getattr(keras3_models, kwargs.pop("tf2").split(":")[1]) if "tf2" in kwargs else Net
+        kwargs.setdefault("format", "keras")
+        kwargs.setdefault("optimizer", adam)
+        with pytest.raises(ValueError, match=message) as caught:
+            convert_checkpoint(path, tf2, X, str(output), rename=TO_TF1 if tf2 is Net else None, **kwargs)
+        assert "\n" not in str(caught.value)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("interrupt", [RuntimeError("planted"), KeyboardInterrupt()], ids=["error", "interrupt"])
+def test_no_temporary_file_survives_a_failed_save_and_the_old_file_stays(adam_run, tmp_path, monkeypatch,
+                                                                         interrupt):
+    path, _ = adam_run
+    out = tmp_path / "model.keras"
+    out.write_bytes(b"old")
+    real_save = Net.save
+
+    def save_then_fail(self, filepath, *args, **kwargs):
+        real_save(self, filepath, *args, **kwargs)  # the temporary file is whole ...
+        assert os.path.exists(filepath) and filepath != str(out)
+        raise interrupt  # ... and then the run stops before the rename
+
+    monkeypatch.setattr(Net, "save", save_then_fail)
+    with pytest.raises((ValueError, KeyboardInterrupt)):
+        convert_checkpoint(path, Net, X, str(out), rename=TO_TF1, optimizer=adam, format="keras", overwrite=True)
+    assert out.read_bytes() == b"old" and os.listdir(tmp_path) == ["model.keras"]
+
+
+SIGTERM_CHILD = """
+import os, signal, sys
+from tests.keras3_models import TO_TF1, X, Net, adam
+import equivtool
+real_save = Net.save
+def save_then_sigterm(self, filepath, *args, **kwargs):
+    real_save(self, filepath, *args, **kwargs)
+    assert os.path.exists(filepath)  # the temporary file is whole when the signal comes
+    os.kill(os.getpid(), signal.SIGTERM)
+Net.save = save_then_sigterm
+equivtool.convert_checkpoint(sys.argv[1], Net, X, sys.argv[2], rename=TO_TF1, optimizer=adam, format="keras",
+                             overwrite=True)
+"""
+
+
+def test_sigterm_during_the_save_removes_the_temporary_file_and_keeps_the_old_one(adam_run, tmp_path):
+    import subprocess
+    import sys
+    path, _ = adam_run
+    out = tmp_path / "model.keras"
+    out.write_bytes(b"old")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3")
+    child = subprocess.run([sys.executable, "-c", SIGTERM_CHILD, path, str(out)], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == -signal.SIGTERM, child.stderr[-3000:]  # it died by SIGTERM, after cleaning up
+    assert os.listdir(tmp_path) == ["model.keras"] and out.read_bytes() == b"old"
+
+
+def test_the_cli_writes_a_keras_file(adam_run, tmp_path, capsys):
+    path, _ = adam_run
+    out = str(tmp_path / "model.keras")
+    argv = ["convert-checkpoint", path, "tests.keras3_models:Net", out, "--input-shape", "4,5,5,2",
+            "--rename", "tests.keras3_models:TO_TF1", "--optimizer", "tests.keras3_models:adam", "--format", "keras"]
+    assert cli.main(argv) == cli.EXIT_OK
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"Keras 3 file {out}: 8 model variables, 12 slots, iterations=5")
+    assert int(keras.saving.load_model(out).optimizer.iterations.numpy()) == 5
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "output:" in err and "exists; pass overwrite=True (--overwrite)" in err and len(err.splitlines()) == 1
+
+
+# --------------------------------------------------------------------------
+# Keras 3 optimizers beyond Adam and plain SGD
+# --------------------------------------------------------------------------
+
+def _resume(path, optimizers, **kwargs):
+    report = check_equivalence(tf1_net, Net, X, rename=TO_TF1, checkpoint=path, optimizers=optimizers,
+                               steps=["resume"], train_steps=2, **kwargs)
+    return report, report.step("resume")
+
+
+# Adam's epsilon matters where sqrt(v) is small: a loss whose gradients are about 1e-6.
+SMALL = lambda outputs, reg: 1e-6 * tf.reduce_mean(tf.square(outputs))  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def small_adam_ckpt(tmp_path_factory):
+    return _train(3, str(tmp_path_factory.mktemp("small") / "model"), lambda: v1.train.AdamOptimizer(0.01),
+                  loss_fn=SMALL)[0]
+
+
+def test_keras3_adamw_resumes_a_tf1_adam_run(small_adam_ckpt):
+    report, result = _resume(small_adam_ckpt, (lambda: v1.train.AdamOptimizer(0.01),
+                                               lambda: keras.optimizers.AdamW(0.01, weight_decay=0.0, epsilon=1e-8)),
+                             loss_fn=SMALL)
+    assert report.passed, str(report)
+    assert "step_1/slots/net/conv1/weights/Adam_1" in {leaf.name for leaf in result.comparisons[0].leaves}
+    assert any("AdamW: m, v and iterations as Adam's" in note for note in result.notes)
+
+
+def test_keras3_adamw_left_at_its_default_epsilon_is_caught(small_adam_ckpt):
+    """Planted slip: TF1 Adam's epsilon is 1e-8, Keras 3 AdamW's default 1e-7."""
+    report, result = _resume(small_adam_ckpt, (lambda: v1.train.AdamOptimizer(0.01),
+                                               lambda: keras.optimizers.AdamW(0.01, weight_decay=0.0)),
+                             loss_fn=SMALL)
+    assert not report.passed and result.status == "failed"
+    assert result.first_divergence.startswith("step_1/variables/net/"), result.first_divergence
+
+
+def test_keras3_adamw_weight_decay_is_caught_and_stated(small_adam_ckpt):
+    report, result = _resume(small_adam_ckpt, (lambda: v1.train.AdamOptimizer(0.01),
+                                               lambda: keras.optimizers.AdamW(0.01, epsilon=1e-8)), loss_fn=SMALL)
+    assert result.status == "failed"
+    assert any("weight_decay=0.004" in note and "TF1 Adam does not" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("tf1_optimizer, keras3_optimizer", [
+    (lambda: v1.train.MomentumOptimizer(0.01, 0.9, use_nesterov=True),
+     lambda: keras.optimizers.SGD(0.01, momentum=0.9, nesterov=True)),
+    (lambda: v1.train.RMSPropOptimizer(0.01, momentum=0.5, epsilon=1e-7),
+     lambda: keras.optimizers.RMSprop(0.01, momentum=0.5)),
+    (lambda: v1.train.RMSPropOptimizer(0.01, momentum=0.5, centered=True, epsilon=1e-7),
+     lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, centered=True)),
+    (lambda: v1.train.AdagradOptimizer(0.01), lambda: keras.optimizers.Adagrad(0.01, epsilon=0.0)),
+], ids=["nesterov", "rmsprop", "rmsprop-centered", "adagrad"])
+def test_keras3_optimizers_resume_a_tf1_run(tmp_path, tf1_optimizer, keras3_optimizer):
+    path, _ = _train(3, str(tmp_path / "model"), tf1_optimizer)
+    report, result = _resume(path, (tf1_optimizer, keras3_optimizer))
+    assert report.passed, str(report)
+    slots = [leaf.name for leaf in result.comparisons[0].leaves if "/slots/" in leaf.name]
+    assert len(slots) >= 6, slots  # every trainable variable's slots were compared
+
+
+def test_keras3_rmsprop_with_another_rho_is_caught(tmp_path):
+    tf1_optimizer = lambda: v1.train.RMSPropOptimizer(0.01, momentum=0.5, epsilon=1e-7)  # noqa: E731
+    path, _ = _train(3, str(tmp_path / "model"), tf1_optimizer)
+    report, result = _resume(path, (tf1_optimizer, lambda: keras.optimizers.RMSprop(0.01, rho=0.8, momentum=0.5)))
+    assert result.status == "failed"
+
+
+@pytest.mark.parametrize("optimizer, message", [
+    (lambda: keras.optimizers.Nadam(0.01), r"^optimizer: the slot layout of keras\.\S*Nadam is unknown; supported: "),
+    (lambda: keras.optimizers.Adam(0.01, use_ema=True), r"^optimizer: Adam\(use_ema=True\) keeps a moving average"),
+    (lambda: keras.optimizers.Adam(0.01, amsgrad=True), r"^optimizer: Adam\(amsgrad=True\) keeps a vhat slot"),
+    (lambda: keras.optimizers.AdamW(0.01, weight_decay=0.0, amsgrad=True), r"^optimizer: AdamW\(amsgrad=True\)"),
+    (lambda: keras.optimizers.SGD(0.01, momentum=0.9), r"^optimizer: the checkpoint holds Adam state; it converts "
+                                                       r"to tf.keras.optimizers.Adam, not SGD \(or to AdamW\)$"),
+], ids=["nadam", "ema", "amsgrad", "adamw-amsgrad", "sgd-for-adam"])
+def test_what_cannot_be_expressed_is_refused_in_one_line(adam_run, tmp_path, optimizer, message):
+    with pytest.raises(ValueError, match=message) as caught:
+        convert_checkpoint(adam_run[0], Net, X, str(tmp_path / "out"), rename=TO_TF1, optimizer=optimizer)
+    assert "\n" not in str(caught.value) and os.listdir(tmp_path) == []
