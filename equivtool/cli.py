@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--verbose", action="store_true")
     build.set_defaults(run=cmd_build_ops)
     from equivtool.exported import _cli as exported_cli  # compare, record-script
-    exported_cli.add_parsers(sub, check_output_path)
+    exported_cli.add_parsers(sub, check_output_path, cli=sys.modules[__name__])
 
     from equivtool.checkpoints import _cli as convert_cli  # its own module; imports no TF
     convert_cli.add_parser(sub, sys.modules[__name__])

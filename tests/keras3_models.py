@@ -53,3 +53,18 @@ def tf_keras_net():
     """A tf-keras model: a .keras file with a Keras 3 optimizer cannot hold it."""
     return tf.keras.Sequential([tf.keras.Input((5, 5, 2)), tf.keras.layers.Flatten(), tf.keras.layers.Dense(4)],
                                name="net")
+
+
+def features_model():
+    """features [N, 6] -> relu(dense 4) -> dense 3 ``scores``: the model of a ``.weights.h5`` file."""
+    inputs = keras.Input((6,), name="features")
+    hidden = keras.layers.Dense(4, activation="relu", name="hidden")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(3, name="scores")(hidden))
+
+
+def deeper_model():
+    """``features_model`` with one more layer: not the model of its weights file."""
+    inputs = keras.Input((6,), name="features")
+    hidden = keras.layers.Dense(4, activation="relu", name="hidden")(inputs)
+    hidden = keras.layers.Dense(4, activation="relu", name="extra")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(3, name="scores")(hidden))

@@ -292,3 +292,85 @@ def test_what_cannot_be_expressed_is_refused_in_one_line(adam_run, tmp_path, opt
     with pytest.raises(ValueError, match=message) as caught:
         convert_checkpoint(adam_run[0], Net, X, str(tmp_path / "out"), rename=TO_TF1, optimizer=optimizer)
     assert "\n" not in str(caught.value) and os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------------------------------
+# compare with a Keras 3 .weights.h5 file and the factory of its model
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def weights_files(tmp_path_factory):
+    from tests.keras3_models import features_model
+    from tests.test_keras3 import _tf1_saved_model
+    folder = tmp_path_factory.mktemp("weights")
+    rng = np.random.RandomState(3)
+    weights = [rng.randn(6, 4).astype("float32"), rng.randn(4).astype("float32"),
+               rng.randn(4, 3).astype("float32"), rng.randn(3).astype("float32")]
+    _tf1_saved_model(str(folder / "tf1"), weights)
+    model = features_model()
+    model.set_weights(weights)
+    model.save_weights(str(folder / "good.weights.h5"))
+    weights[3][1] += 0.5  # planted: one output bias
+    model.set_weights(weights)
+    model.save_weights(str(folder / "bad.weights.h5"))
+    return folder
+
+
+def test_compare_loads_a_weights_file_into_the_factorys_model(weights_files):
+    from tests.keras3_models import features_model
+    report = equivtool.compare_models(str(weights_files / "tf1"), str(weights_files / "good.weights.h5"),
+                                      factory=features_model, input_shapes="features:4,6")
+    assert report.passed, str(report)
+    report = equivtool.compare_models(str(weights_files / "tf1"), str(weights_files / "bad.weights.h5"),
+                                      factory=features_model, input_shapes="features:4,6")
+    assert not report.passed and report.step("outputs").first_divergence == "scores"
+
+
+def test_the_pass_rests_on_the_loaded_weights(weights_files, monkeypatch):
+    """Planted fault: weights that silently do not load leave the model's fresh ones: not equivalent."""
+    from tests.keras3_models import features_model
+    monkeypatch.setattr(keras.Model, "load_weights", lambda self, path, *a, **k: None)
+    report = equivtool.compare_models(str(weights_files / "tf1"), str(weights_files / "good.weights.h5"),
+                                      factory=features_model, input_shapes="features:4,6")
+    assert not report.passed
+
+
+def _raises():
+    raise RuntimeError("no model today")
+
+
+@pytest.mark.parametrize("new, factory, message", [
+    ("good.weights.h5", None, r"^NEW: .*good.weights.h5 holds weights only \(a Keras 3 .weights.h5 file\); give the "
+                              r"factory that builds its model: factory= \(CLI: --factory MODULE:FUNCTION\)$"),
+    ("tf1", "features_model", r"^--factory: applies to a Keras 3 .weights.h5 side; neither OLD nor NEW is one$"),
+    ("good.weights.h5", 3, r"^--factory: expected a zero-argument callable returning a Keras 3 model, got int$"),
+    ("missing.weights.h5", "features_model", r"^NEW: .*missing.weights.h5' does not exist"),
+    ("junk.weights.h5", "features_model", r"^.*junk.weights.h5: not a readable HDF5 file"),
+    ("good.weights.h5", "deeper_model", r"^.*good.weights.h5: holds 4 weight arrays, the model deeper_model\(\) "
+                                        r"builds has 6 weights: not this model's file"),
+    ("good.weights.h5", "tf_keras_net", r"^--factory: tf_keras_net\(\) returned tf_keras\.\S+; expected a Keras 3"),
+    ("good.weights.h5", "Net", r"^--factory: Net\(\) returned a model without inputs"),
+    ("good.weights.h5", _raises, r"^--factory: _raises\(\) raised RuntimeError: no model today$"),
+], ids=["no-factory", "no-weights-side", "not-callable", "missing", "junk", "other-model", "tf-keras", "subclassed",
+        "factory-raises"])
+def test_bad_weights_input_is_one_line(weights_files, new, factory, message):
+    from tests import keras3_models
+    (weights_files / "junk.weights.h5").write_text("not hdf5")
+    factory = getattr(keras3_models, factory) if isinstance(factory, str) else factory
+    with pytest.raises(ValueError, match=message) as caught:
+        equivtool.compare_models(str(weights_files / "tf1"), str(weights_files / new), factory=factory,
+                                 input_shapes="features:4,6")
+    assert "\n" not in str(caught.value)
+
+
+def test_the_cli_compares_a_weights_file_with_a_factory(weights_files, capsys):
+    tf1, good = str(weights_files / "tf1"), str(weights_files / "good.weights.h5")
+    args = ["compare", tf1, good, "--input-shapes", "features:4,6"]
+    assert cli.main(args + ["--factory", "tests.keras3_models:features_model"]) == cli.EXIT_OK
+    assert "EQUIVALENT" in capsys.readouterr().out
+    assert cli.main(args + ["--factory", "tests.keras3_models:nope"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.strip() == ("equivtool compare: error: --factory: module 'tests.keras3_models' has no attribute "
+                           "'nope'")
+    assert cli.main(args) == cli.EXIT_USAGE
+    assert "holds weights only" in capsys.readouterr().err

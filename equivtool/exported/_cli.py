@@ -15,9 +15,11 @@ from equivtool.exported._record import recorder_source  # what record-script pri
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 
 
-def add_parsers(subparsers, check_output_path) -> None:
+def add_parsers(subparsers, check_output_path, cli=None) -> None:
     """Add ``compare`` and ``record-script``; ``check_output_path(path, argument)``
-    raises a ``ValueError`` when a report cannot be written there (the CLI's own)."""
+    raises a ``ValueError`` when a report cannot be written there (the CLI's own);
+    ``cli``, the CLI module, resolves ``--factory MODULE:FUNCTION`` (passed, not
+    imported: the two import nothing from each other)."""
     compare = subparsers.add_parser(
         "compare", help="compare two exported models (SavedModel, frozen .pb, tf-keras file, golden record)",
         description="Compare two exported models output by output (and, with --localize, node by node). "
@@ -79,9 +81,11 @@ def add_parsers(subparsers, check_output_path) -> None:
     compare.add_argument("--old-python", default=None, metavar="PATH",
                          help="run OLD (a TF1 SavedModel or .pb) in this interpreter, e.g. a TensorFlow 1.15 "
                               "one made by `equivtool tf1-env DIR`, with the record-script recorder")
+    compare.add_argument("--factory", default=None, metavar="MODULE:FUNCTION",
+                         help="for a Keras 3 .weights.h5 side: the zero-argument function building its model")
     compare.add_argument("--json", default=None, help="write a JSON report here")
     compare.add_argument("--html", default=None, help="write an HTML report here")
-    compare.set_defaults(run=run_compare, check_output_path=check_output_path)
+    compare.set_defaults(run=run_compare, check_output_path=check_output_path, cli=cli)
 
     record = subparsers.add_parser(
         "record-script", help="print the golden-record writer to run in an old TensorFlow (1.15+) environment",
@@ -93,6 +97,14 @@ def add_parsers(subparsers, check_output_path) -> None:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+def _factory(cli, spec):
+    """``--factory MODULE:FUNCTION`` as the callable it names (the current folder importable)."""
+    if spec is None:
+        return None
+    with cli.importable_cwd():
+        return cli.load_target(spec, "--factory")
 
 
 def run_compare(args) -> int:
@@ -111,7 +123,8 @@ def run_compare(args) -> int:
             load_op_library=args.load_op_library, graph_rewrites=args.graph_rewrites, old_python=args.old_python,
             outputs=[p for text in args.outputs for p in text.split(",") if p] if args.outputs else None,
             strict_tolerances=args.strict_tolerances, old_signature=args.old_signature,
-            new_signature=args.new_signature, old_tags=args.old_tags, new_tags=args.new_tags)
+            new_signature=args.new_signature, old_tags=args.old_tags, new_tags=args.new_tags,
+            factory=_factory(args.cli, args.factory))
     except ValueError as exc:  # the CLI's UsageError included
         print(f"equivtool compare: error: {_one_line(exc)}", file=sys.stderr)
         if getattr(exc, "stderr", None) and args.json:  # the old interpreter's whole output, kept
