@@ -68,3 +68,15 @@ def deeper_model():
     hidden = keras.layers.Dense(4, activation="relu", name="hidden")(inputs)
     hidden = keras.layers.Dense(4, activation="relu", name="extra")(hidden)
     return keras.Model(inputs, keras.layers.Dense(3, name="scores")(hidden))
+
+
+SMALL_BATCH = np.random.RandomState(0).randn(2, 4, 4, 2).astype("float32")  # n = 2 x 16 per channel
+BN_RENAME = {r"/weights$": "/kernel", r"/biases$": "/bias", r"conv1/BatchNorm/": "bn/"}
+
+
+def fused_slim_net(x, training, decay=0.9):
+    """slim's batch norm left at its default: fused for a 4-D input."""
+    with tf.compat.v1.variable_scope("net"):
+        h = slim.conv2d(x, 3, [3, 3], scope="conv1")
+        h = slim.batch_norm(h, decay=decay, epsilon=1e-3, scale=True, is_training=training, scope="conv1/BatchNorm")
+        return slim.fully_connected(slim.flatten(h), 4, activation_fn=None, scope="logits")

@@ -374,3 +374,64 @@ def test_the_cli_compares_a_weights_file_with_a_factory(weights_files, capsys):
                            "'nope'")
     assert cli.main(args) == cli.EXIT_USAGE
     assert "holds weights only" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# Bessel's correction: fused batch norm vs Keras 3, said in a note
+# --------------------------------------------------------------------------
+
+def _bn_check(tf1, tf2, **kwargs):
+    from tests.keras3_models import BN_RENAME, SMALL_BATCH
+    report = check_equivalence(tf1, tf2, SMALL_BATCH, rename=BN_RENAME, modes=("constant",), steps=["random"],
+                               **kwargs)
+    return report, report.step("random/constant/training")
+
+
+@pytest.mark.parametrize("tf_function", [False, True], ids=["eager", "tf_function"])
+def test_a_fused_slim_batch_norm_against_keras3_is_not_equivalent_and_says_why(tf_function):
+    from tests.keras3_models import fused_slim_net
+    report, result = _bn_check(fused_slim_net, Net, tf_function=tf_function)
+    assert not report.passed and result.status == "failed"  # the note explains; it does not excuse
+    assert result.first_divergence == "variables/net/bn/moving_variance"
+    (note,) = [n for n in result.notes if "Bessel" in n]
+    assert note.startswith("net/bn/moving_variance: the TF1 moving variance was updated with the batch variance "
+                           "times n/(n-1) = 1.03226 (Bessel's correction, n = 32 values per channel: batch 2 x 16 "
+                           "positions; momentum 0.9 on both sides)"), note
+    assert "Keras 3's BatchNormalization does not" in note and "The rewrite differs from the original" in note
+    assert report.step("random/constant/inference").passed  # inference uses the moving variance as converted
+
+
+def test_a_momentum_slip_gets_no_bessel_note():
+    """Planted fault: both sides unfused (the same variance), Keras 3 left at momentum 0.99."""
+    from tests.keras3_models import tf1_net
+    report, result = _bn_check(tf1_net, lambda: Net(momentum=0.99))
+    assert result.status == "failed" and result.first_divergence.startswith("variables/net/bn/moving_")
+    assert not [n for n in result.notes if "Bessel" in n]
+
+
+def test_a_momentum_slip_on_top_of_the_fused_update_gets_no_bessel_note():
+    from tests.keras3_models import fused_slim_net
+    report, result = _bn_check(lambda x, t: fused_slim_net(x, t, decay=0.99), Net)
+    assert result.status == "failed" and not [n for n in result.notes if "Bessel" in n]
+
+
+def test_the_bessel_test_needs_the_factor_itself():
+    from equivtool.engine._bessel import _explained, bessel_notes
+    rng = np.random.RandomState(0)
+    old, batch_var, k, n = np.ones(8), rng.uniform(0.5, 2.0, 8), 0.1, 32
+    tf2 = ((1 - k) * old + k * batch_var).astype(np.float32)
+    tf1 = ((1 - k) * old + k * batch_var * n / (n - 1)).astype(np.float32)
+    found = _explained(old, tf1, tf2, batch=2)
+    assert found[0] == 32 and found[1] == pytest.approx(32 / 31) and found[2] == pytest.approx(0.9, abs=1e-4)
+    assert _explained(old, tf1, tf2, batch=5) is None  # 32 values per channel: not a multiple of the batch
+    assert _explained(old, (1 - 2 * k) * old + 2 * k * batch_var, tf2, batch=2) is None  # a momentum slip
+    assert _explained(old, tf2 + 1e-3 * rng.randn(8), tf2, batch=2) is None  # noise
+    assert _explained(old[:1], tf1[:1], tf2[:1], batch=2) is None  # one channel: nothing to fit
+    assert _explained(old, tf2, tf2, batch=2) is None  # nothing differs
+    start = {"bn/moving_variance": old}
+    assert bessel_notes(start, start, {"bn/moving_variance": tf1}, {"bn/moving_variance": tf2}, np.zeros((2, 3)))
+    # nothing compared, or starts unknown or unequal: no note
+    assert bessel_notes(None, start, {"bn/moving_variance": tf1}, {"bn/moving_variance": tf2}, np.zeros((2, 3))) == []
+    assert bessel_notes(start, {"bn/moving_variance": old * 2}, {"bn/moving_variance": tf1},
+                        {"bn/moving_variance": tf2}, np.zeros((2, 3))) == []
+    assert bessel_notes(start, start, {}, {}, np.zeros((2, 3))) == []

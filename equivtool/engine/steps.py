@@ -32,7 +32,7 @@ from equivtool.engine.sides.tf1_graph import depends_on
 from equivtool.engine.sides.runners import TF1Side, fixed_value, primary_output_path, variable_key
 from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
-from equivtool.engine import noise_floor
+from equivtool.engine import _bessel, noise_floor
 from equivtool.engine.outputs import split_outputs
 from equivtool.engine.registry import SkipStep, title
 from equivtool.seeding._traced import TraceAlignment
@@ -161,6 +161,9 @@ def _judge_forward(e: "Engine", name: str, tf1: dict, tf2: dict, notes=()) -> St
         result = dataclasses.replace(result, notes=result.notes + (
             "the outputs agree, but variables the training-mode pass updated differ: moving statistics "
             "(compare the batch-norm momentum/decay, epsilon and renorm settings of the two sides)",))
+    if failing and tf1.get("moving_start") and tf2.get("moving_start"):  # the verdict stands; a cause is named
+        result = dataclasses.replace(result, notes=result.notes + tuple(_bessel.bessel_notes(
+            tf1["moving_start"], tf2["moving_start"], tf1["variables"], tf2["variables"], e.options.inputs)))
     return judge_loop_random(result, tf1["loops"], _leaf_flags(result, tf1["leaf_flags"]))
 
 
@@ -316,20 +319,24 @@ parity = SplitStep(_parity_tf1, _parity_tf2, _parity_judge)
 
 def _random_constant_tf1(e: "Engine", mode: str, training: bool) -> dict:
     half = e.tf1_half
+    start = _bessel.moving_start(half) if training and not half.distributed else None
     outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
     forward = half.training if training else half.inference
     capture = _forward_capture(forward, outputs, regularization)
     if training:  # after the pair's one training call: moving statistics included
         capture["variables"] = half.side.read_variables()
+        capture["moving_start"] = start
     return capture
 
 
 def _random_constant_tf2(e: "Engine", _, mode: str, training: bool) -> dict:
     half = e.tf2_half
+    start = _bessel.moving_start(half) if training and not half.distributed else None
     outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
     capture = {"outputs": outputs, "regularization": regularization, "prebuilt": half.prebuilt}
     if training:
         capture["variables"] = half.side.read_variables()
+        capture["moving_start"] = start
     return capture
 
 
