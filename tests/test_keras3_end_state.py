@@ -435,3 +435,55 @@ def test_the_bessel_test_needs_the_factor_itself():
     assert bessel_notes(start, {"bn/moving_variance": old * 2}, {"bn/moving_variance": tf1},
                         {"bn/moving_variance": tf2}, np.zeros((2, 3))) == []
     assert bessel_notes(start, start, {}, {}, np.zeros((2, 3))) == []
+
+
+# --------------------------------------------------------------------------
+# rename rules alone on a native rewrite: "weights not aligned", not a bare verdict
+# --------------------------------------------------------------------------
+
+def _notes(report, prefix="weights not aligned"):
+    return [note for step in report.steps for note in step.notes if note.startswith(prefix)]
+
+
+def test_rules_alone_on_a_native_rewrite_say_the_weights_are_not_aligned():
+    from tests import checkpoint_models as cm
+    report = check_equivalence(cm.slim_net, cm.NativeNet, cm.images(), rename=cm.NATIVE_RENAME, modes=("constant",),
+                               steps=["random"])
+    assert not report.passed
+    (note,) = _notes(report)
+    assert note.startswith("weights not aligned: 2 variables differ although the training-mode pass updates none "
+                           "of them ('net/conv1/weights', 'net/logits/weights')"), note
+    assert "rename=equivtool.map_variables(tf1_fn, tf2_factory, inputs)" in note
+    # following that advice aligns them: the same rewrite is equivalent
+    mapping = equivtool.map_variables(cm.slim_net, cm.NativeNet, cm.images())
+    aligned = check_equivalence(cm.slim_net, cm.NativeNet, cm.images(), rename=mapping, modes=("constant",),
+                                steps=["random"])
+    assert aligned.passed and not _notes(aligned), str(aligned)
+
+
+def test_a_real_slip_under_aligned_weights_gets_no_alignment_note():
+    """Planted fault: a batch-norm momentum slip; the weights are aligned (a mapping) or equal (Keras 3 seeds)."""
+    from tests import checkpoint_models as cm
+    mapping = equivtool.map_variables(cm.slim_net, cm.NativeNet, cm.images())
+    report = check_equivalence(cm.slim_net, lambda: cm.NativeNet(momentum=0.5), cm.images(), rename=mapping,
+                               modes=("constant",), steps=["random"])
+    assert not report.passed and not _notes(report)
+    report = check_equivalence(tf1_net, lambda: Net(momentum=0.5), X, rename=TO_TF1, modes=("constant",),
+                               steps=["random"])
+    assert not report.passed and not _notes(report)
+
+
+def test_the_alignment_note_needs_differing_weights():
+    from equivtool.comparison import compare
+    from equivtool.engine._unaligned import unaligned_note
+    from equivtool.report import StepResult
+    same, other = np.ones((2, 2), np.float32), np.zeros((2, 2), np.float32)
+
+    def step(expected, actual):
+        return StepResult.from_comparisons("random/constant/training", "t", [compare(expected, actual,
+                                                                                      name="variables")])
+    assert unaligned_note(step({"a/kernel": same}, {"a/kernel": other}), None)
+    assert unaligned_note(step({"a/kernel": same}, {"a/kernel": other}), "weights aligned: ...") is None
+    assert unaligned_note(step({"a/moving_mean": same}, {"a/moving_mean": other}), None) is None
+    assert unaligned_note(step({"a/kernel": same}, {"a/kernel": same}), None) is None
+    assert unaligned_note(StepResult.from_comparisons("s", "t", []), None) is None  # nothing compared

@@ -32,7 +32,7 @@ from equivtool.engine.sides.tf1_graph import depends_on
 from equivtool.engine.sides.runners import TF1Side, fixed_value, primary_output_path, variable_key
 from equivtool.engine.sides.tf2_layer import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
-from equivtool.engine import _bessel, noise_floor
+from equivtool.engine import _bessel, _unaligned, noise_floor
 from equivtool.engine.outputs import split_outputs
 from equivtool.engine.registry import SkipStep, title
 from equivtool.seeding._traced import TraceAlignment
@@ -161,6 +161,9 @@ def _judge_forward(e: "Engine", name: str, tf1: dict, tf2: dict, notes=()) -> St
         result = dataclasses.replace(result, notes=result.notes + (
             "the outputs agree, but variables the training-mode pass updated differ: moving statistics "
             "(compare the batch-norm momentum/decay, epsilon and renorm settings of the two sides)",))
+    unaligned = _unaligned.unaligned_note(result, e.options.aligned) if "variables" in failing else None
+    if unaligned:  # rules alone: the failure's cause is named, the verdict stands
+        result = dataclasses.replace(result, notes=result.notes + (unaligned,))
     if failing and tf1.get("moving_start") and tf2.get("moving_start"):  # the verdict stands; a cause is named
         result = dataclasses.replace(result, notes=result.notes + tuple(_bessel.bessel_notes(
             tf1["moving_start"], tf2["moving_start"], tf1["variables"], tf2["variables"], e.options.inputs)))
