@@ -80,3 +80,60 @@ def fused_slim_net(x, training, decay=0.9):
         h = slim.conv2d(x, 3, [3, 3], scope="conv1")
         h = slim.batch_norm(h, decay=decay, epsilon=1e-3, scale=True, is_training=training, scope="conv1/BatchNorm")
         return slim.fully_connected(slim.flatten(h), 4, activation_fn=None, scope="logits")
+
+
+# A one-layer Transformer encoder on dict int inputs (token ids and a padding mask):
+# the TF1 original (BERT's layout: query/key/value/output dense layers) and its
+# Keras 3 rewrite (Embedding, MultiHeadAttention, LayerNormalization, Dense).
+VOCAB, LENGTH, HIDDEN, HEADS, CLASSES = 11, 5, 8, 2, 3
+HEAD_SIZE = HIDDEN // HEADS
+FEATURES = {"input_ids": np.random.RandomState(0).randint(0, VOCAB, (2, LENGTH)).astype("int32"),
+            "input_mask": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], "int32")}
+
+
+def tf1_encoder(features, training):
+    v1 = tf.compat.v1
+    ids, mask = features["input_ids"], features["input_mask"]
+    with v1.variable_scope("encoder"):
+        table = v1.get_variable("word_embeddings", [VOCAB, HIDDEN],
+                                initializer=v1.truncated_normal_initializer(stddev=0.02))
+        x = tf.gather(table, ids)
+
+        def heads(t):  # [batch, length, heads * head_size] -> [batch, heads, length, head_size]
+            return tf.transpose(tf.reshape(t, [-1, LENGTH, HEADS, HEAD_SIZE]), [0, 2, 1, 3])
+        with v1.variable_scope("attention"):
+            query = heads(v1.layers.dense(x, HIDDEN, name="query")) * np.float32(1.0 / np.sqrt(HEAD_SIZE))
+            key = heads(v1.layers.dense(x, HIDDEN, name="key"))
+            value = heads(v1.layers.dense(x, HIDDEN, name="value"))
+            scores = tf.matmul(query, key, transpose_b=True)
+            scores += (1.0 - tf.cast(mask[:, None, None, :], tf.float32)) * np.float32(-1e9)
+            context = tf.matmul(tf.nn.softmax(scores), value)
+            context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, LENGTH, HIDDEN])
+            attended = v1.layers.dense(context, HIDDEN, name="output")
+        x = slim.layer_norm(x + attended, begin_norm_axis=-1, begin_params_axis=-1, scope="layer_norm")
+        x = v1.layers.dense(x, HIDDEN, activation=tf.nn.relu, name="intermediate")
+        return v1.layers.dense(x[:, 0], CLASSES, name="classifier")
+
+
+class TransposedDense(keras.layers.Dense):
+    """A planted slip: a square kernel applied transposed."""
+
+    def call(self, inputs):
+        return self.activation(tf.einsum("btj,ij->bti", inputs, self.kernel) + self.bias)
+
+
+class Encoder(keras.Model):
+    def __init__(self, slip=False):
+        super().__init__(name="encoder")
+        self.embedding = keras.layers.Embedding(VOCAB, HIDDEN, name="word_embeddings")
+        self.attention = keras.layers.MultiHeadAttention(HEADS, HEAD_SIZE, name="attention")
+        self.norm = keras.layers.LayerNormalization(epsilon=1e-12, name="layer_norm")
+        self.intermediate = (TransposedDense if slip else keras.layers.Dense)(HIDDEN, activation="relu",
+                                                                             name="intermediate")
+        self.classifier = keras.layers.Dense(CLASSES, name="classifier")
+
+    def call(self, features, training=False):
+        x = self.embedding(features["input_ids"])
+        mask = tf.cast(features["input_mask"], tf.bool)[:, None, :]
+        x = self.norm(x + self.attention(x, x, attention_mask=mask, training=training))
+        return self.classifier(self.intermediate(x)[:, 0])

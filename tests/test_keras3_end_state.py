@@ -31,14 +31,14 @@ from tests.keras3_models import TO_TF1, X, Net, adam, tf1_net  # noqa: E402
 v1 = tf.compat.v1
 
 
-def _train(steps, prefix, make_optimizer, more=0, loss_fn=None):
-    """Train ``tf1_net`` ``steps`` steps, save, then ``more`` steps: returns the
-    prefix and each later step's variables by TF1 name."""
+def _train(steps, prefix, make_optimizer, more=0, loss_fn=None, tf1_fn=tf1_net, inputs=X):
+    """Train ``tf1_fn`` ``steps`` steps, save, then ``more`` steps: returns the
+    prefix and each later step's model variables by TF1 name."""
     loss_fn = loss_fn or (lambda outputs, reg: tf.reduce_mean(tf.square(outputs)))
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(1)
-        loss = loss_fn(tf1_net(tf.constant(X), True), None)
+        loss = loss_fn(tf1_fn(tf.nest.map_structure(tf.constant, inputs), True), None)
         step = v1.train.get_or_create_global_step()
         with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
             train = make_optimizer().minimize(loss, global_step=step)
@@ -487,3 +487,57 @@ def test_the_alignment_note_needs_differing_weights():
     assert unaligned_note(step({"a/moving_mean": same}, {"a/moving_mean": other}), None) is None
     assert unaligned_note(step({"a/kernel": same}, {"a/kernel": same}), None) is None
     assert unaligned_note(StepResult.from_comparisons("s", "t", []), None) is None  # nothing compared
+
+
+# --------------------------------------------------------------------------
+# a Transformer encoder with dict int inputs: MultiHeadAttention mapped with no hand rule
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def encoder_mapping():
+    from tests.keras3_models import FEATURES, Encoder, tf1_encoder
+    return equivtool.map_variables(tf1_encoder, Encoder, FEATURES)
+
+
+def test_the_attention_kernels_map_with_no_hand_rule(encoder_mapping):
+    assert encoder_mapping.complete, encoder_mapping.problems()
+    pairs = dict(encoder_mapping.pairs)
+    assert pairs["encoder/attention/output/kernel"] == "encoder/attention/attention_output/kernel"
+    assert pairs["encoder/attention/query/bias"] == "encoder/attention/query/bias"
+    assert pairs["encoder/word_embeddings"] == "encoder/word_embeddings/embeddings"
+    assert dict(encoder_mapping.transforms) == {
+        f"encoder/attention/{p}/{r}": "reshape" for p in ("query", "key", "value") for r in ("kernel", "bias")
+    } | {"encoder/attention/output/kernel": "reshape"}  # the output bias is [hidden] on both sides
+    assert encoder_mapping.tf2_shapes["encoder/attention/query/kernel"] == (8, 2, 4)
+
+
+@pytest.mark.parametrize("tf_function", [False, True], ids=["eager", "tf_function"])
+def test_a_keras3_transformer_encoder_is_equivalent_with_every_default_step(encoder_mapping, tf_function):
+    from tests.keras3_models import FEATURES, Encoder, tf1_encoder
+    report = check_equivalence(tf1_encoder, Encoder, FEATURES, rename=encoder_mapping, tf_function=tf_function)
+    assert report.passed and len(report.steps) == 8, str(report)
+    assert report.step("gradients").passed and report.step("fixed_weights").passed
+
+
+def test_a_transposed_square_kernel_in_the_rewrite_is_caught(encoder_mapping):
+    """Planted slip: the [hidden, hidden] intermediate kernel applied transposed (the shapes cannot tell)."""
+    from tests.keras3_models import FEATURES, Encoder, tf1_encoder
+    slip_mapping = equivtool.map_variables(tf1_encoder, lambda: Encoder(slip=True), FEATURES)
+    assert slip_mapping.complete and dict(slip_mapping.pairs) == dict(encoder_mapping.pairs)
+    report = check_equivalence(tf1_encoder, lambda: Encoder(slip=True), FEATURES, rename=slip_mapping,
+                               steps=["fixed_weights"])
+    assert not report.passed and report.step("fixed_weights").status == "failed"
+
+
+def test_a_tf1_momentum_run_of_the_encoder_resumes_in_keras3(encoder_mapping, tmp_path):
+    """(Momentum: Adam's division by sqrt(v) magnifies the rounding of the embedding's sparse
+    update, TF1's scatter-add against Keras' dense one, beyond the default tolerance.)"""
+    from tests.keras3_models import FEATURES, Encoder, tf1_encoder
+    make_tf1 = lambda: v1.train.MomentumOptimizer(0.05, 0.9)  # noqa: E731
+    path, _ = _train(3, str(tmp_path / "model"), make_tf1, tf1_fn=tf1_encoder, inputs=FEATURES)
+    report = check_equivalence(tf1_encoder, Encoder, FEATURES, rename=encoder_mapping, checkpoint=path,
+                               optimizers=(make_tf1, lambda: keras.optimizers.SGD(0.05, momentum=0.9)),
+                               steps=["resume"], train_steps=2)
+    assert report.passed, str(report)
+    names = {leaf.name for leaf in report.step("resume").comparisons[0].leaves}
+    assert "step_1/slots/encoder/attention/query/kernel/Momentum" in names  # a reshaped slot, in TF1's layout
