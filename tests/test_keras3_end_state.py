@@ -541,3 +541,31 @@ def test_a_tf1_momentum_run_of_the_encoder_resumes_in_keras3(encoder_mapping, tm
     assert report.passed, str(report)
     names = {leaf.name for leaf in report.step("resume").comparisons[0].leaves}
     assert "step_1/slots/encoder/attention/query/kernel/Momentum" in names  # a reshaped slot, in TF1's layout
+
+
+def test_attention_blocks_pair_by_structure_only_when_every_part_agrees():
+    from equivtool.checkpoints._attention import attention_pairs
+    from equivtool.variables import VariableInfo
+
+    def infos(*specs):
+        return {name: VariableInfo(name, tuple(shape), "float32", True) for name, shape in specs}
+    keras_block = [(f"enc/layer_{i}/attention/{p}/{r}", s) for i in (0, 1)
+                   for p, r, s in [("query", "kernel", (8, 2, 4)), ("query", "bias", (2, 4)),
+                                   ("key", "kernel", (8, 2, 4)), ("key", "bias", (2, 4)),
+                                   ("value", "kernel", (8, 2, 4)), ("value", "bias", (2, 4)),
+                                   ("attention_output", "kernel", (2, 4, 8)), ("attention_output", "bias", (8,))]]
+    bert = [(f"bert/encoder/layer_{i}/attention/{scope}/{r}", s) for i in (0, 1)
+            for scope, r, s in [("self/query", "kernel", (8, 8)), ("self/query", "bias", (8,)),
+                                ("self/key", "kernel", (8, 8)), ("self/key", "bias", (8,)),
+                                ("self/value", "kernel", (8, 8)), ("self/value", "bias", (8,)),
+                                ("output/dense", "kernel", (8, 8)), ("output/dense", "bias", (8,))]]
+    pairs, transforms = attention_pairs(infos(*bert), infos(*keras_block), set())
+    assert len(pairs) == 16 and len(transforms) == 14  # the output biases keep their shape
+    assert pairs["bert/encoder/layer_1/attention/output/dense/kernel"] == \
+        "enc/layer_1/attention/attention_output/kernel"  # the blocks in creation order
+    assert pairs["bert/encoder/layer_0/attention/self/key/bias"] == "enc/layer_0/attention/key/bias"
+    # one block against two: nothing paired; a projection of another size: that block left alone
+    assert attention_pairs(infos(*bert[:8]), infos(*keras_block), set()) == ({}, {})
+    odd = [(n, (8, 6) if n.endswith("self/value/kernel") and "layer_0" in n else s) for n, s in bert]
+    pairs, _ = attention_pairs(infos(*odd), infos(*keras_block), set())
+    assert pairs and not [n for n in pairs if "layer_0" in n]
