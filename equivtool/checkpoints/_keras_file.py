@@ -24,6 +24,7 @@ import tempfile
 
 from equivtool._base import scratch
 from equivtool._base.errors import short
+from equivtool.checkpoints import _paths
 from equivtool.engine import signals as _signals
 from equivtool.variables._flavour import is_keras3
 
@@ -43,22 +44,11 @@ def check_keras_output(output, overwrite: bool) -> str:
     """``output`` as an absolute ``.keras`` path, refused (``ValueError``) when it
     does not end in ``.keras``, is a folder or a symlink, exists (unless
     ``overwrite``), or its nearest existing folder is not a writable folder."""
-    if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
-        raise TypeError(f"output: expected the path of the .keras file to write (str or os.PathLike), "
-                        f"got {output!r}")
-    if not isinstance(overwrite, bool):
-        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
-    path = os.path.abspath(os.fspath(output))
+    path = _paths.output_path(output, overwrite, "path of the .keras file")
     if not path.endswith(".keras"):
         raise ValueError(f"output: {path!r}: with format='keras' (--format keras) expected a file name ending "
                          "in .keras (Keras 3 saves nothing else)")
-    existing_folder = os.path.dirname(path)
-    while not os.path.lexists(existing_folder):
-        existing_folder = os.path.dirname(existing_folder)
-    if not os.path.isdir(existing_folder):
-        raise ValueError(f"output: {existing_folder!r} is not a folder; expected a .keras file in a folder")
-    if not os.access(existing_folder, os.W_OK | os.X_OK):
-        raise ValueError(f"output: folder {existing_folder!r} is not writable; choose another OUTPUT")
+    _paths.check_folder(path, "a .keras file")
     if os.path.islink(path):
         raise ValueError(f"output: {path!r} is a symlink; refusing to write through it")
     if os.path.isdir(path):
@@ -85,16 +75,11 @@ def write_keras(model, optimizer, output: str) -> str:
     """Save ``model`` (with ``optimizer`` as its compiled optimizer, when given) to
     ``output`` atomically; returns ``output``. Missing folders are created (and
     removed again on failure)."""
+    from equivtool.checkpoints.convert import _make_folders, _remove_folders  # (convert imports this module)
     folder = os.path.dirname(output)
-    made = []
-    missing = folder
-    while not os.path.isdir(missing):
-        made.insert(0, missing)
-        missing = os.path.dirname(missing)
+    made = _make_folders(folder)
     temporary = None
     try:
-        for new_folder in made:
-            os.mkdir(new_folder)
         scratch.remove_stale(folder, "keras", hidden=True)  # temporary files of killed runs
         if optimizer is not None:
             model.compile(optimizer=optimizer)  # Keras 3 saves the compiled optimizer, and only that one
@@ -121,9 +106,5 @@ def write_keras(model, optimizer, output: str) -> str:
                 except OSError:
                     pass
             if not os.path.exists(output):
-                for created in reversed(made):
-                    try:
-                        os.rmdir(created)
-                    except OSError:
-                        pass
+                _remove_folders(made)
     return output

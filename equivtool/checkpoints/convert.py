@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from equivtool._base import scratch
 from equivtool._base.errors import short
-from equivtool.checkpoints import _keras_file, _slots
+from equivtool.checkpoints import _keras_file, _paths, _slots
 from equivtool.checkpoints.mapping import (MappingRenamer, as_rename, check_inputs, fresh_layer_numbering,
                                            make_layer, renumbering_hint, tf2_value)
 from equivtool.engine import signals as _signals
@@ -144,20 +144,9 @@ def check_output(output, overwrite: bool) -> str:
     """``output`` as an absolute prefix, refused (``ValueError``) when it exists
     (unless ``overwrite``), is a symlink, or its nearest existing folder is not a
     folder or not writable (missing folders are created on writing)."""
-    if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
-        raise TypeError(f"output: expected the prefix of the checkpoint to write (str or os.PathLike), "
-                        f"got {output!r}")
-    if not isinstance(overwrite, bool):
-        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
-    path = os.path.abspath(os.fspath(output))
-    folder = os.path.dirname(path)
-    existing_folder = folder  # a missing folder is created on writing, as tf.train.Checkpoint.write does
-    while not os.path.lexists(existing_folder):
-        existing_folder = os.path.dirname(existing_folder)
-    if not os.path.isdir(existing_folder):
-        raise ValueError(f"output: {existing_folder!r} is not a folder; expected a checkpoint prefix in a folder")
-    if not os.access(existing_folder, os.W_OK | os.X_OK):
-        raise ValueError(f"output: folder {existing_folder!r} is not writable; choose another OUTPUT")
+    path = _paths.output_path(output, overwrite, "prefix of the checkpoint")
+    # a missing folder is created on writing, as tf.train.Checkpoint.write does
+    _paths.check_folder(path, "a checkpoint prefix")
     if os.path.isdir(path):
         raise ValueError(f"output: {path!r} is a folder; expected a checkpoint prefix such as {path}/model")
     existing = _output_files(path)
