@@ -363,6 +363,12 @@ def test_bad_weights_input_is_one_line(weights_files, new, factory, message):
     assert "\n" not in str(caught.value)
 
 
+def test_load_side_points_a_weights_file_to_the_factory(weights_files):
+    from equivtool.exported import load_side
+    with pytest.raises(ValueError, match=r"holds weights only; compare it with compare_models\(\.\.\., factory="):
+        load_side(str(weights_files / "good.weights.h5"))
+
+
 def test_the_cli_compares_a_weights_file_with_a_factory(weights_files, capsys):
     tf1, good = str(weights_files / "tf1"), str(weights_files / "good.weights.h5")
     args = ["compare", tf1, good, "--input-shapes", "features:4,6"]
