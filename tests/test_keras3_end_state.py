@@ -168,6 +168,15 @@ def test_no_temporary_file_survives_a_failed_save_and_the_old_file_stays(adam_ru
     assert out.read_bytes() == b"old" and os.listdir(tmp_path) == ["model.keras"]
 
 
+def test_a_failed_save_removes_the_folders_it_created(adam_run, tmp_path, monkeypatch):
+    path, _ = adam_run
+    monkeypatch.setattr(Net, "save", lambda self, filepath, *a, **k: (_ for _ in ()).throw(RuntimeError("planted")))
+    with pytest.raises(ValueError, match="^output: Keras 3 could not save the converted model to a .keras file: "):
+        convert_checkpoint(path, Net, X, str(tmp_path / "new" / "deeper" / "m.keras"), rename=TO_TF1,
+                           optimizer=adam, format="keras")
+    assert os.listdir(tmp_path) == []
+
+
 SIGTERM_CHILD = """
 import os, signal, sys
 from tests.keras3_models import TO_TF1, X, Net, adam

@@ -73,11 +73,9 @@ def check_keras_model(layer, optimizer) -> None:
 
 def write_keras(model, optimizer, output: str) -> str:
     """Save ``model`` (with ``optimizer`` as its compiled optimizer, when given) to
-    ``output`` atomically; returns ``output``. Missing folders are created (and
-    removed again on failure)."""
-    from equivtool.checkpoints.convert import _make_folders, _remove_folders  # (convert imports this module)
+    ``output`` atomically; returns ``output``. Its folder exists (``convert``
+    creates missing ones, and removes them again on failure)."""
     folder = os.path.dirname(output)
-    made = _make_folders(folder)
     temporary = None
     try:
         scratch.remove_stale(folder, "keras", hidden=True)  # temporary files of killed runs
@@ -105,6 +103,4 @@ def write_keras(model, optimizer, output: str) -> str:
                     os.unlink(temporary)
                 except OSError:
                     pass
-            if not os.path.exists(output):
-                _remove_folders(made)
     return output

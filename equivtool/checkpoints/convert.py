@@ -366,16 +366,15 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
     values = [(variable, tf2_value(renamer, key, reader.get_tensor(key))) for variable, key in model]
     for variable, value in assignments + values:
         variable.assign(value)
-    if keras_file:
-        written = _keras_file.write_keras(layer, opt, out)
-        return _conversion(written, model, slots, left_out, iterations, family, opt, notes), layer, opt
-    checkpoint = tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {}))
-    # tf.train.Checkpoint.restore creates save_counter; written here (0), the
-    # idiomatic restore(prefix).assert_consumed() finds it in the file.
-    checkpoint.save_counter  # noqa: B018 - the property creates the variable
+    checkpoint = None
+    if not keras_file:
+        checkpoint = tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {}))
+        # tf.train.Checkpoint.restore creates save_counter; written here (0), the
+        # idiomatic restore(prefix).assert_consumed() finds it in the file.
+        checkpoint.save_counter  # noqa: B018 - the property creates the variable
     made = _make_folders(os.path.dirname(out))
     try:
-        written = _write_atomically(checkpoint, out)
+        written = _keras_file.write_keras(layer, opt, out) if keras_file else _write_atomically(checkpoint, out)
     except BaseException:
         _remove_folders(made)
         raise
