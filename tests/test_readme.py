@@ -74,3 +74,11 @@ def test_readme_is_short_and_opens_with_the_two_set_up_commands():
     first_block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
     assert [line.split("#")[0].strip() for line in first_block.splitlines()] == ["./dev demo", "./dev test"]
     assert text.index("```bash") < text.index("## ")  # before any section
+
+
+def test_readme_keras3_example_prints_the_verdict_it_says(capsys):
+    """The Keras 3 section's example runs as written and prints what the text after it says."""
+    block = next(b for b in python_blocks() if "keras3_head" in b)
+    exec(compile(block, "README.md (Keras 3 or tf-keras)", "exec"), {"__name__": "readme_keras3"})
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed == "Verdict: EQUIVALENT (9 passed)" and f"It prints `{printed}`" in readme()

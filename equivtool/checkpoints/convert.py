@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from equivtool._base import scratch
 from equivtool._base.errors import short
+from equivtool.checkpoints import _keras_file, _paths
 from equivtool.variables import slots as _slots
 from equivtool.variables.mapping import (MappingRenamer, as_rename, check_inputs, fresh_layer_numbering,
                                            make_layer, renumbering_hint, tf2_value)
@@ -70,7 +71,8 @@ class Conversion:
     notes: tuple = ()
 
     def __str__(self) -> str:
-        lines = [f"TF2 checkpoint {self.path}: {len(self.model)} model variables, {len(self.slots)} slots"
+        what = "Keras 3 file" if self.path.endswith(".keras") else "TF2 checkpoint"
+        lines = [f"{what} {self.path}: {len(self.model)} model variables, {len(self.slots)} slots"
                  + (f", iterations={self.iterations}" if self.iterations is not None else "")
                  + (f" ({self.optimizer})" if self.optimizer else "")]
         lines += [f"  {tf2} <- {tf1}" for tf2, tf1 in self.model]
@@ -143,20 +145,9 @@ def check_output(output, overwrite: bool) -> str:
     """``output`` as an absolute prefix, refused (``ValueError``) when it exists
     (unless ``overwrite``), is a symlink, or its nearest existing folder is not a
     folder or not writable (missing folders are created on writing)."""
-    if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
-        raise TypeError(f"output: expected the prefix of the checkpoint to write (str or os.PathLike), "
-                        f"got {output!r}")
-    if not isinstance(overwrite, bool):
-        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
-    path = os.path.abspath(os.fspath(output))
-    folder = os.path.dirname(path)
-    existing_folder = folder  # a missing folder is created on writing, as tf.train.Checkpoint.write does
-    while not os.path.lexists(existing_folder):
-        existing_folder = os.path.dirname(existing_folder)
-    if not os.path.isdir(existing_folder):
-        raise ValueError(f"output: {existing_folder!r} is not a folder; expected a checkpoint prefix in a folder")
-    if not os.access(existing_folder, os.W_OK | os.X_OK):
-        raise ValueError(f"output: folder {existing_folder!r} is not writable; choose another OUTPUT")
+    path = _paths.output_path(output, overwrite, "prefix of the checkpoint")
+    # a missing folder is created on writing, as tf.train.Checkpoint.write does
+    _paths.check_folder(path, "a checkpoint prefix")
     if os.path.isdir(path):
         raise ValueError(f"output: {path!r} is a folder; expected a checkpoint prefix such as {path}/model")
     existing = _output_files(path)
@@ -208,19 +199,20 @@ def _learning_rate(optimizer) -> float:
 
 
 def convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename=None, optimizer=None,
-            overwrite: bool = False, layer=None, slot_layout=None) -> tuple:
+            overwrite: bool = False, layer=None, slot_layout=None, format: str = "checkpoint") -> tuple:
     """:func:`convert_checkpoint`, returning ``(Conversion, layer, optimizer)``;
     ``layer`` (already called, the engine's own) replaces ``tf2_layer()``. SIGTERM
     stops it as Ctrl-C does (see :mod:`equivtool.engine.signals`)."""
     with _signals.sigterm_unwinds():
         return _convert(tf1_checkpoint, tf2_layer, inputs, output, rename=rename, optimizer=optimizer,
-                        overwrite=overwrite, layer=layer, slot_layout=slot_layout)
+                        overwrite=overwrite, layer=layer, slot_layout=slot_layout, format=format)
 
 
 def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, overwrite, layer,
-             slot_layout) -> tuple:
+             slot_layout, format) -> tuple:
     path = checkpoint_path(tf1_checkpoint)
-    out = check_output(output, overwrite)
+    keras_file = _keras_file.check_format(format) == "keras"
+    out = _keras_file.check_keras_output(output, overwrite) if keras_file else check_output(output, overwrite)
     _check_not_input(out, path)
     if layer is None and (isinstance(tf2_layer, tf.Module) or not callable(tf2_layer)):
         raise TypeError("tf2_layer: expected a zero-argument factory returning a Keras layer or tf.Module "
@@ -247,6 +239,8 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
             layer = make_layer(tf2_layer)
         layer(tf.nest.map_structure(tf.convert_to_tensor, inputs), training=False)
     opt = _make_optimizer(optimizer)
+    if keras_file:
+        _keras_file.check_keras_model(layer, opt)
     kind = _slots.keras_kind(opt) if opt is not None else None
 
     problems, model, keys = [], [], {}
@@ -373,20 +367,26 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
     values = [(variable, tf2_value(renamer, key, reader.get_tensor(key))) for variable, key in model]
     for variable, value in assignments + values:
         variable.assign(value)
-    checkpoint = tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {}))
-    # tf.train.Checkpoint.restore creates save_counter; written here (0), the
-    # idiomatic restore(prefix).assert_consumed() finds it in the file.
-    checkpoint.save_counter  # noqa: B018 - the property creates the variable
+    checkpoint = None
+    if not keras_file:
+        checkpoint = tf.train.Checkpoint(model=layer, **({"optimizer": opt} if opt is not None else {}))
+        # tf.train.Checkpoint.restore creates save_counter; written here (0), the
+        # idiomatic restore(prefix).assert_consumed() finds it in the file.
+        checkpoint.save_counter  # noqa: B018 - the property creates the variable
     made = _make_folders(os.path.dirname(out))
     try:
-        written = _write_atomically(checkpoint, out)
+        written = _keras_file.write_keras(layer, opt, out) if keras_file else _write_atomically(checkpoint, out)
     except BaseException:
         _remove_folders(made)
         raise
-    conversion = Conversion(
+    return _conversion(written, model, slots, left_out, iterations, family, opt, notes), layer, opt
+
+
+def _conversion(written, model, slots, left_out, iterations, family, opt, notes) -> Conversion:
+    kind = _slots.keras_kind(opt) if opt is not None else None
+    return Conversion(
         written, tuple((variable_name(v), k) for v, k in model), tuple(slots), tuple(left_out), iterations,
         f"TF1 {family} -> {_optimizer_module(opt)}.{kind}" if opt is not None else "", tuple(notes))
-    return conversion, layer, opt
 
 
 def _optimizer_module(optimizer) -> str:
@@ -535,7 +535,7 @@ def _remove_folders(made: list) -> None:
 
 def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, inputs: Any,
                        output: str | os.PathLike, *, rename=None, optimizer=None,
-                       overwrite: bool = False, slot_layout=None) -> str:
+                       overwrite: bool = False, slot_layout=None, format: str = "checkpoint") -> str:
     """Write a TF2 checkpoint ``tf.train.Checkpoint(model=layer, optimizer=optimizer)``
     from a TF1 name-based checkpoint.
 
@@ -546,7 +546,8 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
         to create its variables.
       inputs: a NumPy array (or nested structure) to build the layer with.
       output: the prefix to write (missing folders are created, as
-        ``tf.train.Checkpoint.write`` does).
+        ``tf.train.Checkpoint.write`` does); with ``format="keras"`` the
+        ``.keras`` file to write.
       rename: rules mapping each TF2 variable name to its TF1 name, or a
         :class:`~equivtool.VariableMapping` from :func:`equivtool.map_variables`.
       optimizer: a tf-keras or Keras 3 optimizer (``Adam``, ``SGD``, ``RMSprop``,
@@ -561,8 +562,14 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
         ``AdamWeightDecayOptimizer``: :data:`~equivtool.ADAM_WEIGHT_DECAY`,
         ``<var>/adam_m`` and ``<var>/adam_v`` to an ``AdamW``'s or ``Adam``'s
         m and v); its notes (how the updates differ) are in the conversion.
+      format: ``"checkpoint"`` (a TF2 object-based checkpoint) or ``"keras"``:
+        a Keras 3 ``.keras`` file holding the model and, as its compiled
+        optimizer, the converted optimizer (``tf2_layer`` must make a Keras 3
+        ``keras.Model`` whose class Keras can deserialize); load it with
+        ``keras.saving.load_model(path)``. Written atomically (a temporary file
+        beside it, renamed; removed on every exit).
 
-    Returns the prefix written; restore it with
+    Returns the prefix (or ``.keras`` file) written; restore it with
     ``tf.train.Checkpoint(model=layer, optimizer=optimizer).restore(prefix)``
     (``.assert_consumed()`` holds: the checkpoint has a ``save_counter``, 0)
     or ``.read(prefix)``.
@@ -575,4 +582,4 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
     symlink there.
     """
     return convert(tf1_checkpoint, tf2_layer, inputs, output, rename=rename, optimizer=optimizer,
-                   overwrite=overwrite, slot_layout=slot_layout)[0].path
+                   overwrite=overwrite, slot_layout=slot_layout, format=format)[0].path

@@ -10,7 +10,7 @@ import os
 import sys
 
 from equivtool._base.errors import short
-from equivtool.cli.common import EXIT_DIFFERENT, EXIT_OK, EXIT_USAGE, check_output_path
+from equivtool.cli.common import EXIT_DIFFERENT, EXIT_OK, EXIT_USAGE, check_output_path, importable_cwd, load_target
 
 
 def add_parser(subparsers) -> None:
@@ -75,10 +75,20 @@ def add_parser(subparsers) -> None:
     compare.add_argument("--old-python", default=None, metavar="PATH",
                          help="run OLD (a TF1 SavedModel or .pb) in this interpreter, e.g. a TensorFlow 1.15 "
                               "one made by `equivtool tf1-env DIR`, with the record-script recorder")
+    compare.add_argument("--factory", default=None, metavar="MODULE:FUNCTION",
+                         help="for a Keras 3 .weights.h5 side: the zero-argument function building its model")
     compare.add_argument("--json", default=None, help="write a JSON report here")
     compare.add_argument("--html", default=None, help="write an HTML report here")
     compare.set_defaults(run=run)
 
+
+
+def _factory(spec):
+    """``--factory MODULE:FUNCTION`` as the callable it names (the current folder importable)."""
+    if spec is None:
+        return None
+    with importable_cwd():
+        return load_target(spec, "--factory")
 
 
 def run(args) -> int:
@@ -97,7 +107,8 @@ def run(args) -> int:
             load_op_library=args.load_op_library, graph_rewrites=args.graph_rewrites, old_python=args.old_python,
             outputs=[p for text in args.outputs for p in text.split(",") if p] if args.outputs else None,
             strict_tolerances=args.strict_tolerances, old_signature=args.old_signature,
-            new_signature=args.new_signature, old_tags=args.old_tags, new_tags=args.new_tags)
+            new_signature=args.new_signature, old_tags=args.old_tags, new_tags=args.new_tags,
+            factory=_factory(args.factory))
     except ValueError as exc:  # the CLI's UsageError included
         print(f"equivtool compare: error: {short(exc, None)}", file=sys.stderr)
         if getattr(exc, "stderr", None) and args.json:  # the old interpreter's whole output, kept

@@ -44,7 +44,8 @@ def run(args) -> int:
         layout = load_object(args.slot_layout, "--slot-layout") if args.slot_layout else None
         try:
             conversion, _, _ = convert(args.tf1_checkpoint, factory, inputs, args.output, rename=rename,
-                                       optimizer=optimizer, overwrite=args.overwrite, slot_layout=layout)
+                                       optimizer=optimizer, overwrite=args.overwrite, slot_layout=layout,
+                                       format=args.format)
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
     print(conversion)
@@ -56,7 +57,8 @@ def add_parser(subparsers) -> None:
                             help="write a TF2 checkpoint (model and optimizer slots) from a TF1 one")
     parser.add_argument("tf1_checkpoint", metavar="TF1_CKPT", help="TF1 checkpoint prefix or folder")
     parser.add_argument("tf2_factory", metavar="MODULE:FACTORY", help="zero-argument factory of the TF2 layer")
-    parser.add_argument("output", metavar="OUTPUT", help="prefix of the TF2 checkpoint to write")
+    parser.add_argument("output", metavar="OUTPUT", help="prefix of the TF2 checkpoint to write (--format keras: "
+                                                         "the .keras file)")
     parser.add_argument("--input-shape", default=None,
                         help="e.g. 1,224,224,3: a float32 input the layer is built with (standard normal)")
     parser.add_argument("--input-dtype", default="float32", choices=("float32", "int32", "int64"),
@@ -73,5 +75,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--slot-layout", default=None, metavar="MODULE:OBJ",
                         help="a declared TF1 optimizer layout (an equivtool.SlotLayout, e.g. "
                              "equivtool:ADAM_WEIGHT_DECAY for BERT's AdamWeightDecayOptimizer)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint at OUTPUT")
+    parser.add_argument("--format", default="checkpoint", choices=("checkpoint", "keras"),
+                        help="checkpoint: a TF2 checkpoint prefix (default); keras: a Keras 3 .keras file with "
+                             "the model and its optimizer (OUTPUT ends in .keras)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint (or .keras file) at OUTPUT")
     parser.set_defaults(run=run, starts_tensorflow=True)

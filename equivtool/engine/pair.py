@@ -50,6 +50,10 @@ class _Half:
         self.inference_pass()
         return self._training_pass()
 
+    def ran(self, key: str) -> bool:
+        """Whether pass ``key`` (``"inference"``, ``"training"``) has run (its results are kept)."""
+        return key in self._results
+
     def gradient_pass(self) -> tuple:
         """The pass the gradients come from: the training pass (distributed: the inference pass)."""
         return self.inference_pass() if self.distributed else self.training_pass()

@@ -25,7 +25,7 @@ from equivtool._base import scratch
 from equivtool.comparison.tolerance import tolerance_spec
 from equivtool.comparison import compare, unmatched_keys
 from equivtool.engine import signals as _signals
-from equivtool.exported import _recorder
+from equivtool.exported import _recorder, _weights
 from equivtool.exported._load import load_side
 from equivtool.exported._sides import ModelLoadError, Side, load_op_libraries
 from equivtool.coverage import Coverage, output_levels
@@ -354,6 +354,7 @@ def compare_models(
     new_signature: Optional[str] = None,
     old_tags: Union[None, str, Sequence[str]] = None,
     new_tags: Union[None, str, Sequence[str]] = None,
+    factory: Optional[Any] = None,
 ) -> EquivalenceReport:
     """Compare two exported models (or golden records) output by output.
 
@@ -389,6 +390,11 @@ def compare_models(
     compared output is an error (else a note in the report). Give inputs with
     at most one of ``inputs``, ``data_loader``, or generated ones
     (``input_shapes``/``val_range``).
+
+    ``factory``: for a side that is a Keras 3 ``.weights.h5`` file (weights
+    without the model), a zero-argument callable building the Keras 3 model
+    the weights are loaded into (CLI: ``--factory MODULE:FUNCTION``; see
+    :mod:`equivtool.exported._weights`).
     """
     arguments = dict(locals())
     with _signals.sigterm_unwinds():
@@ -398,9 +404,11 @@ def compare_models(
 def _compare_models(*, old, new, signature, tags, graph_inputs, graph_outputs, input_shapes, val_range, seed,
                     inputs, data_loader, batches, map_inputs, map_outputs, atol, rtol, localize, save_outputs,
                     overwrite, load_op_library, graph_rewrites, old_python, meta, outputs, strict_tolerances,
-                    old_signature, new_signature, old_tags, new_tags, strict_intermediates) -> EquivalenceReport:
+                    old_signature, new_signature, old_tags, new_tags, strict_intermediates,
+                    factory) -> EquivalenceReport:
     started = time.perf_counter()
     _check_inputs_option(inputs, data_loader, input_shapes, val_range)
+    _weights.check_factory(factory, old, new)
     try:
         from equivtool.engine.output_filter import check_patterns
         patterns = check_patterns(outputs)
@@ -450,7 +458,7 @@ def _compare_models(*, old, new, signature, tags, graph_inputs, graph_outputs, i
                               ranges, tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize,
                               save_outputs, meta, started, patterns=patterns, strict_tolerances=strict_tolerances,
                               signatures=((old_signature, old_tags), (new_signature, new_tags)), same=same,
-                              strict_intermediates=strict_intermediates)
+                              strict_intermediates=strict_intermediates, factory=factory)
 
 
 def _check_old_python(old_python, old, data_loader):
@@ -484,12 +492,15 @@ def _record_in_old_python(interpreter, old: str, folder: str, signature, tags, g
 def _compare_sides(old, new, owned, signature, tags, graph_in, graph_out, graph_rewrites, shapes, ranges,
                    tolerance, in_map, out_map, seed, inputs, data_loader, batches, localize, save_outputs, meta,
                    started, *, patterns, strict_tolerances, signatures, same,
-                   strict_intermediates) -> EquivalenceReport:
+                   strict_intermediates, factory=None) -> EquivalenceReport:
     from equivtool._platform import graph_rewrites as _graph_rewrites
     try:
         sides = []
         for (which, side), (side_signature, side_tags) in zip((("old", old), ("new", new)), signatures):
-            if not isinstance(side, Side):
+            if _weights.is_weights_file(side):  # weights only: loaded into the factory's model
+                side = _weights.load_weights_side(side, factory, graph_rewrites)
+                owned.append(side)
+            elif not isinstance(side, Side):
                 try:
                     side = load_side(side, signature=signature if side_signature is None else side_signature,
                                      tags=tags if side_tags is None else side_tags, graph_inputs=graph_in,

@@ -31,6 +31,10 @@ def load_side(path: str, *, signature: str = "serving_default", tags: Sequence[s
     path = os.fspath(path)
     if isinstance(tags, str):
         tags = tuple(t for t in tags.split(",") if t)
+    if path.lower().endswith(".weights.h5"):  # no architecture to load: compare_models pairs it with a factory
+        raise ModelLoadError(f"{path}: a Keras 3 .weights.h5 holds weights only; compare it with "
+                             "compare_models(..., factory=<the function building its model>) "
+                             "(CLI: --factory MODULE:FUNCTION)")
     kind = detect_kind(path)
     if kind in ("tf1-saved-model", "frozen-graph"):
         graph_inputs = {k: v if ":" in v else v + ":0" for k, v in (graph_inputs or {}).items()}

@@ -554,6 +554,12 @@ def load_keras(path, graph_rewrites) -> FunctionSide:
     except Exception as exc:  # noqa: BLE001 - not a model file, unknown custom layers ...
         saved = f" (saved by Keras {version})" if version else ""
         raise ModelLoadError(f"{path}: cannot load the {flavour} model{saved}: {_short(exc)}") from None
+    return keras_model_side(model, path, graph_rewrites)
+
+
+def keras_model_side(model, path, graph_rewrites) -> FunctionSide:
+    """A loaded Keras model (tf-keras or Keras 3) as a side: its inference forward pass."""
+    import tensorflow as tf
     # Keras 3 models have no input_names; their inputs are named tensors.
     input_names = list(getattr(model, "input_names", None) or [t.name for t in model.inputs])
     output_names = list(model.output_names)

@@ -25,7 +25,11 @@ variable, in this order, and never guesses silently:
 5. a TF1 fused LSTM kernel (``lstm_cell/kernel``, input and recurrent rows in
    one matrix, gates i, j, f, o) against Keras' split ``kernel`` and
    ``recurrent_kernel`` (gates i, f, c, o) is refused in
-   :attr:`VariableMapping.refused`: no transpose or reshape expresses it.
+   :attr:`VariableMapping.refused`: no transpose or reshape expresses it;
+6. multi-head attention blocks (TF1 ``query``/``key``/``value``/``output``
+   dense layers against ``MultiHeadAttention``'s ``EinsumDense`` ones) are
+   paired by that structure before shapes are grouped, with ``"reshape"``
+   where the shapes differ (``equivtool.checkpoints._attention``).
 
 A pair may carry a declared transform (:meth:`VariableMapping.resolve`):
 ``"transpose"`` (the axes reversed: BERT's ``output_weights`` [classes,
@@ -60,6 +64,7 @@ import tensorflow as tf
 from equivtool._base.tree import flatten_tensors
 from equivtool._platform.tf_internals import keras_layer_name_state, save_slice_info
 from equivtool.variables import VariableInfo, VariableSet
+from equivtool.variables import attention as _attention
 
 __all__ = ["VariableMapping", "map_variables", "mapping_rules", "resolve", "TRANSFORMS"]
 
@@ -497,6 +502,9 @@ def propose(tf1: VariableSet, tf2: VariableSet) -> VariableMapping:
             pairs[name] = name
     refused = _lstm_refusals(tf1_by_name, tf2_by_name, pairs)
     held = {n for a, b, _ in refused for n in a + b}
+    attention, reshaped = _attention.attention_pairs(tf1_by_name, tf2_by_name,
+                                                     set(pairs) | set(pairs.values()) | held)
+    pairs.update(attention)
     by_order, ambiguous = [], []
     # By signature and role first; what is left, by signature alone (a
     # ``table`` of its own shape is the ``embeddings``), and that alone only one to one.
@@ -533,7 +541,7 @@ def propose(tf1: VariableSet, tf2: VariableSet) -> VariableMapping:
     unmapped_tf2 = tuple(n for n in tf2_by_name if n not in mapped_tf2 and n not in in_ambiguity)
     rules, exact = mapping_rules(ordered, tf1_by_name, tf2_by_name)
     return VariableMapping(ordered, unmapped_tf1, unmapped_tf2, tuple(ambiguous), rules, tuple(by_order),
-                           exact, tuple(refused),
+                           exact, tuple(refused), tuple((n, k) for n, k in reshaped.items() if n in ordered),
                            tf1_shapes=OrderedDict((n, tuple(i.shape)) for n, i in tf1_by_name.items()),
                            tf2_shapes=OrderedDict((n, tuple(i.shape)) for n, i in tf2_by_name.items()))
 

@@ -130,7 +130,8 @@ _SUFFIX = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9]*)(?:_(?P<n>\d+))?$")
 
 _KINDS = ("Adam", "SGD", "RMSprop", "Adagrad")
 # A Keras 3 slot's name where it differs from tf-keras', by optimizer kind.
-_KERAS3_SLOTS = {"Adam": {"m": "momentum", "v": "velocity"}, "SGD": {"m": "momentum"}}
+_KERAS3_SLOTS = {"Adam": {"m": "momentum", "v": "velocity"}, "AdamW": {"m": "momentum", "v": "velocity"},
+                 "SGD": {"m": "momentum"}}
 
 
 def keras_kind(optimizer) -> str:
@@ -140,14 +141,17 @@ def keras_kind(optimizer) -> str:
     known = {getattr(tf.keras.optimizers, kind): kind for kind in _KINDS + ("AdamW",)}
     if is_keras3(optimizer):
         import keras  # the optimizer is a Keras 3 object, so Keras 3 is imported
-        known = {getattr(keras.optimizers, kind): kind for kind in _KINDS}
+        known = {getattr(keras.optimizers, kind): kind for kind in _KINDS + ("AdamW",)}
     kind = known.get(type(optimizer))
     if kind is None:
         raise ValueError(
             f"optimizer: the slot layout of {type(optimizer).__module__}.{type(optimizer).__name__} is unknown; "
-            "supported: Adam, AdamW (tf-keras), SGD (with or without momentum, Nesterov), RMSprop, Adagrad of "
+            "supported: Adam, AdamW, SGD (with or without momentum, Nesterov), RMSprop, Adagrad of "
             "tf.keras.optimizers (the tf-keras 2.11+ optimizers, not optimizers.legacy) or of keras.optimizers "
             "(Keras 3)")
+    if getattr(optimizer, "use_ema", False):
+        raise ValueError(f"optimizer: {kind}(use_ema=True) keeps a moving average of every weight, which no TF1 "
+                         "optimizer slot holds; pass use_ema=False (or apply the EMA after converting)")
     return kind
 
 
@@ -273,11 +277,17 @@ def layout_for(family: str, kind: str, optimizer) -> SlotLayout:
     layout = LAYOUTS[family]
     wanted = {"Adam": "Adam", "Momentum": "SGD", "GradientDescent": "SGD", "Adagrad": "Adagrad",
               "RMSProp": "RMSprop", "RMSProp (centered)": "RMSprop"}[family]
-    if kind != wanted:
+    if kind != wanted and not (wanted == "Adam" and kind == "AdamW"):
         raise ValueError(f"optimizer: the checkpoint holds {family} state; it converts to "
-                         f"tf.keras.optimizers.{wanted}, not {kind}")
-    if kind == "Adam" and getattr(optimizer, "amsgrad", False):
-        raise ValueError("optimizer: Adam(amsgrad=True) keeps a vhat slot that TF1 Adam has no counterpart for")
+                         f"tf.keras.optimizers.{wanted}, not {kind}" + (" (or to AdamW)" if wanted == "Adam" else ""))
+    if kind == "AdamW":  # m and v are Adam's; the decay is AdamW's own
+        decay = float(optimizer.weight_decay or 0.0)
+        layout = SlotLayout(layout.tf1, layout.keras, layout.slots, layout.notes + (
+            f"AdamW: m, v and iterations as Adam's; it also decays each weight by learning_rate * weight_decay "
+            f"(weight_decay={decay:.6g}), which TF1 Adam does not: resumed training matches only with "
+            "weight_decay=0",))
+    if kind in ("Adam", "AdamW") and getattr(optimizer, "amsgrad", False):
+        raise ValueError(f"optimizer: {kind}(amsgrad=True) keeps a vhat slot that TF1 Adam has no counterpart for")
     if kind == "SGD":
         momentum = float(optimizer.momentum)
         if family == "Momentum" and momentum == 0:

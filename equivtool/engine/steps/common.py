@@ -18,6 +18,7 @@ from equivtool._base.tree import flatten_tensors
 from equivtool.engine.sides.tf1_graph_reading import depends_on
 from equivtool.engine.sides.tf2_side import call_layer
 from equivtool.engine.sides.tf1_side import fixed_value, variable_key
+from equivtool.engine import _bessel, _unaligned
 from equivtool.engine.outputs import split_outputs
 from equivtool.variables.flavour import layer_variables, variable_dtype, variable_name
 
@@ -142,6 +143,12 @@ def judge_forward(e: "Engine", name: str, tf1: dict, tf2: dict, notes=()) -> Ste
         result = dataclasses.replace(result, notes=result.notes + (
             "the outputs agree, but variables the training-mode pass updated differ: moving statistics "
             "(compare the batch-norm momentum/decay, epsilon and renorm settings of the two sides)",))
+    unaligned = _unaligned.unaligned_note(result, e.options.aligned) if "variables" in failing else None
+    if unaligned:  # rules alone: the failure's cause is named, the verdict stands
+        result = dataclasses.replace(result, notes=result.notes + (unaligned,))
+    if failing and tf1.get("moving_start") and tf2.get("moving_start"):  # the verdict stands; a cause is named
+        result = dataclasses.replace(result, notes=result.notes + tuple(_bessel.bessel_notes(
+            tf1["moving_start"], tf2["moving_start"], tf1["variables"], tf2["variables"], e.options.inputs)))
     return judge_loop_random(result, tf1["loops"], leaf_flags(result, tf1["leaf_flags"]))
 
 

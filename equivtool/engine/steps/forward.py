@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 
 from equivtool.engine.align import tf1_aligned, tf2_aligned
+from equivtool.engine import _bessel
 from equivtool.report import StepResult
 from equivtool.engine.sides.tf1_side import TF1Side
 from equivtool.engine.sides.tf2_side import TF2Side, call_layer
@@ -30,20 +31,24 @@ from equivtool.engine.steps.common import (SplitStep, PREBUILT_NOTE, as_started,
 
 def _random_constant_tf1(e: "Engine", mode: str, training: bool) -> dict:
     half = e.tf1_half
+    start = _bessel.moving_start(half) if training and not half.distributed else None
     outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
     forward = half.training if training else half.inference
     capture = forward_capture(forward, outputs, regularization)
     if training:  # after the pair's one training call: moving statistics included
         capture["variables"] = half.side.read_variables()
+        capture["moving_start"] = start
     return capture
 
 
 def _random_constant_tf2(e: "Engine", _, mode: str, training: bool) -> dict:
     half = e.tf2_half
+    start = _bessel.moving_start(half) if training and not half.distributed else None
     outputs, regularization, _, _ = half.training_pass() if training else half.inference_pass()
     capture = {"outputs": outputs, "regularization": regularization, "prebuilt": half.prebuilt}
     if training:
         capture["variables"] = half.side.read_variables()
+        capture["moving_start"] = start
     return capture
 
 
