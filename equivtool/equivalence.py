@@ -101,6 +101,8 @@ def check_equivalence(
     noise_floor_multiple: float = DEFAULT_NOISE_FLOOR_MULTIPLE,
     strict_intermediates: bool = False,
     slot_layout=None,
+    tf1_python: str | os.PathLike | None = None,
+    tf1_path: Sequence[str | os.PathLike] = (),
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -213,6 +215,16 @@ def check_equivalence(
       slot_layout: the ``resume`` step's declared TF1 optimizer layout, as
         for :func:`equivtool.convert_checkpoint` (``equivtool.ADAM_WEIGHT_DECAY``
         for BERT's ``AdamWeightDecayOptimizer``).
+      tf1_python: the path of a TensorFlow 1.x interpreter (``equivtool tf1-env``)
+        in which the TF1 side runs, as the old code ran (``tf.contrib``
+        included); ``tf1_fn`` is then ``"module:function"``, imported there with
+        ``tf1_path`` and the current folder on its ``sys.path``. Default
+        ``$EQUIVTOOL_TF1_PYTHON`` when ``tf1_fn`` is such a name. Parity, fixed
+        weights, both random modes and gradients (default loss) run there; the
+        steps it cannot run yet are skipped with the reason. The report's
+        header names the interpreter (``old_ran_under``). See
+        ``docs/tf1-as-it-ran.md``.
+      tf1_path: folders put on the TF1 interpreter's ``sys.path``.
     """
     options = Options.build(
         tf1_fn, tf2_layer, inputs, steps=steps, modes=modes, tolerance=tolerance,
@@ -222,7 +234,7 @@ def check_equivalence(
         localize=localize, workers=workers, disable_arithmetic_optimization=disable_arithmetic_optimization,
         outputs=outputs, strict_tolerances=strict_tolerances, noise_floor=noise_floor,
         noise_floor_multiple=noise_floor_multiple, strict_intermediates=strict_intermediates,
-        slot_layout=slot_layout)
+        slot_layout=slot_layout, tf1_python=tf1_python, tf1_path=tf1_path)
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None:
@@ -231,6 +243,8 @@ def check_equivalence(
     header = _header(options)
     if engine.jobs:
         header["worker_jobs"] = engine.jobs
+    if options.tf1_python is not None:  # as compare --old-python names what OLD ran under
+        header["old_ran_under"] = engine.old_ran_under or f"not started: {options.tf1_python}"
     unmatched = engine.unmatched_tolerance_keys()
     if unmatched:
         header["unmatched_tolerance_keys"] = unmatched

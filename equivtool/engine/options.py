@@ -173,6 +173,8 @@ class Options:
     noise_floor: bool = True          # multi-step training judged against a measured floor (engine.noise_floor)
     noise_floor_multiple: float = _noise_floor.DEFAULT_MULTIPLE
     slot_layout: Any = None           # the resume step's declared TF1 optimizer layout (a SlotLayout)
+    tf1_python: str | None = None     # the TF1 side runs in this interpreter (engine/sides/old_python)
+    tf1_path: tuple = ()              # folders on its sys.path (the caller's folder last)
 
     @property
     def want_gradients(self) -> bool:
@@ -185,11 +187,17 @@ class Options:
               workers=1, outputs=None, disable_arithmetic_optimization=None,
               strict_tolerances=False, noise_floor=True,
               noise_floor_multiple=_noise_floor.DEFAULT_MULTIPLE, strict_intermediates=False,
-              slot_layout=None) -> "Options":
+              slot_layout=None, tf1_python=None, tf1_path=()) -> "Options":
         """Check every argument (raising an error that names it and the expected
         form) before any work starts."""
-        if not callable(tf1_fn):
-            raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}")
+        if tf1_python is None and isinstance(tf1_fn, str):  # "module:function": the interpreter from the environment
+            tf1_python = os.environ.get("EQUIVTOOL_TF1_PYTHON") or None
+        if tf1_python is not None:
+            from equivtool.engine.sides.old_python import check_tf1_python
+            tf1_python, tf1_path = check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn)
+        elif not callable(tf1_fn):
+            raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}"
+                            + (" (a \"module:function\" name needs tf1_python)" if isinstance(tf1_fn, str) else ""))
         if not callable(tf2_layer):
             raise TypeError("tf2_layer: expected a Keras layer or a zero-argument factory returning one, "
                             f"got {type(tf2_layer).__name__}")
@@ -229,7 +237,13 @@ class Options:
                    progress=progress, meta={**input_notes, **_check_meta(meta)}, strategy=strategy,
                    localize=localize, strict_intermediates=strict_intermediates, workers=int(workers),
                    outputs=output_patterns, strict_tolerances=strict_tolerances, aligned=aligned_weights(rename),
-                   noise_floor=noise_floor, noise_floor_multiple=multiple, slot_layout=slot_layout)
+                   noise_floor=noise_floor, noise_floor_multiple=multiple, slot_layout=slot_layout,
+                   tf1_python=tf1_python, tf1_path=tuple(tf1_path))
+        if tf1_python is not None:
+            from equivtool.engine.sides.old_python import refusal_reason
+            reason = refusal_reason(options)
+            if reason is not None:
+                raise ValueError(reason)
         if options.workers > 1:
             reason = in_process_reason(options)
             if reason is None:
