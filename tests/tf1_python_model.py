@@ -63,5 +63,14 @@ def _shim_class():
     return Shim
 
 
+def draws(inputs, training):
+    """Random numbers the random tool seeds: initializers, draws and a dropout mask."""
+    _, v1 = _layers()
+    weights = v1.get_variable("w", [FEATURES, UNITS], initializer=v1.glorot_uniform_initializer())
+    normal = v1.get_variable("t", [UNITS], initializer=v1.truncated_normal_initializer(stddev=0.5))
+    return {"w": weights + 0.0, "t": normal + 0.0, "uniform": v1.random_uniform([5]),
+            "normal": v1.random_normal([2, 3]), "dropout": v1.nn.dropout(tf.ones([4, UNITS]), rate=0.5)}
+
+
 if not tf.__version__.startswith("1."):
     Shim = _shim_class()

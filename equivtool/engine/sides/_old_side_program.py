@@ -414,13 +414,14 @@ def user_frame(tb):
 
 def hello():
     contrib = False
-    if tf.__version__.startswith("1."):
+    version = tf.__version__
+    if version.startswith("1."):
         try:
             importlib.import_module("tensorflow.contrib")  # registers contrib's ops, as the recorder does
             contrib = True
         except ImportError:
             contrib = False
-    return {"protocol": PROTOCOL, "python": platform.python_version(), "tensorflow": tf.__version__,
+    return {"protocol": PROTOCOL, "python": platform.python_version(), "tensorflow": version,
             "machine": platform.machine(), "executable": sys.executable, "contrib": contrib,
             "cpu_build": not tf.test.is_built_with_cuda()}
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from equivtool._base import scratch
 from equivtool._base.names import strip_output_index
 from equivtool._base.tree import flatten_tensors
 from equivtool.engine.outputs import split_outputs
@@ -131,7 +132,9 @@ class OldProgram:
     def __init__(self, python: str, path: tuple):
         from equivtool._platform import tf1_python as _tf1
         self.path = list(path)
-        self.folder = tempfile.mkdtemp(prefix="equivtool-tf1-side-")
+        temp = tempfile.gettempdir()
+        scratch.remove_stale(temp, "tf1-side")  # the folders of killed runs (see _base.scratch)
+        self.folder = tempfile.mkdtemp(prefix=scratch.prefix("tf1-side"), dir=temp)
         self._stderr = open(os.path.join(self.folder, "stderr.txt"), "w+", encoding="utf-8", errors="replace")
         self.process = None
         try:

@@ -1,0 +1,267 @@
+"""``check_equivalence(..., tf1_python=PATH)``: the TF1 side in a real TensorFlow 1.15 interpreter.
+
+The tests that run the old side need ``$EQUIVTOOL_TF1_PYTHON`` (``./dev test``
+sets it; see tests/test_tf1_interpreter.py) and skip with the reason without
+it. The model is tests/tf1_python_model.py: ``tf.contrib.layers``'
+fully_connected, layer_norm and dropout there, the same code on tf-slim in a
+TF2 shim here. The argument checks need no TensorFlow 1.15.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import types
+
+import numpy as np
+import pytest
+
+from equivtool import check_equivalence
+from equivtool.engine.options import Options
+from equivtool.engine.registry import MODES
+from equivtool.engine.sides import old_python
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import tf1_python_model as model  # noqa: E402
+
+INPUTS = np.random.RandomState(3).standard_normal((4, model.FEATURES)).astype(np.float32)
+DEFAULT = ["variables_once", "parity", "fixed_weights", "random/constant/inference", "random/constant/training",
+           "random/num_random_ops/inference", "random/num_random_ops/training", "gradients"]
+
+
+@pytest.fixture(scope="module")
+def tf1_python():
+    path = os.environ.get("EQUIVTOOL_TF1_PYTHON")
+    if not path:
+        pytest.skip(os.environ.get("EQUIVTOOL_TF1_SKIP")
+                    or "no TensorFlow 1.15 interpreter: set EQUIVTOOL_TF1_PYTHON (equivtool tf1-env DIR makes one)")
+    return path
+
+
+@pytest.fixture
+def own_temp(tmp_path, monkeypatch):
+    """TMPDIR for this test alone: what the old side leaves there can be seen."""
+    folder = tmp_path / "temp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def _check(tf1_python, fn="tf1_python_model:model", layer=lambda: model.Shim(), **kwargs):
+    return check_equivalence(fn, layer, INPUTS, tf1_python=tf1_python, tf1_path=[HERE], **kwargs)
+
+
+def _statuses(report) -> dict:
+    return {step.name: step.status for step in report.steps}
+
+
+# --------------------------------------------------------------------------
+# verdicts
+# --------------------------------------------------------------------------
+
+def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, own_temp):
+    report = _check(tf1_python)
+    assert _statuses(report) == {name: "passed" for name in DEFAULT}, str(report)
+    assert report.passed
+    ran_under = report.meta["old_ran_under"]
+    assert ran_under.startswith("TensorFlow 1.15.0, Python 3.") and ran_under.endswith(os.path.abspath(tf1_python))
+    assert "old_ran_under" in str(report)
+    steps = {step.name: step for step in report.steps}
+    assert steps["gradients"].data["variables"] == 6  # every trainable variable's gradient compared
+    assert list(own_temp.iterdir()) == []  # the program's folder is gone
+
+
+def test_a_planted_layer_norm_epsilon_is_not_equivalent(tf1_python):
+    report = _check(tf1_python, layer=lambda: model.Shim(epsilon=1e-3), steps=["parity", "fixed_weights"])
+    assert _statuses(report) == {"parity": "passed", "fixed_weights": "failed"}, str(report)
+    assert not report.passed and "NOT EQUIVALENT" in str(report)
+
+
+def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python):
+    import tensorflow as tf
+    report = _check(tf1_python, steps=["parity", "optimizer", "checkpoint"], checkpoint=True,
+                    optimizers=(lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                                lambda: tf.keras.optimizers.SGD(0.1)))
+    statuses = _statuses(report)
+    assert statuses == {"parity": "passed", "optimizer": "skipped", "checkpoint": "skipped"}, str(report)
+    messages = {step.name: step.message for step in report.steps}
+    assert "optimizer steps: not yet run in the TF1 interpreter" in messages["optimizer"]
+    assert "checkpoints: not yet run in the TF1 interpreter" in messages["checkpoint"]
+    # the verdict counts them as skipped and names what no step proved
+    assert "2 skipped" in str(report.verdict) and "not covered by the steps run: outputs" in str(report.verdict)
+    only_refused = _check(tf1_python, steps=["checkpoint"], checkpoint=True)
+    assert [s.status for s in only_refused.steps] == ["skipped"] and not only_refused.passed
+    assert str(only_refused.verdict).startswith("Verdict: INCONCLUSIVE, no step passed")
+
+
+def test_an_error_there_is_one_line_with_the_users_frame_and_the_traceback(tf1_python, own_temp):
+    report = _check(tf1_python, fn="tf1_python_model:failing_model", steps=["parity", "fixed_weights"])
+    first = report.steps[0]
+    assert first.status == "error"
+    assert first.message.startswith("OldSideError: ValueError in the TF1 interpreter: a planted error in the "
+                                    "model (at "), first.message
+    assert "tf1_python_model.py:" in first.message and "in net" in first.message
+    assert "\n" not in first.message
+    traceback = first.data["traceback"]
+    assert "Traceback (most recent call last)" in traceback and 'raise ValueError("a planted error' in traceback
+    assert report.steps[1].status in ("error", "skipped")
+    assert list(own_temp.iterdir()) == []
+
+
+def test_an_interpreter_with_tensorflow_2_is_refused_with_the_reason(tmp_path):
+    # this interpreter (TensorFlow 2.x) as the "old" one: the program starts, says its version, is refused
+    report = check_equivalence("tf1_python_model:model", lambda: model.Shim(), INPUTS, tf1_python=sys.executable,
+                               tf1_path=[HERE], steps=["parity", "fixed_weights"])
+    assert [s.status for s in report.steps] == ["error", "skipped"], str(report)
+    assert "needs TensorFlow 1.x" in report.steps[0].message
+    assert "needs TensorFlow 1.x" in report.steps[1].message  # said again, not retried
+
+
+# --------------------------------------------------------------------------
+# the same numbers as the in-process TF1 side
+# --------------------------------------------------------------------------
+
+def _old_side_values(tf1_python, fn: str, mode: str, seed: int = 42) -> dict:
+    options = Options.build(fn, lambda: None, INPUTS, steps=None, modes=MODES, tolerance=None,
+                            step_tolerances=None, loss_fn=None, optimizers=None, train_steps=1, checkpoint=None,
+                            rename=None, tf_function=False, seed=seed, tf1_python=tf1_python, tf1_path=[HERE])
+    engine = types.SimpleNamespace(options=options, old_program=None)
+    try:
+        side = old_python.OldTF1Side(engine, mode)
+        forward = side.forward(training=True)
+        return side.run(forward)["outputs"]
+    finally:
+        if engine.old_program is not None:
+            engine.old_program.close()
+
+
+def _in_process_values(fn, mode: str) -> dict:
+    from equivtool.engine.sides.runners import TF1Side
+    from equivtool.seeding import DeterministicRandomTestTool
+    side = TF1Side(fn, INPUTS, renamer=lambda name: name, loss_fn=None,
+                   random_tool=DeterministicRandomTestTool(seed=42, mode=mode))
+    try:
+        forward = side.forward(training=True)
+        return side.run(forward.outputs)
+    finally:
+        side.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_random_tools_tf1_half_draws_what_the_in_process_side_draws(tf1_python, mode):
+    there = _old_side_values(tf1_python, "tf1_python_model:draws", mode)
+    here = _in_process_values(model.draws, mode)
+    assert list(there) == ["w", "t", "uniform", "normal", "dropout"]
+    for key in here:
+        np.testing.assert_array_equal(there[key], here[key], err_msg=key)
+    assert 0 < np.count_nonzero(there["dropout"]) < there["dropout"].size  # a real mask
+    # the check can fail: another seed there draws other numbers
+    other = _old_side_values(tf1_python, "tf1_python_model:draws", mode, seed=43)
+    assert not np.array_equal(other["uniform"], here["uniform"])
+
+
+def test_in_process_and_old_interpreter_give_the_same_verdict_and_numbers(tf1_python):
+    there = _check(tf1_python, steps=["fixed_weights", "random", "gradients"])
+    here = check_equivalence(model.model, lambda: model.Shim(), INPUTS, steps=["fixed_weights", "random",
+                                                                               "gradients"])
+    assert _statuses(there) == _statuses(here) and there.passed and here.passed
+    values = _old_side_values(tf1_python, "tf1_python_model:model", "num_random_ops")
+    np.testing.assert_allclose(values, _in_process_values(model.model, "num_random_ops"), rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# the program stopped and its folder removed on every exit
+# --------------------------------------------------------------------------
+
+def test_ctrl_c_stops_the_program_and_removes_its_folder(tf1_python, own_temp, monkeypatch):
+    started = []
+    real_init = old_python.OldProgram.__init__
+
+    def init(self, *args):
+        real_init(self, *args)
+        started.append((self.folder, self.process.pid, self.process))
+
+    monkeypatch.setattr(old_python.OldProgram, "__init__", init)
+
+    def interrupt(result):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _check(tf1_python, steps=["parity", "fixed_weights"], progress=interrupt)
+    [(folder, pid, process)] = started
+    assert process.returncode is not None  # stopped and reaped
+    assert not os.path.exists(folder) and list(own_temp.iterdir()) == []
+
+
+def test_sigterm_stops_the_program_and_removes_its_folder(tf1_python, tmp_path):
+    script = (
+        "import os, signal, sys, numpy as np\n"
+        f"sys.path.insert(0, {HERE!r})\n"
+        "import tf1_python_model as model\n"
+        "from equivtool import check_equivalence\n"
+        "from equivtool.engine.sides import old_python\n"
+        "real = old_python.OldProgram.request\n"
+        "def request(self, op, **fields):\n"
+        "    if op == 'forward':\n"
+        "        print('PID', self.process.pid, flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(self, op, **fields)\n"
+        "old_python.OldProgram.request = request\n"
+        f"check_equivalence('tf1_python_model:model', lambda: model.Shim(), np.ones((2, 6), np.float32),\n"
+        f"                  tf1_python={tf1_python!r}, tf1_path=[{HERE!r}], steps=['parity'])\n")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": os.path.dirname(HERE)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == -signal.SIGTERM, done.stderr[-2000:]
+    pid = int(done.stdout.split("PID", 1)[1].split()[0])
+    from equivtool._base.scratch import process_gone
+    assert process_gone(pid)
+    assert glob.glob(str(temp / "equivtool-tf1-side-*")) == []
+
+
+# --------------------------------------------------------------------------
+# arguments (no TensorFlow 1.15 needed)
+# --------------------------------------------------------------------------
+
+def _build(tf1_fn="m:f", **kwargs):
+    arguments = dict(steps=None, modes=MODES, tolerance=None, step_tolerances=None, loss_fn=None,
+                     optimizers=None, train_steps=1, checkpoint=None, rename=None, tf_function=False)
+    arguments.update(kwargs)
+    return Options.build(tf1_fn, lambda: None, INPUTS, **arguments)
+
+
+def test_arguments_are_checked_before_any_work(monkeypatch):
+    monkeypatch.delenv("EQUIVTOOL_TF1_PYTHON", raising=False)
+    python = sys.executable
+    with pytest.raises(TypeError, match='tf1_fn: with tf1_python, expected "module:function"'):
+        _build(model.model, tf1_python=python)
+    with pytest.raises(ValueError, match="tf1_python: '/no/such/python' is not an executable file"):
+        _build(tf1_python="/no/such/python")
+    with pytest.raises(ValueError, match="loss_fn: not yet supported with tf1_python"):
+        _build(tf1_python=python, loss_fn=lambda outputs, regularization: outputs)
+    with pytest.raises(ValueError, match="localize: not yet run in the TF1 interpreter"):
+        _build(tf1_python=python, localize=True)
+    with pytest.raises(ValueError, match="workers: the TF1 interpreter is not yet a worker"):
+        _build(tf1_python=python, workers=2)
+    with pytest.raises(TypeError, match="tf1_path: expected a list of folders"):
+        _build(tf1_python=python, tf1_path="folder")
+    with pytest.raises(TypeError, match='a "module:function" name needs tf1_python'):
+        _build("m:f")
+    built = _build(tf1_python=python, tf1_path=["a"])
+    assert built.tf1_python == os.path.abspath(python)
+    assert built.tf1_path == (os.path.abspath("a"), os.getcwd())
+
+
+def test_the_environment_names_the_interpreter_for_names_only(monkeypatch):
+    monkeypatch.setenv("EQUIVTOOL_TF1_PYTHON", sys.executable)
+    assert _build("m:f").tf1_python == os.path.abspath(sys.executable)
+    assert _build(model.model).tf1_python is None  # a callable runs here, as before
+    monkeypatch.delenv("EQUIVTOOL_TF1_PYTHON")
+    with pytest.raises(TypeError):
+        _build("m:f")
