@@ -245,6 +245,8 @@ def check_equivalence(
         header["worker_jobs"] = engine.jobs
     if options.tf1_python is not None:  # as compare --old-python names what OLD ran under
         header["old_ran_under"] = engine.old_ran_under or f"not started: {options.tf1_python}"
+        if engine.old_interpreter is not None:  # its Python, TensorFlow, machine, CPU or CUDA build
+            header["old_interpreter"] = dict(engine.old_interpreter)
     unmatched = engine.unmatched_tolerance_keys()
     if unmatched:
         header["unmatched_tolerance_keys"] = unmatched

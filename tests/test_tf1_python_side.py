@@ -10,6 +10,7 @@ TF2 shim here. The argument checks need no TensorFlow 1.15.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -71,6 +72,8 @@ def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, own
     ran_under = report.meta["old_ran_under"]
     assert ran_under.startswith("TensorFlow 1.15.0, Python 3.") and ran_under.endswith(os.path.abspath(tf1_python))
     assert "old_ran_under" in str(report)
+    assert report.meta["old_interpreter"]["tensorflow"] == "1.15.0"
+    assert report.meta["old_interpreter"]["cpu_build"] is True and report.meta["old_interpreter"]["contrib_imported"]
     steps = {step.name: step for step in report.steps}
     assert steps["gradients"].data["variables"] == 6  # every trainable variable's gradient compared
     assert list(own_temp.iterdir()) == []  # the program's folder is gone
@@ -111,6 +114,19 @@ def test_an_error_there_is_one_line_with_the_users_frame_and_the_traceback(tf1_p
     assert "Traceback (most recent call last)" in traceback and 'raise ValueError("a planted error' in traceback
     assert report.steps[1].status in ("error", "skipped")
     assert list(own_temp.iterdir()) == []
+    as_json = json.loads(report.to_json())  # the JSON report keeps the traceback there
+    assert 'raise ValueError("a planted error' in as_json["steps"][0]["data"]["traceback"]
+    assert as_json["meta"]["old_ran_under"].startswith("TensorFlow 1.15.0")
+
+
+def test_the_cli_check_runs_the_tf1_side_there(tf1_python, capsys, monkeypatch):
+    from equivtool import cli
+    monkeypatch.chdir(HERE)
+    code = cli.main(["check", "tf1_python_model:model", "tf1_python_model:Shim", "--input-shape", "4,6",
+                     "--tf1-python", tf1_python, "--steps", "parity,fixed_weights"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "old_ran_under: TensorFlow 1.15.0" in out and "Verdict: EQUIVALENT" in out
 
 
 def test_an_interpreter_with_tensorflow_2_is_refused_with_the_reason(tmp_path):
@@ -265,3 +281,30 @@ def test_the_environment_names_the_interpreter_for_names_only(monkeypatch):
     monkeypatch.delenv("EQUIVTOOL_TF1_PYTHON")
     with pytest.raises(TypeError):
         _build("m:f")
+
+
+def test_the_random_tool_there_puts_get_seed_and_the_graph_seed_back_on_an_error(tf1_python):
+    snippet = (
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.dirname(old_python.PROGRAM)!r})\n"
+        "import _old_side_program as program\n"
+        "import tensorflow as tf\n"
+        "from tensorflow.python.framework import random_seed\n"
+        "original = random_seed.get_seed\n"
+        "graph = tf.Graph()\n"
+        "with graph.as_default():\n"
+        "    tool = program.RandomTool(42, 'num_random_ops')\n"
+        "    def fail():\n"
+        "        seen.append(random_seed.get_seed(None))\n"
+        "        raise RuntimeError('planted')\n"
+        "    seen = []\n"
+        "    try:\n"
+        "        tool.run(fail)\n"
+        "    except RuntimeError:\n"
+        "        pass\n"
+        "    assert seen == [(42, 0)], seen\n"
+        "    assert random_seed.get_seed is original and graph.seed is None, graph.seed\n"
+        "print('restored')\n")
+    done = subprocess.run([tf1_python, "-c", snippet], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert done.returncode == 0 and done.stdout.strip() == "restored", done.stderr[-2000:]

@@ -105,7 +105,7 @@ class Engine:
         self._tolerance_keys: dict = {}  # argument -> (its keys seen by a comparison, those a leaf matched)
         self.side_classes = {"tf1": TF1Side, "tf2": TF2Side}  # see engine/sides: what each can do
         self.old_program = None        # with tf1_python: the TF1 side's program (engine/sides/old_python)
-        self.old_ran_under = None
+        self.old_ran_under = self.old_interpreter = None
         if options.tf1_python is not None:
             from equivtool.engine.sides.old_python import OldTF1Side
             self.side_classes["tf1"] = OldTF1Side
