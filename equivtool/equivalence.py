@@ -220,8 +220,9 @@ def check_equivalence(
         included); ``tf1_fn`` is then ``"module:function"``, imported there with
         ``tf1_path`` and the current folder on its ``sys.path``. Default
         ``$EQUIVTOOL_TF1_PYTHON`` when ``tf1_fn`` is such a name. Parity, fixed
-        weights, both random modes and gradients (default loss) run there; the
-        steps it cannot run yet are skipped with the reason. The report's
+        weights, both random modes, gradients (default loss) and optimizer
+        steps (``optimizers=("module:make_tf1_optimizer", make_tf2_optimizer)``)
+        run there; the steps it cannot run yet are skipped with the reason. The report's
         header names the interpreter (``old_ran_under``). See
         ``docs/tf1-as-it-ran.md``.
       tf1_path: folders put on the TF1 interpreter's ``sys.path``.

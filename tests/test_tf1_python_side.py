@@ -85,18 +85,27 @@ def test_a_planted_layer_norm_epsilon_is_not_equivalent(tf1_python):
     assert not report.passed and "NOT EQUIVALENT" in str(report)
 
 
-def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python):
+@pytest.mark.parametrize("learning_rate, status", [(0.1, "passed"), (0.11, "failed")])
+def test_optimizer_steps_run_there(tf1_python, learning_rate, status):
     import tensorflow as tf
-    report = _check(tf1_python, steps=["parity", "optimizer", "checkpoint"], checkpoint=True,
-                    optimizers=(lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
-                                lambda: tf.keras.optimizers.SGD(0.1)))
-    statuses = _statuses(report)
-    assert statuses == {"parity": "passed", "optimizer": "skipped", "checkpoint": "skipped"}, str(report)
-    messages = {step.name: step.message for step in report.steps}
-    assert "optimizer steps: not yet run in the TF1 interpreter" in messages["optimizer"]
-    assert "checkpoints: not yet run in the TF1 interpreter" in messages["checkpoint"]
-    # the verdict counts them as skipped and names what no step proved
-    assert "2 skipped" in str(report.verdict) and "not covered by the steps run: outputs" in str(report.verdict)
+    report = _check(tf1_python, steps=["optimizer"],
+                    optimizers=("tf1_python_model:sgd", lambda: tf.keras.optimizers.SGD(learning_rate)))
+    [step] = report.steps
+    assert step.status == status, str(report)
+    assert "3 steps of GradientDescentOptimizer (TF1) vs SGD (TF2)" in step.notes[0]
+    assert len(step.data["losses"]) == 3 and "noise_floor" in step.data
+
+
+def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python):
+    from equivtool.engine.registry import get_step
+    from equivtool.engine.sides import refusal
+    report = _check(tf1_python, steps=["parity", "checkpoint"], checkpoint=True)
+    assert _statuses(report) == {"parity": "passed", "checkpoint": "skipped"}, str(report)
+    reason = "checkpoints: not yet run in the TF1 interpreter (tf1_python)"
+    assert report.step("checkpoint").message == reason
+    assert refusal(old_python.OldTF1Side, get_step("resume").needs) == reason
+    # the verdict counts it as skipped and names what no step proved
+    assert "1 skipped" in str(report.verdict) and "not covered by the steps run: outputs" in str(report.verdict)
     only_refused = _check(tf1_python, steps=["checkpoint"], checkpoint=True)
     assert [s.status for s in only_refused.steps] == ["skipped"] and not only_refused.passed
     assert str(only_refused.verdict).startswith("Verdict: INCONCLUSIVE, no step passed")
@@ -259,6 +268,8 @@ def test_arguments_are_checked_before_any_work(monkeypatch):
         _build(model.model, tf1_python=python)
     with pytest.raises(ValueError, match="tf1_python: '/no/such/python' is not an executable file"):
         _build(tf1_python="/no/such/python")
+    with pytest.raises(TypeError, match='optimizers: with tf1_python, expected \\("module:make_tf1_optimizer"'):
+        _build(tf1_python=python, optimizers=(lambda: None, lambda: None))
     with pytest.raises(ValueError, match="loss_fn: not yet supported with tf1_python"):
         _build(tf1_python=python, loss_fn=lambda outputs, regularization: outputs)
     with pytest.raises(ValueError, match="localize: not yet run in the TF1 interpreter"):

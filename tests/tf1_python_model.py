@@ -49,6 +49,15 @@ def failing_model(inputs, training):
     return net(inputs, training, fail=True)
 
 
+def sgd():
+    """The TF1 optimizer, named as "tf1_python_model:sgd" for the old interpreter."""
+    return _layers()[1].train.GradientDescentOptimizer(0.1)
+
+
+def adam():
+    return _layers()[1].train.AdamOptimizer(0.01)
+
+
 def _shim_class():
     class Shim(tf.keras.layers.Layer):
         """The TF2 rewrite: the same code in a shim layer (epsilon: the planted slip)."""

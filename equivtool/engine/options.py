@@ -194,7 +194,7 @@ class Options:
             tf1_python = os.environ.get("EQUIVTOOL_TF1_PYTHON") or None
         if tf1_python is not None:
             from equivtool.engine.sides.old_python import check_tf1_python
-            tf1_python, tf1_path = check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn)
+            tf1_python, tf1_path = check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn, optimizers)
         elif not callable(tf1_fn):
             raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}"
                             + (" (a \"module:function\" name needs tf1_python)" if isinstance(tf1_fn, str) else ""))
@@ -211,7 +211,7 @@ class Options:
         selected_modes = _steps.select_modes(modes)
         if "random" in selected and not selected_modes:
             raise ValueError(f"modes: the random step needs at least one mode from {list(MODES)}")
-        _check_training(train_steps, optimizers, loss_fn)
+        _check_training(train_steps, optimizers if tf1_python is None else None, loss_fn)
         _check_run_options(tf_function, seed, progress, strategy)
         graph_rewrites = _graph_rewrites(graph_rewrites, disable_arithmetic_optimization)
         _check_checkpoint(checkpoint)

@@ -27,6 +27,12 @@
 #   read handle                the variables' values: file, names
 #   assign handle file names   set variables by name
 #   copy handle source         every variable of source's under the same name, in
+#   train_build handle optimizer training
+#                              a pass of its own, its default loss and
+#                              optimizer().minimize ("module:function"): train, optimizer, loops
+#   train_step handle train    one step in a new session: loss (before the step)
+#   global_state handle        every global variable by op name (slots too): file, names
+#   load_global_state handle file names
 #   close handle / quit
 # An error answers {"ok": false, "error": {type, message, frame, traceback}}.
 #
@@ -281,7 +287,10 @@ class Side(object):
         for name in NUMERIC_PASSES if request.get("graph_rewrites", "as_written") == "as_written" else ():
             if name in rewrites.DESCRIPTOR.fields_by_name:
                 setattr(rewrites, name, 2)  # RewriterConfig.OFF
+        self.config = config
         self.session = tf.Session(graph=self.graph, config=config)
+        self.path = request.get("path") or []
+        self.trainings = []
         self.passes = []
         self.initialized = False
         self.variables = []
@@ -398,6 +407,57 @@ class Side(object):
         values = other.session.run([source[v.name] for v in mine])
         self.assign([v.name for v in mine], values)
 
+    def build_training(self, optimizer, training):
+        """A forward pass of its own, its default loss and make_optimizer().minimize over the
+        trainable variables after the pass's UPDATE_OPS; the optimizer's variables initialised."""
+        make = import_function(optimizer, self.path)
+        info = self.forward(training, False)
+        self.initialize()
+        built = self.passes[-1]
+        with self.graph.as_default():
+            known = set(tf.global_variables())
+            loss = default_loss(built["outputs"], built["regularization"])
+            instance = make()
+            with tf.control_dependencies(built["updates"]):
+                train_op = instance.minimize(loss, var_list=tf.trainable_variables())
+            self.session.run(tf.variables_initializer([v for v in tf.global_variables() if v not in known]))
+        self.trainings.append((loss, train_op))
+        return {"train": len(self.trainings) - 1, "optimizer": type(instance).__name__, "loops": info["loops"],
+                "loss_flag": depends_on(loss, info["loops"])}
+
+    def renew_session(self):
+        """Every global variable's value moved into a new session, so that every stateful
+        random op starts again at its first draw (as an eager TF2 call does)."""
+        with self.graph.as_default():
+            everything = tf.global_variables()
+        values = self.session.run(everything)
+        self.session.close()
+        self.session = tf.Session(graph=self.graph, config=self.config)
+        self.load(zip(everything, values))
+
+    def train_step(self, index):
+        """One optimizer step in a new session; the loss before it."""
+        self.initialize()
+        self.renew_session()
+        loss, train_op = self.trainings[index]
+        value, _ = self.session.run((loss, train_op), feed_dict=self.feed())
+        return {"loss": float(value)}
+
+    def global_state(self):
+        """Every global variable (the model's, the optimizer's slots and counters) by op name."""
+        self.initialize()
+        with self.graph.as_default():
+            everything = tf.global_variables()
+        return {"file": save_arrays(self.folder, "state", self.session.run(everything)),
+                "names": [v.op.name for v in everything]}
+
+    def load_global_state(self, names, values):
+        by_name = dict(zip(names, values))
+        with self.graph.as_default():
+            wanted = [(v, by_name[v.op.name]) for v in tf.global_variables() if v.op.name in by_name]
+        self.load(wanted)
+        self.initialized = True
+
     def close(self):
         self.session.close()
 
@@ -478,6 +538,15 @@ def handle(folder, request, sides, tools):
         if source is None:
             raise ProtocolError("copy: no open handle %r" % (request.get("source"),))
         side.copy_from(source)
+        return {}
+    if op == "train_build":
+        return side.build_training(request["optimizer"], bool(request["training"]))
+    if op == "train_step":
+        return side.train_step(int(request["train"]))
+    if op == "global_state":
+        return side.global_state()
+    if op == "load_global_state":
+        side.load_global_state(request["names"], load_arrays(folder, request["file"]))
         return {}
     if op == "close":
         sides.pop(request["handle"]).close()

@@ -11,13 +11,14 @@ process; the folder is removed and the program stopped on every exit (the
 engine's ``close`` runs on errors, Ctrl-C and SIGTERM:
 :mod:`equivtool.engine.signals`).
 
-What runs there: :class:`OldTF1Side` declares forward passes, variables and
-gradients, so ``parity``, ``fixed_weights`` (the values computed here by the
-same rule and sent), both random modes (the program holds the random tool's
-TF1 half, with the same seed arithmetic) and ``gradients`` (default loss)
-run; the TF1 functions of those steps are :data:`STEP_SIDES`. Optimizer steps,
-checkpoints and localization are refused with a reason, so the steps that
-need them are reported as skipped, never as passed.
+What runs there: :class:`OldTF1Side` declares forward passes, variables,
+gradients and training, so ``parity``, ``fixed_weights`` (the values computed
+here by the same rule and sent), both random modes (the program holds the
+random tool's TF1 half, with the same seed arithmetic), ``gradients`` (default
+loss) and ``optimizer`` (the TF1 factory named ``"module:function"``) run; the
+TF1 functions of those steps are :data:`STEP_SIDES`. Checkpoints and
+localization are refused with a reason, so the steps that need them are
+reported as skipped, never as passed.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 from equivtool._base import scratch
 from equivtool._base.names import strip_output_index
 from equivtool._base.tree import flatten_tensors
+from equivtool.engine import noise_floor
 from equivtool.engine.outputs import split_outputs
 from equivtool.engine.pair import _Half
 from equivtool.engine.registry import SkipStep
@@ -62,17 +64,27 @@ class OldSideTraceback(Exception):
     """The full traceback printed in the old interpreter."""
 
 
-def check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn) -> tuple:
+def _is_name(value) -> bool:
+    """``"module:function"``."""
+    return isinstance(value, str) and value.count(":") == 1 and all(value.split(":"))
+
+
+def check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn, optimizers=None) -> tuple:
     """``(tf1_python, tf1_path)`` checked before any work: an executable interpreter,
-    ``tf1_fn`` named as ``"module:function"``, ``tf1_path`` a sequence of folders;
-    a ``loss_fn`` (a callable of this interpreter) is refused."""
+    ``tf1_fn`` and the TF1 optimizer factory named as ``"module:function"``,
+    ``tf1_path`` a sequence of folders; a ``loss_fn`` (a callable of this
+    interpreter) is refused."""
     if not isinstance(tf1_python, (str, os.PathLike)) or not os.fspath(tf1_python):
         raise TypeError(f"tf1_python: expected the path of a TensorFlow 1.x interpreter, got {tf1_python!r}")
     path = shutil.which(os.fspath(tf1_python)) or os.fspath(tf1_python)
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise ValueError(f"tf1_python: {os.fspath(tf1_python)!r} is not an executable file; expected the path of "
                          "a TensorFlow 1.x interpreter (make one with: equivtool tf1-env DIR)")
-    if not isinstance(tf1_fn, str) or tf1_fn.count(":") != 1 or not all(tf1_fn.split(":")):
+    if optimizers is not None and not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2
+                                       and _is_name(optimizers[0]) and callable(optimizers[1])):
+        raise TypeError("optimizers: with tf1_python, expected (\"module:make_tf1_optimizer\", "
+                        f"make_tf2_optimizer): the TF1 factory is imported in that interpreter; got {optimizers!r}")
+    if not _is_name(tf1_fn):
         raise TypeError("tf1_fn: with tf1_python, expected \"module:function\" (imported in that interpreter), "
                         f"got {tf1_fn!r}")
     if isinstance(tf1_path, (str, os.PathLike)) or not all(isinstance(p, (str, os.PathLike)) for p in tf1_path):
@@ -265,9 +277,8 @@ class OldTF1Side(Side):
     """The user's TF1 function in one graph and session of the old interpreter."""
 
     KIND = "TF1 graph in the TF1 interpreter"
-    CAPABILITIES = frozenset({FORWARD, VARIABLES, GRADIENTS})
-    REFUSALS = {TRAINING: "optimizer steps: " + _NOT_YET,
-                CHECKPOINTS: "checkpoints: " + _NOT_YET,
+    CAPABILITIES = frozenset({FORWARD, VARIABLES, GRADIENTS, TRAINING})
+    REFUSALS = {CHECKPOINTS: "checkpoints: " + _NOT_YET,
                 INTERMEDIATES: "op capture (localization): " + _NOT_YET}
 
     _count = 0
@@ -336,6 +347,35 @@ class OldTF1Side(Side):
         pairs = [(name, values_by_key[key]) for name, key in zip(self.names, self.keys) if key in values_by_key]
         self.program.request("assign", handle=self.handle, names=[name for name, _ in pairs],
                              file=self.program.send("assign", [value for _, value in pairs]))
+
+    def build_training(self, make_optimizer: str, training: bool) -> dict:
+        """A training pass there (``make_optimizer``: ``"module:function"``):
+        ``{"train", "optimizer", "loops", "loss_flag"}``."""
+        return self.program.request("train_build", handle=self.handle, optimizer=make_optimizer,
+                                    training=training)
+
+    def train_step(self, training: dict) -> float:
+        """One optimizer step in a new session there; the loss before the step."""
+        return self.program.request("train_step", handle=self.handle, train=training["train"])["loss"]
+
+    def global_state(self) -> dict:
+        """``{op name: value}`` of every global variable there (slots and counters too)."""
+        return self.program.receive(self.program.request("global_state", handle=self.handle))
+
+    def load_global_state(self, values: Mapping[str, np.ndarray]) -> None:
+        names = list(values)
+        self.program.request("load_global_state", handle=self.handle, names=names,
+                             file=self.program.send("state", [values[name] for name in names]))
+
+    @contextlib.contextmanager
+    def perturbed(self, start: Mapping[str, np.ndarray], seed: int):
+        """As :meth:`equivtool.engine.sides.runners.TF1Side.perturbed`: ``start`` one ULP
+        away (computed here), ``start`` loaded back on every exit path."""
+        try:
+            self.load_global_state(noise_floor.Perturbed(start, seed))
+            yield
+        finally:
+            self.load_global_state(start)
 
     def copy_variables_from(self, other: "OldTF1Side") -> None:
         self.program.request("copy", handle=self.handle, source=other.handle)
@@ -477,6 +517,37 @@ def _gradients(e: "Engine") -> dict:
             "loops": dict(forward.loops), "flags": flags}
 
 
+def _optimizer(e: "Engine") -> dict:
+    """As ``steps._optimizer_tf1``, there: ``train_steps`` steps of the TF1 optimizer
+    (``"module:function"``) from the pair's state after its calls, then the same
+    steps from one ULP away for the noise floor; the variables put back after."""
+    o, half = e.options, e.tf1_half
+    if o.optimizers is None:
+        raise SkipStep("no optimizers given: pass optimizers=(\"module:make_tf1_optimizer\", make_tf2_optimizer)")
+    side = half.side
+    half.gradient_pass()  # both sides have had the same calls (batch-norm statistics included)
+    losses, values, floor_run = [], [], None
+    with half.preserved():
+        training = side.build_training(o.optimizers[0], True)
+        start = side.global_state() if o.noise_floor else None
+        for _ in range(o.train_steps):
+            losses.append(side.train_step(training))
+            values.append(side.read_variables())
+        if start is not None:
+            with side.perturbed(start, o.seed):
+                floor_run = [(side.train_step(training), side.read_variables()) for _ in range(o.train_steps)]
+    forward = half.training
+    loops = {**training["loops"], **forward.loops}
+    flags = {}
+    if loops:  # a variable's update depends on the loops when its gradient (in the pair's pass) does
+        for step in range(o.train_steps):
+            flags[f"step_{step + 1}/loss"] = training["loss_flag"]
+            flags.update({f"step_{step + 1}/variables/{variable_key(k, side.renamer)}": flag
+                          for k, flag in forward.gradient_flags.items()})
+    return {"losses": losses, "variables": values, "optimizer": training["optimizer"], "floor_run": floor_run,
+            "sparse": [variable_key(k, side.renamer) for k in forward.sparse], "loops": loops, "flags": flags}
+
+
 def _primary_path(outputs) -> str:
     from equivtool.engine.sides.runners import primary_output_path
     return primary_output_path(outputs)
@@ -490,4 +561,5 @@ STEP_SIDES = {
     "equivtool.engine.steps:random_constant": _random_constant,
     "equivtool.engine.steps:random_fresh": _random_fresh,
     "equivtool.engine.steps:gradients": _gradients,
+    "equivtool.engine.steps:optimizer": _optimizer,
 }
