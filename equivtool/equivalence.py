@@ -222,7 +222,7 @@ def check_equivalence(
         ``$EQUIVTOOL_TF1_PYTHON`` when ``tf1_fn`` is such a name. Parity, fixed
         weights, both random modes, gradients (default loss) and optimizer
         steps (``optimizers=("module:make_tf1_optimizer", make_tf2_optimizer)``)
-        run there; the steps it cannot run yet are skipped with the reason. The report's
+        and ``checkpoint`` run there; the steps it cannot run yet are skipped with the reason. The report's
         header names the interpreter (``old_ran_under``). See
         ``docs/tf1-as-it-ran.md``.
       tf1_path: folders put on the TF1 interpreter's ``sys.path``.

@@ -96,17 +96,40 @@ def test_optimizer_steps_run_there(tf1_python, learning_rate, status):
     assert len(step.data["losses"]) == 3 and "noise_floor" in step.data
 
 
-def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python):
+def _tf1_checkpoint(folder) -> str:
+    """A TF1 checkpoint of the model's variables, written here (through tf.compat.v1)."""
+    import tensorflow as tf
+    graph = tf.Graph()
+    with graph.as_default():
+        model.model(tf.compat.v1.placeholder(tf.float32, INPUTS.shape), False)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            return tf.compat.v1.train.Saver().save(session, os.path.join(str(folder), "model.ckpt"))
+
+
+@pytest.mark.parametrize("epsilon, status", [(None, "passed"), (1e-3, "failed")])
+def test_a_checkpoint_written_there_loads_into_both_sides(tf1_python, epsilon, status):
+    report = _check(tf1_python, layer=lambda: model.Shim(epsilon=epsilon), steps=["checkpoint"], checkpoint=True)
+    [step] = report.steps
+    assert step.status == status, str(report)
+    assert step.data["loaded_variables"] == 6 and step.data["missing"] == 0
+    assert "checkpoint written by the TF1 side" in step.notes[0]
+
+
+def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python, tmp_path):
+    import tensorflow as tf
     from equivtool.engine.registry import get_step
     from equivtool.engine.sides import refusal
-    report = _check(tf1_python, steps=["parity", "checkpoint"], checkpoint=True)
-    assert _statuses(report) == {"parity": "passed", "checkpoint": "skipped"}, str(report)
-    reason = "checkpoints: not yet run in the TF1 interpreter (tf1_python)"
-    assert report.step("checkpoint").message == reason
-    assert refusal(old_python.OldTF1Side, get_step("resume").needs) == reason
-    # the verdict counts it as skipped and names what no step proved
-    assert "1 skipped" in str(report.verdict) and "not covered by the steps run: outputs" in str(report.verdict)
-    only_refused = _check(tf1_python, steps=["checkpoint"], checkpoint=True)
+    report = _check(tf1_python, steps=["parity", "checkpoint", "resume"], checkpoint=_tf1_checkpoint(tmp_path),
+                    optimizers=("tf1_python_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)))
+    assert _statuses(report) == {"parity": "passed", "checkpoint": "passed", "resume": "skipped"}, str(report)
+    assert report.step("resume").message == "resume: not yet run in the TF1 interpreter (tf1_python)"
+    assert refusal(old_python.OldTF1Side, get_step("resume").needs) is None  # refused by the side's step list
+    assert refusal(old_python.OldTF1Side, ["intermediates"]).startswith("op capture (localization): not yet")
+    # the verdict counts it as skipped
+    assert "1 skipped" in str(report.verdict)
+    only_refused = _check(tf1_python, steps=["resume"], checkpoint=_tf1_checkpoint(tmp_path / "again"),
+                          optimizers=("tf1_python_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)))
     assert [s.status for s in only_refused.steps] == ["skipped"] and not only_refused.passed
     assert str(only_refused.verdict).startswith("Verdict: INCONCLUSIVE, no step passed")
 

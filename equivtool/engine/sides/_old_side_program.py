@@ -33,6 +33,8 @@
 #   train_step handle train    one step in a new session: loss (before the step)
 #   global_state handle        every global variable by op name (slots too): file, names
 #   load_global_state handle file names
+#   save handle path / restore handle path
+#                              a tf.train.Saver checkpoint of the variables: path
 #   close handle / quit
 # An error answers {"ok": false, "error": {type, message, frame, traceback}}.
 #
@@ -458,6 +460,24 @@ class Side(object):
         self.load(wanted)
         self.initialized = True
 
+    def saver(self):
+        if getattr(self, "_saver", None) is None:
+            with self.graph.as_default():
+                self._saver = tf.train.Saver(var_list=self.variables)
+        return self._saver
+
+    def save(self, prefix):
+        """The variables written with tf.train.Saver (a name-based checkpoint): its path."""
+        self.initialize()
+        with self.graph.as_default():
+            return {"path": self.saver().save(self.session, prefix)}
+
+    def restore(self, path):
+        with self.graph.as_default():
+            self.saver().restore(self.session, path)
+        self.initialized = True
+        return {}
+
     def close(self):
         self.session.close()
 
@@ -548,6 +568,10 @@ def handle(folder, request, sides, tools):
     if op == "load_global_state":
         side.load_global_state(request["names"], load_arrays(folder, request["file"]))
         return {}
+    if op == "save":
+        return side.save(request["path"])
+    if op == "restore":
+        return side.restore(request["path"])
     if op == "close":
         sides.pop(request["handle"]).close()
         return {}

@@ -12,13 +12,14 @@ engine's ``close`` runs on errors, Ctrl-C and SIGTERM:
 :mod:`equivtool.engine.signals`).
 
 What runs there: :class:`OldTF1Side` declares forward passes, variables,
-gradients and training, so ``parity``, ``fixed_weights`` (the values computed
-here by the same rule and sent), both random modes (the program holds the
-random tool's TF1 half, with the same seed arithmetic), ``gradients`` (default
-loss) and ``optimizer`` (the TF1 factory named ``"module:function"``) run; the
-TF1 functions of those steps are :data:`STEP_SIDES`. Checkpoints and
-localization are refused with a reason, so the steps that need them are
-reported as skipped, never as passed.
+gradients, training and checkpoints, so ``parity``, ``fixed_weights`` (the
+values computed here by the same rule and sent), both random modes (the
+program holds the random tool's TF1 half, with the same seed arithmetic),
+``gradients`` (default loss), ``optimizer`` (the TF1 factory named
+``"module:function"``) and ``checkpoint`` run; the TF1 functions of those
+steps are :data:`STEP_SIDES`. A step without one there (``resume``) is
+skipped with the reason, and localization (op capture) is refused: never
+reported as passed.
 """
 
 from __future__ import annotations
@@ -277,9 +278,8 @@ class OldTF1Side(Side):
     """The user's TF1 function in one graph and session of the old interpreter."""
 
     KIND = "TF1 graph in the TF1 interpreter"
-    CAPABILITIES = frozenset({FORWARD, VARIABLES, GRADIENTS, TRAINING})
-    REFUSALS = {CHECKPOINTS: "checkpoints: " + _NOT_YET,
-                INTERMEDIATES: "op capture (localization): " + _NOT_YET}
+    CAPABILITIES = frozenset({FORWARD, VARIABLES, GRADIENTS, TRAINING, CHECKPOINTS})
+    REFUSALS = {INTERMEDIATES: "op capture (localization): " + _NOT_YET}
 
     _count = 0
 
@@ -376,6 +376,17 @@ class OldTF1Side(Side):
             yield
         finally:
             self.load_global_state(start)
+
+    def save_checkpoint(self, prefix) -> str:
+        """The variables written there with ``tf.train.Saver``; the checkpoint's path."""
+        return self.program.request("save", handle=self.handle, path=os.path.abspath(os.fspath(prefix)))["path"]
+
+    def restore_checkpoint(self, path) -> None:
+        self.program.request("restore", handle=self.handle, path=os.path.abspath(os.fspath(path)))
+
+    def checkpoint_names(self) -> dict:
+        """Matching key -> the name a TF1 checkpoint stores the variable under."""
+        return {key: self.specs[name]["op"] for name, key in zip(self.names, self.keys)}
 
     def copy_variables_from(self, other: "OldTF1Side") -> None:
         self.program.request("copy", handle=self.handle, source=other.handle)
@@ -548,6 +559,28 @@ def _optimizer(e: "Engine") -> dict:
             "sparse": [variable_key(k, side.renamer) for k in forward.sparse], "loops": loops, "flags": flags}
 
 
+def _checkpoint(e: "Engine") -> dict:
+    """As ``steps._checkpoint_tf1``, there: the given checkpoint restored (or, for
+    ``checkpoint=True``, one of fixed values written there first), and the
+    inference outputs with it; the variables put back after."""
+    from equivtool.engine.sides.runners import fixed_value
+    half = e.tf1_half
+    side = half.side
+    given = e.options.checkpoint
+    path = given if isinstance(given, (str, os.PathLike)) else None
+    with half.preserved() as saved:
+        if path is None:  # fixed values, so that loading it visibly changes both sides' variables
+            side.assign_variables({key: fixed_value("ckpt/" + key, side.specs[name]["shape"],
+                                                    side.specs[name]["dtype"])
+                                   for name, key in zip(side.names, side.keys)})
+            path = side.save_checkpoint(os.path.join(e.workdir(), "model.ckpt"))
+            side.assign_variables(saved)
+        side.restore_checkpoint(path)
+        outputs, _ = half.inference_now()
+    return {"outputs": outputs, "path": os.fspath(path), "names": side.checkpoint_names(),
+            "written": given is True}
+
+
 def _primary_path(outputs) -> str:
     from equivtool.engine.sides.runners import primary_output_path
     return primary_output_path(outputs)
@@ -562,4 +595,5 @@ STEP_SIDES = {
     "equivtool.engine.steps:random_fresh": _random_fresh,
     "equivtool.engine.steps:gradients": _gradients,
     "equivtool.engine.steps:optimizer": _optimizer,
+    "equivtool.engine.steps:checkpoint": _checkpoint,
 }
