@@ -223,8 +223,9 @@ def check_equivalence(
         weights, both random modes, gradients (default loss) and optimizer
         steps (``optimizers=("module:make_tf1_optimizer", make_tf2_optimizer)``)
         and ``checkpoint`` run there; the steps it cannot run yet are skipped with the reason. The report's
-        header names the interpreter (``old_ran_under``). See
-        ``docs/tf1-as-it-ran.md``.
+        header names the interpreter (``old_ran_under``). With ``workers=2``
+        the interpreter is the TF1 worker: both sides of each step run at
+        once. See ``docs/tf1-as-it-ran.md``.
       tf1_path: folders put on the TF1 interpreter's ``sys.path``.
     """
     options = Options.build(
@@ -238,7 +239,9 @@ def check_equivalence(
         slot_layout=slot_layout, tf1_python=tf1_python, tf1_path=tf1_path)
     engine = Engine(options)
     parallel = None
-    if options.workers > 1 and options.in_process is None:
+    if options.workers > 1 and options.in_process is None and options.tf1_python is not None:
+        from equivtool.engine.sides.old_python import run_parallel as parallel  # the TF1 interpreter is the worker
+    elif options.workers > 1 and options.in_process is None:
         from equivtool.engine.workers import run_parallel as parallel
     results = engine.run(parallel)
     header = _header(options)

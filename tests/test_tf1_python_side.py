@@ -226,7 +226,8 @@ def test_in_process_and_old_interpreter_give_the_same_verdict_and_numbers(tf1_py
 # the program stopped and its folder removed on every exit
 # --------------------------------------------------------------------------
 
-def test_ctrl_c_stops_the_program_and_removes_its_folder(tf1_python, own_temp, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_stops_the_program_and_removes_its_folder(tf1_python, own_temp, monkeypatch, workers):
     started = []
     real_init = old_python.OldProgram.__init__
 
@@ -240,10 +241,40 @@ def test_ctrl_c_stops_the_program_and_removes_its_folder(tf1_python, own_temp, m
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _check(tf1_python, steps=["parity", "fixed_weights"], progress=interrupt)
+        _check(tf1_python, steps=["parity", "fixed_weights"], progress=interrupt, workers=workers)
     [(folder, pid, process)] = started
     assert process.returncode is not None  # stopped and reaped
     assert not os.path.exists(folder) and list(own_temp.iterdir()) == []
+
+
+def test_ctrl_c_while_the_tf1_thread_starts_the_program_leaves_nothing(tf1_python, own_temp, monkeypatch):
+    """With workers=2, Ctrl-C in the TF2 side while the TF1 thread is starting the
+    TF1 interpreter: the program it starts after the check ended is stopped too."""
+    import threading
+
+    from equivtool.engine.sides import tf2_layer
+    started, threads, starting = [], [], threading.Event()
+    real_init = old_python.OldProgram.__init__
+
+    def init(self, *args):
+        threads.append(threading.current_thread())
+        starting.set()
+        real_init(self, *args)
+        started.append(self)
+
+    def interrupted(*args, **kwargs):
+        starting.wait(60)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(old_python.OldProgram, "__init__", init)
+    monkeypatch.setattr(tf2_layer.TF2Side, "forward", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _check(tf1_python, steps=["fixed_weights"], workers=2)
+    [thread] = threads
+    thread.join(120)  # the TF1 thread finishes its start, sees the check ended, stops the program
+    assert not thread.is_alive()
+    [program] = started
+    assert program.process is None and list(own_temp.iterdir()) == []
 
 
 def test_sigterm_stops_the_program_and_removes_its_folder(tf1_python, tmp_path):
@@ -297,8 +328,7 @@ def test_arguments_are_checked_before_any_work(monkeypatch):
         _build(tf1_python=python, loss_fn=lambda outputs, regularization: outputs)
     with pytest.raises(ValueError, match="localize: not yet run in the TF1 interpreter"):
         _build(tf1_python=python, localize=True)
-    with pytest.raises(ValueError, match="workers: the TF1 interpreter is not yet a worker"):
-        _build(tf1_python=python, workers=2)
+    assert _build(tf1_python=python, workers=2).in_process is None  # nothing to send: the TF2 side stays here
     with pytest.raises(TypeError, match="tf1_path: expected a list of folders"):
         _build(tf1_python=python, tf1_path="folder")
     with pytest.raises(TypeError, match='a "module:function" name needs tf1_python'):
@@ -342,3 +372,46 @@ def test_the_random_tool_there_puts_get_seed_and_the_graph_seed_back_on_an_error
     done = subprocess.run([tf1_python, "-c", snippet], capture_output=True, text=True, timeout=300,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert done.returncode == 0 and done.stdout.strip() == "restored", done.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------
+# workers: the TF1 interpreter is the TF1 worker
+# --------------------------------------------------------------------------
+
+def test_with_workers_the_sides_run_at_once_with_the_same_results(tf1_python, monkeypatch, own_temp):
+    import threading
+    import time
+
+    from equivtool.engine.sides import tf2_layer
+    spans = {"tf1": [], "tf2": []}
+    real_request, real_forward = old_python.OldProgram.request, tf2_layer.TF2Side.forward
+
+    def timed(side, call):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                what = args[1] if side == "tf1" else "forward"
+                spans[side].append((start, time.perf_counter(), threading.current_thread().name, what))
+        return wrapper
+
+    monkeypatch.setattr(old_python.OldProgram, "request", timed("tf1", real_request))
+    monkeypatch.setattr(tf2_layer.TF2Side, "forward", timed("tf2", real_forward))
+    steps = ["fixed_weights", "random", "gradients", "checkpoint"]
+    parallel = _check(tf1_python, steps=steps, checkpoint=True, workers=2)
+    overlapped = [(a, b) for a in spans["tf1"] for b in spans["tf2"] if a[0] < b[1] and b[0] < a[1]]
+    assert overlapped, "no TF1 request overlapped a TF2 forward pass"
+    # every request but closing a graph (between steps) is the TF1 thread's
+    assert {name for _, _, name, op in spans["tf1"] if op != "close"} == {"equivtool-tf1-interpreter_0"}
+    [job] = parallel.meta["worker_jobs"]
+    assert job["side"] == "tf1 (TF1 interpreter)" and len(job["steps"]) == 7 and job["worker"] > 0
+    spans["tf1"].clear(), spans["tf2"].clear()
+    one = _check(tf1_python, steps=steps, checkpoint=True)
+    assert not [(a, b) for a in spans["tf1"] for b in spans["tf2"] if a[0] < b[1] and b[0] < a[1]]
+    assert [(s.name, s.status) for s in parallel.steps] == [(s.name, s.status) for s in one.steps]
+    assert parallel.passed and one.passed
+    for mine, theirs in zip(parallel.steps, one.steps):
+        np.testing.assert_array_equal([leaf.max_abs for c in mine.comparisons for leaf in c.leaves],
+                                      [leaf.max_abs for c in theirs.comparisons for leaf in c.leaves])
+    assert list(own_temp.iterdir()) == []

@@ -246,7 +246,7 @@ class Options:
                 raise ValueError(reason)
         if options.workers > 1:
             reason = in_process_reason(options)
-            if reason is None:
+            if reason is None and tf1_python is None:  # (with tf1_python the TF2 side stays here: nothing is sent)
                 check_sendable(options)
             options = dataclasses.replace(options, in_process=reason)
         return options

@@ -195,6 +195,8 @@ class Engine:
         finally:
             if self.old_program is not None and not isinstance(self.old_program, str):
                 self.old_program.close()  # the TF1 interpreter stopped, its folder removed
+            if self.options.tf1_python is not None:  # none starts after this (a TF1 thread still running)
+                self.old_program = "the check ended"
         if self._tempdir is not None:
             self._tempdir.cleanup()
             self._tempdir = self._workdir = None

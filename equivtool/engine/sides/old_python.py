@@ -25,13 +25,14 @@ reported as passed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
@@ -105,8 +106,6 @@ def refusal_reason(options: "Options") -> str | None:
         return "strategy: not supported with tf1_python"
     if options.aligned:
         return "rename=VariableMapping: not supported with tf1_python"
-    if options.workers > 1:
-        return "workers: the TF1 interpreter is not yet a worker; pass workers=1 with tf1_python"
     return None
 
 
@@ -145,6 +144,7 @@ class OldProgram:
     def __init__(self, python: str, path: tuple):
         from equivtool._platform import tf1_python as _tf1
         self.path = list(path)
+        self.lock = threading.Lock()
         temp = tempfile.gettempdir()
         scratch.remove_stale(temp, "tf1-side")  # the folders of killed runs (see _base.scratch)
         self.folder = tempfile.mkdtemp(prefix=scratch.prefix("tf1-side"), dir=temp)
@@ -178,6 +178,10 @@ class OldProgram:
 
     def request(self, op: str, **fields) -> dict:
         """Send one request and read its answer; an error there is an :class:`OldSideError`."""
+        with self.lock:  # one request at a time (with workers, the TF1 side runs on a thread)
+            return self._request(op, fields)
+
+    def _request(self, op: str, fields: dict) -> dict:
         if self.process is None or self.process.poll() is not None:
             raise OldSideError(f"the TF1 interpreter is not running: {self._last_line()}")
         self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
@@ -247,10 +251,14 @@ def program(e: "Engine") -> OldProgram:
     if found is None:
         o = e.options
         try:
-            found = e.old_program = OldProgram(o.tf1_python, o.tf1_path)
+            found = OldProgram(o.tf1_python, o.tf1_path)
         except Exception as exc:
             e.old_program = f"{type(exc).__name__}: {exc}"[:300]
             raise
+        if e.old_program is not None:  # the check ended while it started (Ctrl-C with workers=2)
+            found.close()
+            raise SkipStep(f"not run: {e.old_program}")
+        e.old_program = found
         e.old_interpreter = found.interpreter
         e.old_ran_under = found.ran_under()
     return found
@@ -260,7 +268,7 @@ def program(e: "Engine") -> OldProgram:
 # the side
 # --------------------------------------------------------------------------
 
-@dataclass
+@dataclasses.dataclass
 class OldForward:
     """A forward pass built there: its index, output structure, random while loops and flags."""
 
@@ -393,9 +401,13 @@ class OldTF1Side(Side):
 
     def close(self) -> None:
         process = self.program.process
-        if not self.closed and process is not None and process.poll() is None:
-            self.closed = True
-            self.program.request("close", handle=self.handle)
+        if self.closed or process is None or process.poll() is not None:
+            return
+        self.closed = True
+        if not self.program.lock.acquire(blocking=False):
+            return  # a request of the TF1 thread is under way: Ctrl-C or SIGTERM, the program is stopped next
+        self.program.lock.release()
+        self.program.request("close", handle=self.handle)
 
 
 class OldTF1Half(_Half):
@@ -597,3 +609,44 @@ STEP_SIDES = {
     "equivtool.engine.steps:optimizer": _optimizer,
     "equivtool.engine.steps:checkpoint": _checkpoint,
 }
+
+
+# --------------------------------------------------------------------------
+# workers: the TF1 interpreter is the TF1 worker
+# --------------------------------------------------------------------------
+
+def run_parallel(engine: "Engine", workers: int) -> list:
+    """Every selected step with its TF1 side on a thread of this process, whose work
+    is the TF1 interpreter's, while its TF2 side runs here (the TF2 side of a step
+    that needs the TF1 capture waits for it): both sides run at once, as with
+    ``workers=2``, and the results are those of ``workers=1``. Returns the job
+    (``{"side", "steps", "worker", "seconds"}``) for the report's header."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from equivtool.engine import registry as _steps
+    from equivtool.engine.run import judge, run_side
+    started, names = time.perf_counter(), []
+    pool = ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter")
+    try:
+        for step in _steps.run_order(engine.options.steps, engine.options.modes):
+            if not step.shared:
+                engine.release_pair()  # (the TF1 thread is idle between steps)
+            start = time.perf_counter()
+            tf1_future = pool.submit(run_side, engine, step, "tf1")
+            if step.runner().tf2_needs_tf1:
+                tf1 = tf1_future.result()
+                tf2 = run_side(engine, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
+            else:
+                tf2 = run_side(engine, step, "tf2")
+                tf1 = tf1_future.result()
+            names.append(step.name)
+            result = judge(engine, step, tf1, tf2 if tf1[0] == "ok" else None, 0.0)
+            engine.record(dataclasses.replace(result, seconds=time.perf_counter() - start))
+    finally:
+        # Not waiting: on Ctrl-C or SIGTERM the engine's close stops the TF1
+        # interpreter next, which ends a request the thread still waits on.
+        pool.shutdown(wait=False)
+    found = engine.old_program
+    pid = found.process.pid if isinstance(found, OldProgram) and found.process is not None else None
+    return [{"side": "tf1 (TF1 interpreter)", "steps": names, "worker": pid,
+             "seconds": round(time.perf_counter() - started, 3)}]
