@@ -315,12 +315,16 @@ def _input_words(args) -> list:
 
 def cmd_demo(args) -> int:
     """``equivtool demo``: the Inception-ResNet-v2 parity demo; with ``--exported`` the
-    same model exported as SavedModels and compared (``examples/exported/export.py``)."""
+    same model exported as SavedModels and compared (``examples/exported/export.py``);
+    with ``--tf1-python PATH`` a tf.contrib model run in that TensorFlow 1.15
+    interpreter against its TF2 rewrite (``examples/contrib_tf1/parity.py``)."""
     rest = list(args.demo_args)
     exported = "--exported" in rest
     if exported:
         rest.remove("--exported")
-    module = _example("exported.export" if exported else "inception_resnet_v2.parity")
+    contrib = any(arg == "--tf1-python" or arg.startswith("--tf1-python=") for arg in rest)
+    module = _example("exported.export" if exported else
+                      "contrib_tf1.parity" if contrib else "inception_resnet_v2.parity")
     return module.main(rest)
 
 

@@ -2,9 +2,10 @@
 
 The tests that run the old side need ``$EQUIVTOOL_TF1_PYTHON`` (``./dev test``
 sets it; see tests/test_tf1_interpreter.py) and skip with the reason without
-it. The model is tests/tf1_python_model.py: ``tf.contrib.layers``'
-fully_connected, layer_norm and dropout there, the same code on tf-slim in a
-TF2 shim here. The argument checks need no TensorFlow 1.15.
+it. The model is the example's (examples/contrib_tf1/contrib_tf1_model.py):
+``tf.contrib.layers``' fully_connected, layer_norm and dropout there, the same
+code on tf-slim in a TF2 shim here; tests/tf1_python_model.py adds a model
+that raises and random draws. The argument checks need no TensorFlow 1.15.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from equivtool.engine.registry import MODES
 from equivtool.engine.sides import old_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import tf1_python_model as model  # noqa: E402
+EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "contrib_tf1")
+sys.path[:0] = [HERE, EXAMPLE]
+import contrib_tf1_model as model  # noqa: E402
+import tf1_python_model as helpers  # noqa: E402
 
 INPUTS = np.random.RandomState(3).standard_normal((4, model.FEATURES)).astype(np.float32)
 DEFAULT = ["variables_once", "parity", "fixed_weights", "random/constant/inference", "random/constant/training",
@@ -53,8 +56,8 @@ def own_temp(tmp_path, monkeypatch):
     return folder
 
 
-def _check(tf1_python, fn="tf1_python_model:model", layer=lambda: model.Shim(), **kwargs):
-    return check_equivalence(fn, layer, INPUTS, tf1_python=tf1_python, tf1_path=[HERE], **kwargs)
+def _check(tf1_python, fn="contrib_tf1_model:model", layer=lambda: model.Shim(), **kwargs):
+    return check_equivalence(fn, layer, INPUTS, tf1_python=tf1_python, tf1_path=[HERE, EXAMPLE], **kwargs)
 
 
 def _statuses(report) -> dict:
@@ -89,7 +92,7 @@ def test_a_planted_layer_norm_epsilon_is_not_equivalent(tf1_python):
 def test_optimizer_steps_run_there(tf1_python, learning_rate, status):
     import tensorflow as tf
     report = _check(tf1_python, steps=["optimizer"],
-                    optimizers=("tf1_python_model:sgd", lambda: tf.keras.optimizers.SGD(learning_rate)))
+                    optimizers=("contrib_tf1_model:sgd", lambda: tf.keras.optimizers.SGD(learning_rate)))
     [step] = report.steps
     assert step.status == status, str(report)
     assert "3 steps of GradientDescentOptimizer (TF1) vs SGD (TF2)" in step.notes[0]
@@ -121,7 +124,7 @@ def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python
     from equivtool.engine.registry import get_step
     from equivtool.engine.sides import refusal
     report = _check(tf1_python, steps=["parity", "checkpoint", "resume"], checkpoint=_tf1_checkpoint(tmp_path),
-                    optimizers=("tf1_python_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)))
+                    optimizers=("contrib_tf1_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)))
     assert _statuses(report) == {"parity": "passed", "checkpoint": "passed", "resume": "skipped"}, str(report)
     assert report.step("resume").message == "resume: not yet run in the TF1 interpreter (tf1_python)"
     assert refusal(old_python.OldTF1Side, get_step("resume").needs) is None  # refused by the side's step list
@@ -129,7 +132,7 @@ def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python
     # the verdict counts it as skipped
     assert "1 skipped" in str(report.verdict)
     only_refused = _check(tf1_python, steps=["resume"], checkpoint=_tf1_checkpoint(tmp_path / "again"),
-                          optimizers=("tf1_python_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)))
+                          optimizers=("contrib_tf1_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)))
     assert [s.status for s in only_refused.steps] == ["skipped"] and not only_refused.passed
     assert str(only_refused.verdict).startswith("Verdict: INCONCLUSIVE, no step passed")
 
@@ -140,7 +143,7 @@ def test_an_error_there_is_one_line_with_the_users_frame_and_the_traceback(tf1_p
     assert first.status == "error"
     assert first.message.startswith("OldSideError: ValueError in the TF1 interpreter: a planted error in the "
                                     "model (at "), first.message
-    assert "tf1_python_model.py:" in first.message and "in net" in first.message
+    assert "tf1_python_model.py:" in first.message and "in failing_model" in first.message
     assert "\n" not in first.message
     traceback = first.data["traceback"]
     assert "Traceback (most recent call last)" in traceback and 'raise ValueError("a planted error' in traceback
@@ -153,8 +156,8 @@ def test_an_error_there_is_one_line_with_the_users_frame_and_the_traceback(tf1_p
 
 def test_the_cli_check_runs_the_tf1_side_there(tf1_python, capsys, monkeypatch):
     from equivtool import cli
-    monkeypatch.chdir(HERE)
-    code = cli.main(["check", "tf1_python_model:model", "tf1_python_model:Shim", "--input-shape", "4,6",
+    monkeypatch.chdir(EXAMPLE)
+    code = cli.main(["check", "contrib_tf1_model:model", "contrib_tf1_model:Shim", "--input-shape", "4,6",
                      "--tf1-python", tf1_python, "--steps", "parity,fixed_weights"])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -163,8 +166,8 @@ def test_the_cli_check_runs_the_tf1_side_there(tf1_python, capsys, monkeypatch):
 
 def test_an_interpreter_with_tensorflow_2_is_refused_with_the_reason(tmp_path):
     # this interpreter (TensorFlow 2.x) as the "old" one: the program starts, says its version, is refused
-    report = check_equivalence("tf1_python_model:model", lambda: model.Shim(), INPUTS, tf1_python=sys.executable,
-                               tf1_path=[HERE], steps=["parity", "fixed_weights"])
+    report = check_equivalence("contrib_tf1_model:model", lambda: model.Shim(), INPUTS, tf1_python=sys.executable,
+                               tf1_path=[EXAMPLE], steps=["parity", "fixed_weights"])
     assert [s.status for s in report.steps] == ["error", "skipped"], str(report)
     assert "needs TensorFlow 1.x" in report.steps[0].message
     assert "needs TensorFlow 1.x" in report.steps[1].message  # said again, not retried
@@ -177,7 +180,8 @@ def test_an_interpreter_with_tensorflow_2_is_refused_with_the_reason(tmp_path):
 def _old_side_values(tf1_python, fn: str, mode: str, seed: int = 42) -> dict:
     options = Options.build(fn, lambda: None, INPUTS, steps=None, modes=MODES, tolerance=None,
                             step_tolerances=None, loss_fn=None, optimizers=None, train_steps=1, checkpoint=None,
-                            rename=None, tf_function=False, seed=seed, tf1_python=tf1_python, tf1_path=[HERE])
+                            rename=None, tf_function=False, seed=seed, tf1_python=tf1_python,
+                            tf1_path=[HERE, EXAMPLE])
     engine = types.SimpleNamespace(options=options, old_program=None)
     try:
         side = old_python.OldTF1Side(engine, mode)
@@ -203,7 +207,7 @@ def _in_process_values(fn, mode: str) -> dict:
 @pytest.mark.parametrize("mode", MODES)
 def test_the_random_tools_tf1_half_draws_what_the_in_process_side_draws(tf1_python, mode):
     there = _old_side_values(tf1_python, "tf1_python_model:draws", mode)
-    here = _in_process_values(model.draws, mode)
+    here = _in_process_values(helpers.draws, mode)
     assert list(there) == ["w", "t", "uniform", "normal", "dropout"]
     for key in here:
         np.testing.assert_array_equal(there[key], here[key], err_msg=key)
@@ -218,7 +222,7 @@ def test_in_process_and_old_interpreter_give_the_same_verdict_and_numbers(tf1_py
     here = check_equivalence(model.model, lambda: model.Shim(), INPUTS, steps=["fixed_weights", "random",
                                                                                "gradients"])
     assert _statuses(there) == _statuses(here) and there.passed and here.passed
-    values = _old_side_values(tf1_python, "tf1_python_model:model", "num_random_ops")
+    values = _old_side_values(tf1_python, "contrib_tf1_model:model", "num_random_ops")
     np.testing.assert_allclose(values, _in_process_values(model.model, "num_random_ops"), rtol=1e-6, atol=1e-6)
 
 
@@ -280,8 +284,8 @@ def test_ctrl_c_while_the_tf1_thread_starts_the_program_leaves_nothing(tf1_pytho
 def test_sigterm_stops_the_program_and_removes_its_folder(tf1_python, tmp_path):
     script = (
         "import os, signal, sys, numpy as np\n"
-        f"sys.path.insert(0, {HERE!r})\n"
-        "import tf1_python_model as model\n"
+        f"sys.path.insert(0, {EXAMPLE!r})\n"
+        "import contrib_tf1_model as model\n"
         "from equivtool import check_equivalence\n"
         "from equivtool.engine.sides import old_python\n"
         "real = old_python.OldProgram.request\n"
@@ -291,8 +295,8 @@ def test_sigterm_stops_the_program_and_removes_its_folder(tf1_python, tmp_path):
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
         "    return real(self, op, **fields)\n"
         "old_python.OldProgram.request = request\n"
-        f"check_equivalence('tf1_python_model:model', lambda: model.Shim(), np.ones((2, 6), np.float32),\n"
-        f"                  tf1_python={tf1_python!r}, tf1_path=[{HERE!r}], steps=['parity'])\n")
+        f"check_equivalence('contrib_tf1_model:model', lambda: model.Shim(), np.ones((2, 6), np.float32),\n"
+        f"                  tf1_python={tf1_python!r}, tf1_path=[{EXAMPLE!r}], steps=['parity'])\n")
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": os.path.dirname(HERE)}
@@ -415,3 +419,12 @@ def test_with_workers_the_sides_run_at_once_with_the_same_results(tf1_python, mo
         np.testing.assert_array_equal([leaf.max_abs for c in mine.comparisons for leaf in c.leaves],
                                       [leaf.max_abs for c in theirs.comparisons for leaf in c.leaves])
     assert list(own_temp.iterdir()) == []
+
+
+def test_the_demo_asks_for_the_interpreter(monkeypatch, capsys):
+    from examples.contrib_tf1 import parity
+    monkeypatch.delenv("EQUIVTOOL_TF1_PYTHON", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        parity.main([])
+    assert exited.value.code == 2
+    assert "--tf1-python: expected the path of a TensorFlow 1.15 interpreter" in capsys.readouterr().err
