@@ -240,7 +240,7 @@ def check_equivalence(
     engine = Engine(options)
     parallel = None
     if options.workers > 1 and options.in_process is None and options.tf1_python is not None:
-        from equivtool.engine.sides.old_python import run_parallel as parallel  # the TF1 interpreter is the worker
+        from equivtool.engine.old_workers import run_parallel as parallel  # the TF1 interpreter is the worker
     elif options.workers > 1 and options.in_process is None:
         from equivtool.engine.workers import run_parallel as parallel
     results = engine.run(parallel)

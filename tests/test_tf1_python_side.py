@@ -428,3 +428,23 @@ def test_the_demo_asks_for_the_interpreter(monkeypatch, capsys):
         parity.main([])
     assert exited.value.code == 2
     assert "--tf1-python: expected the path of a TensorFlow 1.15 interpreter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script, message", [
+    ("while read line; do :; done\n", "OldSideError: the TF1 interpreter did not answer 'hello' within 0.5 s"),
+    ("exec cat > /dev/null\n", "OldSideError: the TF1 interpreter exited (status -9) during 'hello'"),
+    ("echo 'ImportError: no tensorflow here' >&2\nexit 3\n",
+     "OldSideError: the TF1 interpreter exited (status 3) during 'hello': ImportError: no tensorflow here"),
+])
+def test_an_interpreter_that_hangs_or_dies_at_start_is_one_line_and_leaves_nothing(
+        tmp_path, own_temp, monkeypatch, script, message):
+    import stat
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(old_python, "START_SECONDS", 0.5)
+    monkeypatch.setattr(old_python, "QUIT_SECONDS", 0.5)
+    report = _check(str(fake), steps=["parity"])
+    [step] = report.steps
+    assert step.status == "error" and step.message.startswith(message), step.message
+    assert list(own_temp.iterdir()) == []

@@ -193,7 +193,7 @@ class Options:
         if tf1_python is None and isinstance(tf1_fn, str):  # "module:function": the interpreter from the environment
             tf1_python = os.environ.get("EQUIVTOOL_TF1_PYTHON") or None
         if tf1_python is not None:
-            from equivtool.engine.sides.old_python import check_tf1_python
+            from equivtool.engine.sides._old_python_args import check_tf1_python
             tf1_python, tf1_path = check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn, optimizers)
         elif not callable(tf1_fn):
             raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}"
@@ -240,7 +240,7 @@ class Options:
                    noise_floor=noise_floor, noise_floor_multiple=multiple, slot_layout=slot_layout,
                    tf1_python=tf1_python, tf1_path=tuple(tf1_path))
         if tf1_python is not None:
-            from equivtool.engine.sides.old_python import refusal_reason
+            from equivtool.engine.sides._old_python_args import refusal_reason
             reason = refusal_reason(options)
             if reason is not None:
                 raise ValueError(reason)

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -45,15 +46,15 @@ from equivtool.engine.outputs import split_outputs
 from equivtool.engine.pair import _Half
 from equivtool.engine.registry import SkipStep
 from equivtool.engine.sides import CHECKPOINTS, FORWARD, GRADIENTS, INTERMEDIATES, TRAINING, VARIABLES, Side
+from equivtool.engine.sides._old_python_args import NOT_YET as _NOT_YET
 from equivtool.engine.sides.runners import variable_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from equivtool.engine.options import Options
     from equivtool.engine.run import Engine
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_old_side_program.py")
 START_SECONDS = 300  # importing TensorFlow 1.15 (and tf.contrib) takes seconds; a wedged start ends here
-_NOT_YET = "not yet run in the TF1 interpreter (tf1_python)"
+QUIT_SECONDS = 10    # for the program to end once asked (or once its stdout closed), before it is killed
 
 
 class OldSideError(Exception):
@@ -64,49 +65,6 @@ class OldSideError(Exception):
 
 class OldSideTraceback(Exception):
     """The full traceback printed in the old interpreter."""
-
-
-def _is_name(value) -> bool:
-    """``"module:function"``."""
-    return isinstance(value, str) and value.count(":") == 1 and all(value.split(":"))
-
-
-def check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn, optimizers=None) -> tuple:
-    """``(tf1_python, tf1_path)`` checked before any work: an executable interpreter,
-    ``tf1_fn`` and the TF1 optimizer factory named as ``"module:function"``,
-    ``tf1_path`` a sequence of folders; a ``loss_fn`` (a callable of this
-    interpreter) is refused."""
-    if not isinstance(tf1_python, (str, os.PathLike)) or not os.fspath(tf1_python):
-        raise TypeError(f"tf1_python: expected the path of a TensorFlow 1.x interpreter, got {tf1_python!r}")
-    path = shutil.which(os.fspath(tf1_python)) or os.fspath(tf1_python)
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise ValueError(f"tf1_python: {os.fspath(tf1_python)!r} is not an executable file; expected the path of "
-                         "a TensorFlow 1.x interpreter (make one with: equivtool tf1-env DIR)")
-    if optimizers is not None and not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2
-                                       and _is_name(optimizers[0]) and callable(optimizers[1])):
-        raise TypeError("optimizers: with tf1_python, expected (\"module:make_tf1_optimizer\", "
-                        f"make_tf2_optimizer): the TF1 factory is imported in that interpreter; got {optimizers!r}")
-    if not _is_name(tf1_fn):
-        raise TypeError("tf1_fn: with tf1_python, expected \"module:function\" (imported in that interpreter), "
-                        f"got {tf1_fn!r}")
-    if isinstance(tf1_path, (str, os.PathLike)) or not all(isinstance(p, (str, os.PathLike)) for p in tf1_path):
-        raise TypeError(f"tf1_path: expected a list of folders, got {tf1_path!r}")
-    if loss_fn is not None:
-        raise ValueError("loss_fn: not yet supported with tf1_python (a callable cannot cross interpreters); "
-                         "leave it out for the default loss")
-    folders = [os.path.abspath(os.fspath(p)) for p in tf1_path] + [os.getcwd()]
-    return os.path.abspath(path), tuple(dict.fromkeys(folders))
-
-
-def refusal_reason(options: "Options") -> str | None:
-    """Why these options cannot run with ``tf1_python`` yet (one line), or None."""
-    if options.localize:
-        return "localize: " + _NOT_YET
-    if options.strategy is not None:
-        return "strategy: not supported with tf1_python"
-    if options.aligned:
-        return "rename=VariableMapping: not supported with tf1_python"
-    return None
 
 
 # --------------------------------------------------------------------------
@@ -154,7 +112,7 @@ class OldProgram:
             self.process = subprocess.Popen([python, PROGRAM, self.folder], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=self._stderr, text=True,
                                             env=_tf1.clean_env(), cwd=path[-1] if path else None)
-            info = self.request("hello")
+            info = self.request("hello", timeout=START_SECONDS)
         except BaseException:
             self.close()
             raise
@@ -176,19 +134,27 @@ class OldProgram:
         self._stderr.seek(0)
         return self._stderr.read()[-4000:]
 
-    def request(self, op: str, **fields) -> dict:
-        """Send one request and read its answer; an error there is an :class:`OldSideError`."""
+    def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        """Send one request and read its answer (within ``timeout`` seconds when given: the
+        first answer, whose wait is the interpreter's start); an error there is an
+        :class:`OldSideError`."""
         with self.lock:  # one request at a time (with workers, the TF1 side runs on a thread)
-            return self._request(op, fields)
+            return self._request(op, fields, timeout)
 
-    def _request(self, op: str, fields: dict) -> dict:
+    def _request(self, op: str, fields: dict, timeout: float | None) -> dict:
         if self.process is None or self.process.poll() is not None:
             raise OldSideError(f"the TF1 interpreter is not running: {self._last_line()}")
         self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
         self.process.stdin.flush()
+        if timeout is not None and not select.select([self.process.stdout], [], [], timeout)[0]:
+            raise OldSideError(f"the TF1 interpreter did not answer {op!r} within {timeout:g} s: {self._last_line()}")
         line = self.process.stdout.readline()
-        if not line:
-            self.process.wait()
+        if not line:  # its stdout closed: it ended, or soon will (or closed it itself: then it is stopped)
+            try:
+                self.process.wait(timeout=QUIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
             raise OldSideError(f"the TF1 interpreter exited (status {self.process.returncode}) during "
                                f"{op!r}: {self._last_line()}") from OldSideTraceback(self._stderr_tail())
         answer = json.loads(line)
@@ -226,7 +192,7 @@ class OldProgram:
                     if process.poll() is None:
                         process.stdin.write('{"op": "quit"}\n')
                         process.stdin.flush()
-                        process.wait(timeout=10)
+                        process.wait(timeout=QUIT_SECONDS)
                 except (OSError, ValueError, subprocess.TimeoutExpired):
                     pass
                 finally:
@@ -609,44 +575,3 @@ STEP_SIDES = {
     "equivtool.engine.steps:optimizer": _optimizer,
     "equivtool.engine.steps:checkpoint": _checkpoint,
 }
-
-
-# --------------------------------------------------------------------------
-# workers: the TF1 interpreter is the TF1 worker
-# --------------------------------------------------------------------------
-
-def run_parallel(engine: "Engine", workers: int) -> list:
-    """Every selected step with its TF1 side on a thread of this process, whose work
-    is the TF1 interpreter's, while its TF2 side runs here (the TF2 side of a step
-    that needs the TF1 capture waits for it): both sides run at once, as with
-    ``workers=2``, and the results are those of ``workers=1``. Returns the job
-    (``{"side", "steps", "worker", "seconds"}``) for the report's header."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from equivtool.engine import registry as _steps
-    from equivtool.engine.run import judge, run_side
-    started, names = time.perf_counter(), []
-    pool = ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter")
-    try:
-        for step in _steps.run_order(engine.options.steps, engine.options.modes):
-            if not step.shared:
-                engine.release_pair()  # (the TF1 thread is idle between steps)
-            start = time.perf_counter()
-            tf1_future = pool.submit(run_side, engine, step, "tf1")
-            if step.runner().tf2_needs_tf1:
-                tf1 = tf1_future.result()
-                tf2 = run_side(engine, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
-            else:
-                tf2 = run_side(engine, step, "tf2")
-                tf1 = tf1_future.result()
-            names.append(step.name)
-            result = judge(engine, step, tf1, tf2 if tf1[0] == "ok" else None, 0.0)
-            engine.record(dataclasses.replace(result, seconds=time.perf_counter() - start))
-    finally:
-        # Not waiting: on Ctrl-C or SIGTERM the engine's close stops the TF1
-        # interpreter next, which ends a request the thread still waits on.
-        pool.shutdown(wait=False)
-    found = engine.old_program
-    pid = found.process.pid if isinstance(found, OldProgram) and found.process is not None else None
-    return [{"side": "tf1 (TF1 interpreter)", "steps": names, "worker": pid,
-             "seconds": round(time.perf_counter() - started, 3)}]
