@@ -10,7 +10,7 @@ import ast
 import pytest
 
 from equivtool.engine.sides import old_python
-from test_exported_recorder import tf_names, unknown_names
+from test_exported_recorder import imported_modules, tf_names, unknown_names
 
 
 def source() -> str:
@@ -33,12 +33,7 @@ def test_the_program_parses_as_python_3_6_and_imports_nothing_but_tf_and_numpy()
     tree = ast.parse(source(), feature_version=(3, 6))
     with pytest.raises(SyntaxError):
         ast.parse(source() + "\nif (x := 1):\n    pass\n", feature_version=(3, 6))  # the check can fail
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    imported = imported_modules(tree)
     assert imported <= {"importlib", "json", "os", "platform", "sys", "traceback", "numpy", "tensorflow"}, imported
     assert "equivtool" not in imported and "pickle" not in imported
     assert "allow_pickle=True" not in source()

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import types
 
 import numpy as np
@@ -32,6 +31,7 @@ EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "contrib_tf1")
 sys.path[:0] = [HERE, EXAMPLE]
 import contrib_tf1_model as model  # noqa: E402
 import tf1_python_model as helpers  # noqa: E402
+from test_tf1_interpreter import temp_root  # noqa: E402,F401 (a fixture: TMPDIR for one test alone)
 
 INPUTS = np.random.RandomState(3).standard_normal((4, model.FEATURES)).astype(np.float32)
 DEFAULT = ["variables_once", "parity", "fixed_weights", "random/constant/inference", "random/constant/training",
@@ -47,15 +47,6 @@ def tf1_python():
     return path
 
 
-@pytest.fixture
-def own_temp(tmp_path, monkeypatch):
-    """TMPDIR for this test alone: what the old side leaves there can be seen."""
-    folder = tmp_path / "temp"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
-
-
 def _check(tf1_python, fn="contrib_tf1_model:model", layer=lambda: model.Shim(), **kwargs):
     return check_equivalence(fn, layer, INPUTS, tf1_python=tf1_python, tf1_path=[HERE, EXAMPLE], **kwargs)
 
@@ -68,7 +59,7 @@ def _statuses(report) -> dict:
 # verdicts
 # --------------------------------------------------------------------------
 
-def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, own_temp):
+def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, temp_root):
     report = _check(tf1_python)
     assert _statuses(report) == {name: "passed" for name in DEFAULT}, str(report)
     assert report.passed
@@ -79,7 +70,7 @@ def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, own
     assert report.meta["old_interpreter"]["cpu_build"] is True and report.meta["old_interpreter"]["contrib_imported"]
     steps = {step.name: step for step in report.steps}
     assert steps["gradients"].data["variables"] == 6  # every trainable variable's gradient compared
-    assert list(own_temp.iterdir()) == []  # the program's folder is gone
+    assert list(temp_root.iterdir()) == []  # the program's folder is gone
 
 
 def test_a_planted_layer_norm_epsilon_is_not_equivalent(tf1_python):
@@ -137,7 +128,7 @@ def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python
     assert str(only_refused.verdict).startswith("Verdict: INCONCLUSIVE, no step passed")
 
 
-def test_an_error_there_is_one_line_with_the_users_frame_and_the_traceback(tf1_python, own_temp):
+def test_an_error_there_is_one_line_with_the_users_frame_and_the_traceback(tf1_python, temp_root):
     report = _check(tf1_python, fn="tf1_python_model:failing_model", steps=["parity", "fixed_weights"])
     first = report.steps[0]
     assert first.status == "error"
@@ -148,7 +139,7 @@ def test_an_error_there_is_one_line_with_the_users_frame_and_the_traceback(tf1_p
     traceback = first.data["traceback"]
     assert "Traceback (most recent call last)" in traceback and 'raise ValueError("a planted error' in traceback
     assert report.steps[1].status in ("error", "skipped")
-    assert list(own_temp.iterdir()) == []
+    assert list(temp_root.iterdir()) == []
     as_json = json.loads(report.to_json())  # the JSON report keeps the traceback there
     assert 'raise ValueError("a planted error' in as_json["steps"][0]["data"]["traceback"]
     assert as_json["meta"]["old_ran_under"].startswith("TensorFlow 1.15.0")
@@ -231,7 +222,7 @@ def test_in_process_and_old_interpreter_give_the_same_verdict_and_numbers(tf1_py
 # --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_ctrl_c_stops_the_program_and_removes_its_folder(tf1_python, own_temp, monkeypatch, workers):
+def test_ctrl_c_stops_the_program_and_removes_its_folder(tf1_python, temp_root, monkeypatch, workers):
     started = []
     real_init = old_python.OldProgram.__init__
 
@@ -248,10 +239,10 @@ def test_ctrl_c_stops_the_program_and_removes_its_folder(tf1_python, own_temp, m
         _check(tf1_python, steps=["parity", "fixed_weights"], progress=interrupt, workers=workers)
     [(folder, pid, process)] = started
     assert process.returncode is not None  # stopped and reaped
-    assert not os.path.exists(folder) and list(own_temp.iterdir()) == []
+    assert not os.path.exists(folder) and list(temp_root.iterdir()) == []
 
 
-def test_ctrl_c_while_the_tf1_thread_starts_the_program_leaves_nothing(tf1_python, own_temp, monkeypatch):
+def test_ctrl_c_while_the_tf1_thread_starts_the_program_leaves_nothing(tf1_python, temp_root, monkeypatch):
     """With workers=2, Ctrl-C in the TF2 side while the TF1 thread is starting the
     TF1 interpreter: the program it starts after the check ended is stopped too."""
     import threading
@@ -278,7 +269,7 @@ def test_ctrl_c_while_the_tf1_thread_starts_the_program_leaves_nothing(tf1_pytho
     thread.join(120)  # the TF1 thread finishes its start, sees the check ended, stops the program
     assert not thread.is_alive()
     [program] = started
-    assert program.process is None and list(own_temp.iterdir()) == []
+    assert program.process is None and list(temp_root.iterdir()) == []
 
 
 def test_sigterm_stops_the_program_and_removes_its_folder(tf1_python, tmp_path):
@@ -382,7 +373,7 @@ def test_the_random_tool_there_puts_get_seed_and_the_graph_seed_back_on_an_error
 # workers: the TF1 interpreter is the TF1 worker
 # --------------------------------------------------------------------------
 
-def test_with_workers_the_sides_run_at_once_with_the_same_results(tf1_python, monkeypatch, own_temp):
+def test_with_workers_the_sides_run_at_once_with_the_same_results(tf1_python, monkeypatch, temp_root):
     import threading
     import time
 
@@ -418,7 +409,7 @@ def test_with_workers_the_sides_run_at_once_with_the_same_results(tf1_python, mo
     for mine, theirs in zip(parallel.steps, one.steps):
         np.testing.assert_array_equal([leaf.max_abs for c in mine.comparisons for leaf in c.leaves],
                                       [leaf.max_abs for c in theirs.comparisons for leaf in c.leaves])
-    assert list(own_temp.iterdir()) == []
+    assert list(temp_root.iterdir()) == []
 
 
 def test_the_demo_asks_for_the_interpreter(monkeypatch, capsys):
@@ -437,7 +428,7 @@ def test_the_demo_asks_for_the_interpreter(monkeypatch, capsys):
      "OldSideError: the TF1 interpreter exited (status 3) during 'hello': ImportError: no tensorflow here"),
 ])
 def test_an_interpreter_that_hangs_or_dies_at_start_is_one_line_and_leaves_nothing(
-        tmp_path, own_temp, monkeypatch, script, message):
+        tmp_path, temp_root, monkeypatch, script, message):
     import stat
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\n" + script)
@@ -447,4 +438,4 @@ def test_an_interpreter_that_hangs_or_dies_at_start_is_one_line_and_leaves_nothi
     report = _check(str(fake), steps=["parity"])
     [step] = report.steps
     assert step.status == "error" and step.message.startswith(message), step.message
-    assert list(own_temp.iterdir()) == []
+    assert list(temp_root.iterdir()) == []

@@ -16,10 +16,13 @@ gradients, training and checkpoints, so ``parity``, ``fixed_weights`` (the
 values computed here by the same rule and sent), both random modes (the
 program holds the random tool's TF1 half, with the same seed arithmetic),
 ``gradients`` (default loss), ``optimizer`` (the TF1 factory named
-``"module:function"``) and ``checkpoint`` run; the TF1 functions of those
-steps are :data:`STEP_SIDES`. A step without one there (``resume``) is
-skipped with the reason, and localization (op capture) is refused: never
-reported as passed.
+``"module:function"``) and ``checkpoint`` run. :data:`STEP_SIDES` lists
+them: the steps that only read, assign, save and restore variables and run
+the inference pass (``parity``, ``fixed_weights``, ``checkpoint``) run their
+own TF1 functions on :class:`OldTF1Half`, which answers what they ask of the
+in-process half; the others have a TF1 function here. A step not listed
+(``resume``) is skipped with the reason, and localization (op capture) is
+refused: never reported as passed.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from equivtool._base import scratch
-from equivtool._base.names import strip_output_index
 from equivtool._base.tree import flatten_tensors
 from equivtool.engine import noise_floor
 from equivtool.engine.outputs import split_outputs
@@ -234,6 +236,17 @@ def program(e: "Engine") -> OldProgram:
 # the side
 # --------------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class VariableSpec:
+    """A variable of the old graph as the steps read one (``name``, ``shape``, ``dtype``,
+    ``trainable``), so that the steps that only read and assign variables run unchanged."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    trainable: bool
+
+
 @dataclasses.dataclass
 class OldForward:
     """A forward pass built there: its index, output structure, random while loops and flags."""
@@ -261,9 +274,8 @@ class OldTF1Side(Side):
     def step_side(cls, step):
         """This side's function for ``step`` (:data:`STEP_SIDES`); a step without one is
         skipped with the reason, never run in-process on a name it cannot call."""
-        found = STEP_SIDES.get(step.run)
-        if found is not None:
-            return found
+        if step.run in STEP_SIDES:
+            return STEP_SIDES[step.run]
 
         def refused(e, **params):
             raise SkipStep(f"{step.name}: {_NOT_YET}")
@@ -280,6 +292,7 @@ class OldTF1Side(Side):
                              inputs=self.program.send("inputs", leaves), structure=_describe(o.inputs),
                              seed=o.seed, mode=mode, tool=tool, graph_rewrites=o.graph_rewrites)
         self.closed = False
+        self.variables: list = []   # VariableSpec, in creation order
         self.names: list = []
         self.keys: list = []
         self.specs: dict = {}
@@ -288,6 +301,7 @@ class OldTF1Side(Side):
     def forward(self, training: bool, with_gradients: bool = False) -> OldForward:
         answer = self.program.request("forward", handle=self.handle, training=training, gradients=with_gradients)
         variables = answer["variables"]
+        self.variables = [VariableSpec(v["name"], tuple(v["shape"]), v["dtype"], v["trainable"]) for v in variables]
         self.names = [v["name"] for v in variables]
         self.keys = [variable_key(name, self.renamer) for name in self.names]
         self.specs = {v["name"]: v for v in variables}
@@ -439,35 +453,6 @@ def _forward_capture(forward: OldForward, found: dict) -> dict:
             "loops": dict(forward.loops), "leaf_flags": _leaf_flags(forward, found["outputs"])}
 
 
-def _variables_once(e: "Engine") -> dict:
-    return {"build_seconds": e.tf1_half.build_seconds}
-
-
-def _parity(e: "Engine") -> dict:
-    from equivtool.variables import VariableInfo, VariableSet
-    side = e.tf1_half.side
-    infos = []
-    for name, key in zip(side.names, side.keys):
-        spec = side.specs[name]
-        infos.append(VariableInfo(strip_output_index(name), tuple(spec["shape"]), spec["dtype"],
-                                  key in side.trainable_keys))
-    return {"variables": VariableSet(tuple(infos), "tf1"),
-            "keys": {key: key in side.trainable_keys for key in side.keys}}
-
-
-def _fixed_weights(e: "Engine") -> dict:
-    from equivtool.engine.sides.runners import fixed_value
-    half = e.tf1_half
-    side = half.side
-    specs = {key: (tuple(int(d) for d in side.specs[name]["shape"]), side.specs[name]["dtype"])
-             for name, key in zip(side.names, side.keys)}
-    with half.preserved():
-        side.assign_variables({key: fixed_value(key, *spec) for key, spec in specs.items()})
-        outputs, regularization = half.inference_now()
-    return {"outputs": outputs, "regularization": regularization, "loops": {}, "leaf_flags": [],
-            "specs": specs}
-
-
 def _random_constant(e: "Engine", mode: str, training: bool) -> dict:
     half = e.tf1_half
     found = half.training_pass() if training else half.inference_pass()
@@ -537,41 +522,21 @@ def _optimizer(e: "Engine") -> dict:
             "sparse": [variable_key(k, side.renamer) for k in forward.sparse], "loops": loops, "flags": flags}
 
 
-def _checkpoint(e: "Engine") -> dict:
-    """As ``steps._checkpoint_tf1``, there: the given checkpoint restored (or, for
-    ``checkpoint=True``, one of fixed values written there first), and the
-    inference outputs with it; the variables put back after."""
-    from equivtool.engine.sides.runners import fixed_value
-    half = e.tf1_half
-    side = half.side
-    given = e.options.checkpoint
-    path = given if isinstance(given, (str, os.PathLike)) else None
-    with half.preserved() as saved:
-        if path is None:  # fixed values, so that loading it visibly changes both sides' variables
-            side.assign_variables({key: fixed_value("ckpt/" + key, side.specs[name]["shape"],
-                                                    side.specs[name]["dtype"])
-                                   for name, key in zip(side.names, side.keys)})
-            path = side.save_checkpoint(os.path.join(e.workdir(), "model.ckpt"))
-            side.assign_variables(saved)
-        side.restore_checkpoint(path)
-        outputs, _ = half.inference_now()
-    return {"outputs": outputs, "path": os.fspath(path), "names": side.checkpoint_names(),
-            "written": given is True}
-
-
 def _primary_path(outputs) -> str:
     from equivtool.engine.sides.runners import primary_output_path
     return primary_output_path(outputs)
 
 
-#: The TF1 function of each step that runs in the old interpreter, by the step's ``run``.
+#: The TF1 function of each step that runs in the old interpreter, by the step's ``run``:
+#: its own (None: the old side answers what it asks of the in-process TF1 side), or one
+#: here where the step reads TF1 graph objects.
 STEP_SIDES = {
-    "equivtool.engine.steps:variables_once": _variables_once,
-    "equivtool.engine.steps:parity": _parity,
-    "equivtool.engine.steps:fixed_weights": _fixed_weights,
+    "equivtool.engine.steps:variables_once": None,
+    "equivtool.engine.steps:parity": None,
+    "equivtool.engine.steps:fixed_weights": None,
+    "equivtool.engine.steps:checkpoint": None,
     "equivtool.engine.steps:random_constant": _random_constant,
     "equivtool.engine.steps:random_fresh": _random_fresh,
     "equivtool.engine.steps:gradients": _gradients,
     "equivtool.engine.steps:optimizer": _optimizer,
-    "equivtool.engine.steps:checkpoint": _checkpoint,
 }
