@@ -64,3 +64,8 @@ def test_structures_cross_in_both_directions():
     assert rebuilt == old_python._rebuild(description, list(range(len(leaves)))) == {"ids": 0, "pair": (1, [2])}
     with pytest.raises(TypeError, match="a dict key must be a str"):
         program.describe({1: np.zeros(1)})
+
+
+def test_the_program_knows_the_same_stateful_random_ops_as_equivtool():
+    from equivtool.engine.sides import _old_side_program, tf1_graph
+    assert _old_side_program._STATEFUL_RANDOM_OPS == tf1_graph._STATEFUL_RANDOM_OPS

@@ -59,8 +59,9 @@ def _statuses(report) -> dict:
 # verdicts
 # --------------------------------------------------------------------------
 
-def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, temp_root):
-    report = _check(tf1_python)
+@pytest.mark.parametrize("tf_function", [False, True])
+def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, temp_root, tf_function):
+    report = _check(tf1_python, tf_function=tf_function)
     assert _statuses(report) == {name: "passed" for name in DEFAULT}, str(report)
     assert report.passed
     ran_under = report.meta["old_ran_under"]

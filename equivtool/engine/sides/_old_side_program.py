@@ -199,6 +199,9 @@ def load_arrays(folder, name):
 
 # -- the graph ------------------------------------------------------------------
 
+# The graph walks below are equivtool's (equivtool._base.graph.ancestors,
+# equivtool.engine.sides.tf1_graph.loop_random_ops) written again, for TF 1.x
+# and without equivtool: this program imports nothing of it.
 def ancestors(ops):
     seen, stack = set(), list(ops)
     while stack:
