@@ -219,13 +219,15 @@ def check_equivalence(
         in which the TF1 side runs, as the old code ran (``tf.contrib``
         included); ``tf1_fn`` is then ``"module:function"``, imported there with
         ``tf1_path`` and the current folder on its ``sys.path``. Default
-        ``$EQUIVTOOL_TF1_PYTHON`` when ``tf1_fn`` is such a name. Parity, fixed
-        weights, both random modes, gradients (default loss) and optimizer
-        steps (``optimizers=("module:make_tf1_optimizer", make_tf2_optimizer)``)
-        and ``checkpoint`` run there; the steps it cannot run yet are skipped with the reason. The report's
-        header names the interpreter (``old_ran_under``). With ``workers=2``
-        the interpreter is the TF1 worker: both sides of each step run at
-        once. See ``docs/tf1-as-it-ran.md``.
+        ``$EQUIVTOOL_TF1_PYTHON`` when ``tf1_fn`` is such a name. A ``loss_fn``
+        is then a ``"module:function"`` name too, imported in both
+        interpreters. Parity, fixed weights, both random modes, gradients,
+        optimizer steps (``optimizers=("module:make_tf1_optimizer",
+        make_tf2_optimizer)``) and ``checkpoint`` run there; the steps it
+        cannot run yet are skipped with the reason. The report's header names
+        the interpreter (``old_ran_under``). With ``workers=2`` the interpreter
+        is the TF1 worker: both sides of each step run at once. See
+        ``docs/tf1-as-it-ran.md``.
       tf1_path: folders put on the TF1 interpreter's ``sys.path``.
     """
     options = Options.build(

@@ -80,6 +80,19 @@ def test_a_planted_layer_norm_epsilon_is_not_equivalent(tf1_python):
     assert not report.passed and "NOT EQUIVALENT" in str(report)
 
 
+def test_a_loss_named_module_function_is_imported_on_both_sides(tf1_python):
+    import tensorflow as tf
+    there = _check(tf1_python, steps=["gradients", "optimizer"], loss_fn="contrib_tf1_model:loss",
+                   optimizers=("contrib_tf1_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)))
+    here = check_equivalence(model.model, lambda: model.Shim(), INPUTS, steps=["gradients"], loss_fn=model.loss)
+    assert _statuses(there) == {"gradients": "passed", "optimizer": "passed"}, str(there)
+    assert there.step("gradients").data["loss_target"] is None  # the user's loss, not the default
+    # the loss there is the named one: the same value as in-process (the default's differs)
+    assert there.step("gradients").notes[0] == here.step("gradients").notes[0]
+    default = _check(tf1_python, steps=["gradients"])
+    assert default.step("gradients").notes[0].split(" (")[0] != there.step("gradients").notes[0]
+
+
 @pytest.mark.parametrize("learning_rate, status", [(0.1, "passed"), (0.11, "failed")])
 def test_optimizer_steps_run_there(tf1_python, learning_rate, status):
     import tensorflow as tf
@@ -320,8 +333,12 @@ def test_arguments_are_checked_before_any_work(monkeypatch):
         _build(tf1_python="/no/such/python")
     with pytest.raises(TypeError, match='optimizers: with tf1_python, expected \\("module:make_tf1_optimizer"'):
         _build(tf1_python=python, optimizers=(lambda: None, lambda: None))
-    with pytest.raises(ValueError, match="loss_fn: not yet supported with tf1_python"):
+    with pytest.raises(TypeError, match='loss_fn: with tf1_python, expected "module:function"'):
         _build(tf1_python=python, loss_fn=lambda outputs, regularization: outputs)
+    with pytest.raises(ValueError, match="loss_fn: cannot import 'no_such_module:loss' here"):
+        _build(tf1_python=python, loss_fn="no_such_module:loss")
+    with_loss = _build(tf1_python=python, loss_fn="contrib_tf1_model:loss")
+    assert with_loss.loss_fn is model.loss and with_loss.tf1_loss == "contrib_tf1_model:loss"
     with pytest.raises(ValueError, match="localize: not yet run in the TF1 interpreter"):
         _build(tf1_python=python, localize=True)
     assert _build(tf1_python=python, workers=2).in_process is None  # nothing to send: the TF2 side stays here

@@ -175,6 +175,7 @@ class Options:
     slot_layout: Any = None           # the resume step's declared TF1 optimizer layout (a SlotLayout)
     tf1_python: str | None = None     # the TF1 side runs in this interpreter (engine/sides/old_python)
     tf1_path: tuple = ()              # folders on its sys.path (the caller's folder last)
+    tf1_loss: str | None = None       # loss_fn's name, imported there ("module:function")
 
     @property
     def want_gradients(self) -> bool:
@@ -192,9 +193,11 @@ class Options:
         form) before any work starts."""
         if tf1_python is None and isinstance(tf1_fn, str):  # "module:function": the interpreter from the environment
             tf1_python = os.environ.get("EQUIVTOOL_TF1_PYTHON") or None
+        tf1_loss = None
         if tf1_python is not None:
             from equivtool.engine.sides._old_python_args import check_tf1_python
-            tf1_python, tf1_path = check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn, optimizers)
+            tf1_python, tf1_path, loss_fn, tf1_loss = check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn,
+                                                                       optimizers)
         elif not callable(tf1_fn):
             raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}"
                             + (" (a \"module:function\" name needs tf1_python)" if isinstance(tf1_fn, str) else ""))
@@ -238,7 +241,8 @@ class Options:
                    localize=localize, strict_intermediates=strict_intermediates, workers=int(workers),
                    outputs=output_patterns, strict_tolerances=strict_tolerances, aligned=aligned_weights(rename),
                    noise_floor=noise_floor, noise_floor_multiple=multiple, slot_layout=slot_layout,
-                   tf1_python=tf1_python, tf1_path=tuple(tf1_path))
+                   tf1_python=tf1_python, tf1_path=tuple(tf1_path),
+                   tf1_loss=tf1_loss)
         if tf1_python is not None:
             from equivtool.engine.sides._old_python_args import refusal_reason
             reason = refusal_reason(options)

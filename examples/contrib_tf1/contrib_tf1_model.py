@@ -45,6 +45,11 @@ def model(inputs, training):
     return net(inputs, training)
 
 
+def loss(outputs, regularization_loss):
+    """A loss of one's own, named "contrib_tf1_model:loss": imported in both interpreters."""
+    return 0.5 * tf.reduce_sum(tf.abs(outputs)) + regularization_loss
+
+
 def sgd():
     """The TF1 optimizer, named as "contrib_tf1_model:sgd" for the old interpreter."""
     return _layers()[1].train.GradientDescentOptimizer(0.1)

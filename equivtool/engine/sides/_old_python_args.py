@@ -7,7 +7,9 @@ can check them without importing the engine's sides.
 from __future__ import annotations
 
 import os
+import pkgutil
 import shutil
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,10 +25,12 @@ def _is_name(value) -> bool:
 
 
 def check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn, optimizers=None) -> tuple:
-    """``(tf1_python, tf1_path)`` checked before any work: an executable interpreter,
-    ``tf1_fn`` and the TF1 optimizer factory named as ``"module:function"``,
-    ``tf1_path`` a sequence of folders; a ``loss_fn`` (a callable of this
-    interpreter) is refused."""
+    """``(tf1_python, tf1_path, loss_fn, tf1_loss)`` checked before any work: an
+    executable interpreter, ``tf1_fn`` and the TF1 optimizer factory named as
+    ``"module:function"``, ``tf1_path`` a sequence of folders (returned with the
+    current folder last). ``loss_fn`` is None or a ``"module:function"`` name too:
+    imported there for the TF1 side (``tf1_loss``, the name) and here for the
+    TF2 side (``loss_fn``, the function)."""
     if not isinstance(tf1_python, (str, os.PathLike)) or not os.fspath(tf1_python):
         raise TypeError(f"tf1_python: expected the path of a TensorFlow 1.x interpreter, got {tf1_python!r}")
     path = shutil.which(os.fspath(tf1_python)) or os.fspath(tf1_python)
@@ -42,11 +46,31 @@ def check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn, optimizers=None) -> 
                         f"got {tf1_fn!r}")
     if isinstance(tf1_path, (str, os.PathLike)) or not all(isinstance(p, (str, os.PathLike)) for p in tf1_path):
         raise TypeError(f"tf1_path: expected a list of folders, got {tf1_path!r}")
-    if loss_fn is not None:
-        raise ValueError("loss_fn: not yet supported with tf1_python (a callable cannot cross interpreters); "
-                         "leave it out for the default loss")
-    folders = [os.path.abspath(os.fspath(p)) for p in tf1_path] + [os.getcwd()]
-    return os.path.abspath(path), tuple(dict.fromkeys(folders))
+    folders = tuple(dict.fromkeys([os.path.abspath(os.fspath(p)) for p in tf1_path] + [os.getcwd()]))
+    if loss_fn is None:
+        return os.path.abspath(path), folders, None, None
+    if not _is_name(loss_fn):
+        raise TypeError("loss_fn: with tf1_python, expected \"module:function\" (imported in both interpreters: "
+                        f"the same loss for each side), got {loss_fn!r}")
+    return os.path.abspath(path), folders, _import_here(loss_fn, folders), loss_fn
+
+
+def _import_here(name: str, folders: tuple):
+    """``name`` (``"module:function"``) imported in this interpreter, ``folders`` after its own path."""
+    added = [folder for folder in folders if folder not in sys.path]
+    sys.path.extend(added)
+    try:
+        found = pkgutil.resolve_name(name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"loss_fn: cannot import {name!r} here, where the TF2 side computes the same loss: "
+                         f"{type(exc).__name__}: {exc}") from None
+    finally:
+        for folder in added:
+            sys.path.remove(folder)
+    if not callable(found):
+        raise TypeError(f"loss_fn: {name!r} is {type(found).__name__}, expected a function "
+                        "loss_fn(outputs, regularization_loss)")
+    return found
 
 
 def refusal_reason(options: "Options") -> str | None:

@@ -16,8 +16,9 @@
 #
 # Requests ({"op": ..., ...}) and what they answer besides {"ok": true}:
 #   hello                      versions: python, tensorflow, machine, executable, contrib
-#   open handle fn path inputs structure seed mode tool graph_rewrites
-#                              a new graph and session; fn ("module:function") imported
+#   open handle fn path inputs structure seed mode tool graph_rewrites loss
+#                              a new graph and session; fn (and loss, when given:
+#                              "module:function") imported
 #   forward handle training gradients
 #                              one more forward pass (the first creates the variables):
 #                              variables [{name, op, shape, dtype, trainable}], outputs
@@ -275,6 +276,9 @@ class Side(object):
     def __init__(self, folder, request, tools):
         self.folder = folder
         self.fn = import_function(request["fn"], request.get("path") or [])
+        self.loss = default_loss
+        if request.get("loss"):  # the user's loss_fn(outputs, regularization_loss), also imported there
+            self.loss = import_function(request["loss"], request.get("path") or [])
         key = request.get("tool") or request["handle"]
         if key not in tools:
             tools[key] = RandomTool(request["seed"], request["mode"])
@@ -312,7 +316,7 @@ class Side(object):
                 regularization = tf.add_n(regularization_list) if regularization_list else tf.constant(0.0)
                 loss, grads = None, {}
                 if gradients:
-                    loss = default_loss(outputs, regularization)
+                    loss = self.loss(outputs, regularization)
                     trainable = self.graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
                     for variable, grad in zip(trainable, tf.gradients(loss, trainable)):
                         if grad is not None:
@@ -421,7 +425,7 @@ class Side(object):
         built = self.passes[-1]
         with self.graph.as_default():
             known = set(tf.global_variables())
-            loss = default_loss(built["outputs"], built["regularization"])
+            loss = self.loss(built["outputs"], built["regularization"])
             instance = make()
             with tf.control_dependencies(built["updates"]):
                 train_op = instance.minimize(loss, var_list=tf.trainable_variables())

@@ -15,7 +15,8 @@ What runs there: :class:`OldTF1Side` declares forward passes, variables,
 gradients, training and checkpoints, so ``parity``, ``fixed_weights`` (the
 values computed here by the same rule and sent), both random modes (the
 program holds the random tool's TF1 half, with the same seed arithmetic),
-``gradients`` (default loss), ``optimizer`` (the TF1 factory named
+``gradients`` (the default loss, or ``loss_fn`` named ``"module:function"``
+and imported on both sides), ``optimizer`` (the TF1 factory named
 ``"module:function"``) and ``checkpoint`` run. :data:`STEP_SIDES` lists
 them: the steps that only read, assign, save and restore variables and run
 the inference pass (``parity``, ``fixed_weights``, ``checkpoint``) run their
@@ -290,7 +291,7 @@ class OldTF1Side(Side):
         leaves = [np.asarray(leaf) for leaf in flatten_tensors(o.inputs)]
         self.program.request("open", handle=self.handle, fn=o.tf1_fn, path=list(o.tf1_path),
                              inputs=self.program.send("inputs", leaves), structure=_describe(o.inputs),
-                             seed=o.seed, mode=mode, tool=tool, graph_rewrites=o.graph_rewrites)
+                             seed=o.seed, mode=mode, tool=tool, graph_rewrites=o.graph_rewrites, loss=o.tf1_loss)
         self.closed = False
         self.variables: list = []   # VariableSpec, in creation order
         self.names: list = []
@@ -475,7 +476,7 @@ def _random_fresh(e: "Engine", mode: str, training: bool) -> dict:
 
 
 def _gradients(e: "Engine") -> dict:
-    half = e.tf1_half
+    o, half = e.options, e.tf1_half
     found = half.gradient_pass()
     forward = half.training
     side = half.side
@@ -486,7 +487,7 @@ def _gradients(e: "Engine") -> dict:
         flags.update({f"gradients/{variable_key(k, side.renamer)}": v for k, v in forward.gradient_flags.items()})
     return {"loss": found["loss"], "gradients": {k: gradients[k] for k in side.keys if k in gradients},
             "trainable": [k for k in side.keys if k in side.trainable_keys],
-            "loss_target": "outputs" + _primary_path(found["outputs"]),
+            "loss_target": None if o.tf1_loss else "outputs" + _primary_path(found["outputs"]),
             "sparse": [variable_key(k, side.renamer) for k in forward.sparse],
             "loops": dict(forward.loops), "flags": flags}
 
