@@ -271,7 +271,7 @@ def cmd_check(args) -> int:
             raise UsageError(str(exc)) from None
     print()
     print(report)
-    rerun = localize_command(args, report)
+    rerun = "" if args.tf1_python else localize_command(args, report)  # (not yet localized in the TF1 interpreter)
     if rerun:
         print(f"\nTo find the first op whose output differs, re-run localized:\n  {rerun}")
     write_reports(report, args.json, args.html)
@@ -531,7 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=cmd_check)
 
     sub.add_parser("demo", help="Inception-ResNet-v2 proven equivalent (options: equivtool demo --help); "
-                                "--exported: the same as exported SavedModels, and a planted fault localized")
+                                "--exported: the same as exported SavedModels, and a planted fault localized; "
+                                "--tf1-python PATH: a tf.contrib model run in that TensorFlow 1.15")
 
     audit = sub.add_parser("audit", help="is MODULE:FN bitwise reproducible?")
     audit.add_argument("target", metavar="MODULE:FN")
