@@ -275,8 +275,8 @@ class OldTF1Side(Side):
     def step_side(cls, step):
         """This side's function for ``step`` (:data:`STEP_SIDES`); a step without one is
         skipped with the reason, never run in-process on a name it cannot call."""
-        if step.run in STEP_SIDES:
-            return STEP_SIDES[step.run]
+        if step.name in STEP_SIDES:
+            return STEP_SIDES[step.name]
 
         def refused(e, **params):
             raise SkipStep(f"{step.name}: {_NOT_YET}")
@@ -528,16 +528,17 @@ def _primary_path(outputs) -> str:
     return primary_output_path(outputs)
 
 
-#: The TF1 function of each step that runs in the old interpreter, by the step's ``run``:
-#: its own (None: the old side answers what it asks of the in-process TF1 side), or one
-#: here where the step reads TF1 graph objects.
+#: The TF1 function of each step that runs in the old interpreter, by the step's name
+#: (not by the module that runs it in-process, which may move): its own (None: the
+#: old side answers what it asks of the in-process TF1 side), or one here where the
+#: step reads TF1 graph objects.
 STEP_SIDES = {
-    "equivtool.engine.steps:variables_once": None,
-    "equivtool.engine.steps:parity": None,
-    "equivtool.engine.steps:fixed_weights": None,
-    "equivtool.engine.steps:checkpoint": None,
-    "equivtool.engine.steps:random_constant": _random_constant,
-    "equivtool.engine.steps:random_fresh": _random_fresh,
-    "equivtool.engine.steps:gradients": _gradients,
-    "equivtool.engine.steps:optimizer": _optimizer,
+    "variables_once": None,
+    "parity": None,
+    "fixed_weights": None,
+    "checkpoint": None,
+    **{f"random/constant/{what}": _random_constant for what in ("inference", "training")},
+    **{f"random/num_random_ops/{what}": _random_fresh for what in ("inference", "training")},
+    "gradients": _gradients,
+    "optimizer": _optimizer,
 }
