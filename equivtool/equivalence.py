@@ -101,6 +101,8 @@ def check_equivalence(
     noise_floor_multiple: float = DEFAULT_NOISE_FLOOR_MULTIPLE,
     strict_intermediates: bool = False,
     slot_layout=None,
+    tf1_python: str | os.PathLike | None = None,
+    tf1_path: Sequence[str | os.PathLike] = (),
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -213,17 +215,37 @@ def check_equivalence(
       slot_layout: the ``resume`` step's declared TF1 optimizer layout, as
         for :func:`equivtool.convert_checkpoint` (``equivtool.ADAM_WEIGHT_DECAY``
         for BERT's ``AdamWeightDecayOptimizer``).
+      tf1_python: the path of a TensorFlow 1.x interpreter (``equivtool tf1-env``)
+        in which the TF1 side runs, as the old code ran (``tf.contrib``
+        included); ``tf1_fn`` is then ``"module:function"``, imported there with
+        ``tf1_path`` and the current folder on its ``sys.path``. Default
+        ``$EQUIVTOOL_TF1_PYTHON`` when ``tf1_fn`` is such a name. A ``loss_fn``
+        is then a ``"module:function"`` name too, imported in both
+        interpreters. Parity, fixed weights, both random modes, gradients,
+        optimizer steps (``optimizers=("module:make_tf1_optimizer",
+        make_tf2_optimizer)``) and ``checkpoint`` run there; the steps it
+        cannot run yet are skipped with the reason. The report's header names
+        the interpreter (``old_ran_under``). With ``workers=2`` the interpreter
+        is the TF1 worker: both sides of each step run at once. See
+        ``docs/tf1-as-it-ran.md``.
+      tf1_path: folders put on the TF1 interpreter's ``sys.path``.
     """
     # The arguments are declared once, in this signature: every one goes to Options.build by name.
     options = Options.build(**locals())
     engine = Engine(options)
     parallel = None
-    if options.workers > 1 and options.in_process is None:
+    if options.workers > 1 and options.in_process is None and options.tf1_python is not None:
+        from equivtool.engine.old_workers import run_parallel as parallel  # the TF1 interpreter is the worker
+    elif options.workers > 1 and options.in_process is None:
         from equivtool.engine.workers import run_parallel as parallel
     results = engine.run(parallel)
     header = _header(options)
     if engine.jobs:
         header["worker_jobs"] = engine.jobs
+    if options.tf1_python is not None:  # as compare --old-python names what OLD ran under
+        header["old_ran_under"] = engine.old_ran_under or f"not started: {options.tf1_python}"
+        if engine.old_interpreter is not None:  # its Python, TensorFlow, machine, CPU or CUDA build
+            header["old_interpreter"] = dict(engine.old_interpreter)
     unmatched = engine.unmatched_tolerance_keys()
     if unmatched:
         header["unmatched_tolerance_keys"] = unmatched

@@ -73,17 +73,23 @@ def test_the_api_list_is_tf_1_15s_whole_api():
     assert "tensorflow.random.Generator" not in known
 
 
-def test_the_recorder_parses_as_python_3_6_and_imports_nothing_but_tf_and_numpy():
-    source = recorder_source()
-    tree = ast.parse(source, feature_version=(3, 6))
-    with pytest.raises(SyntaxError):
-        ast.parse("if (x := 1):\n    pass\n", feature_version=(3, 6))  # the check can fail
+def imported_modules(tree) -> set:
+    """The top-level modules a parsed source imports."""
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
+    return imported
+
+
+def test_the_recorder_parses_as_python_3_6_and_imports_nothing_but_tf_and_numpy():
+    source = recorder_source()
+    tree = ast.parse(source, feature_version=(3, 6))
+    with pytest.raises(SyntaxError):
+        ast.parse("if (x := 1):\n    pass\n", feature_version=(3, 6))  # the check can fail
+    imported = imported_modules(tree)
     assert imported <= {"argparse", "importlib", "json", "os", "pkgutil", "platform", "sys", "tempfile",
                         "zipfile", "numpy", "tensorflow"}, imported
     assert "allow_pickle=True" not in source

@@ -46,7 +46,8 @@ def run(args) -> int:
         if set(tolerance) == {"*"}:
             tolerance = tolerance["*"]
     with importable_cwd():
-        tf1_fn = load_target(args.tf1_fn, "TF1_FN")
+        # --tf1-python: MODULE:TF1_FN is imported in that interpreter, not here
+        tf1_fn = args.tf1_fn if args.tf1_python else load_target(args.tf1_fn, "TF1_FN")
         tf2_factory = load_target(args.tf2_factory, "TF2_FACTORY")
         check_no_arguments(tf2_factory, args.tf2_factory, "TF2_FACTORY",
                             "def make_layer(): return MyLayer(units=...)")
@@ -60,12 +61,13 @@ def run(args) -> int:
                 localize="all" if args.localize_all else args.localize,
                 workers=args.workers, outputs=outputs, strict_tolerances=args.strict_tolerances,
                 strict_intermediates=args.strict_intermediates,
-                meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory})
+                meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory},
+                **({"tf1_python": args.tf1_python, "tf1_path": args.tf1_path or ()} if args.tf1_python else {}))
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
     print()
     print(report)
-    rerun = localize_command(args, report)
+    rerun = "" if args.tf1_python else localize_command(args, report)  # (not yet localized in the TF1 interpreter)
     if rerun:
         print(f"\nTo find the first op whose output differs, re-run localized:\n  {rerun}")
     write_reports(report, args.json, args.html)
@@ -147,6 +149,12 @@ def add_parser(subparsers) -> None:
     check.add_argument("--strict-tolerances", action="store_true",
                        help="an OUTPUT of --atol/--rtol that matches no output leaf is an error (exit 2), "
                             "not a warning")
+    check.add_argument("--tf1-python", default=None, metavar="PATH",
+                       help="run the TF1 side in this TensorFlow 1.x interpreter (equivtool tf1-env DIR); "
+                            "MODULE:TF1_FN is imported there")
+    check.add_argument("--tf1-path", action="append", default=None, metavar="DIR",
+                       help="with --tf1-python: a folder on that interpreter's sys.path (repeatable; the "
+                            "current folder is always on it)")
     check.add_argument("--html", default=None, help="write an HTML report here")
     check.add_argument("--json", default=None, help="write a JSON report here")
     check.set_defaults(run=run)

@@ -13,12 +13,16 @@ from equivtool.cli.common import UsageError
 
 def run(args) -> int:
     """``equivtool demo``: the Inception-ResNet-v2 parity demo; with ``--exported`` the
-    same model exported as SavedModels and compared (``examples/exported/export.py``)."""
+    same model exported as SavedModels and compared (``examples/exported/export.py``);
+    with ``--tf1-python PATH`` a tf.contrib model run in that TensorFlow 1.15
+    interpreter against its TF2 rewrite (``examples/contrib_tf1/parity.py``)."""
     rest = list(args.demo_args)
     exported = "--exported" in rest
     if exported:
         rest.remove("--exported")
-    module = _example("exported.export" if exported else "inception_resnet_v2.parity")
+    contrib = any(arg == "--tf1-python" or arg.startswith("--tf1-python=") for arg in rest)
+    module = _example("exported.export" if exported else
+                      "contrib_tf1.parity" if contrib else "inception_resnet_v2.parity")
     return module.main(rest)
 
 
@@ -47,4 +51,5 @@ def _example(name: str):
 def add_parser(subparsers) -> None:
     # Listed for --help only: main() hands everything after "demo" to the demo's own parser.
     subparsers.add_parser("demo", help="Inception-ResNet-v2 proven equivalent (options: equivtool demo --help); "
-                                "--exported: the same as exported SavedModels, and a planted fault localized")
+                                "--exported: the same as exported SavedModels, and a planted fault localized; "
+                                "--tf1-python PATH: a tf.contrib model run in that TensorFlow 1.15")

@@ -174,6 +174,9 @@ class Options:
     noise_floor: bool = True          # multi-step training judged against a measured floor (engine.noise_floor)
     noise_floor_multiple: float = _noise_floor.DEFAULT_MULTIPLE
     slot_layout: Any = None           # the resume step's declared TF1 optimizer layout (a SlotLayout)
+    tf1_python: str | None = None     # the TF1 side runs in this interpreter (engine/sides/old_python)
+    tf1_path: tuple = ()              # folders on its sys.path (the caller's folder last)
+    tf1_loss: str | None = None       # loss_fn's name, imported there ("module:function")
 
     @property
     def want_gradients(self) -> bool:
@@ -188,8 +191,16 @@ class Options:
         every one of them: its signature is the one place they and their defaults
         are declared (a name missing here is an ``AttributeError`` naming it)."""
         a = types.SimpleNamespace(**arguments)
-        if not callable(tf1_fn):
-            raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}")
+        tf1_python, tf1_path, loss_fn, tf1_loss = a.tf1_python, a.tf1_path, a.loss_fn, None
+        if tf1_python is None and isinstance(tf1_fn, str):  # "module:function": the interpreter from the environment
+            tf1_python = os.environ.get("EQUIVTOOL_TF1_PYTHON") or None
+        if tf1_python is not None:
+            from equivtool.engine.sides._old_python_args import check_tf1_python
+            tf1_python, tf1_path, loss_fn, tf1_loss = check_tf1_python(tf1_python, tf1_fn, tf1_path, loss_fn,
+                                                                       a.optimizers)
+        elif not callable(tf1_fn):
+            raise TypeError(f"tf1_fn: expected a callable tf1_fn(inputs, training), got {type(tf1_fn).__name__}"
+                            + (" (a \"module:function\" name needs tf1_python)" if isinstance(tf1_fn, str) else ""))
         if not callable(tf2_layer):
             raise TypeError("tf2_layer: expected a Keras layer or a zero-argument factory returning one, "
                             f"got {type(tf2_layer).__name__}")
@@ -203,7 +214,7 @@ class Options:
         selected_modes = _steps.select_modes(a.modes)
         if "random" in selected and not selected_modes:
             raise ValueError(f"modes: the random step needs at least one mode from {list(MODES)}")
-        _check_training(a.train_steps, a.optimizers, a.loss_fn)
+        _check_training(a.train_steps, a.optimizers if tf1_python is None else None, loss_fn)
         _check_run_options(a.tf_function, a.seed, a.progress, a.strategy)
         graph_rewrites = _graph_rewrites(a.graph_rewrites, a.disable_arithmetic_optimization)
         _check_checkpoint(a.checkpoint)
@@ -222,7 +233,7 @@ class Options:
         if isinstance(a.workers, (bool, np.bool_)) or not isinstance(a.workers, (int, np.integer)) or a.workers < 1:
             raise ValueError(f"workers: expected an int >= 1 (processes running the two sides), got {a.workers!r}")
         options = cls(tf1_fn=tf1_fn, tf2_layer=tf2_layer, inputs=inputs, steps=selected, modes=selected_modes,
-                   tolerances=_StepTolerances(a.tolerance, a.step_tolerances), loss_fn=a.loss_fn,
+                   tolerances=_StepTolerances(a.tolerance, a.step_tolerances), loss_fn=loss_fn,
                    optimizers=a.optimizers, train_steps=a.train_steps, checkpoint=a.checkpoint,
                    renamer=make_renamer(as_rename(a.rename)), tf_function=bool(a.tf_function),
                    graph_rewrites=graph_rewrites, seed=int(a.seed),
@@ -230,10 +241,16 @@ class Options:
                    localize=a.localize, strict_intermediates=a.strict_intermediates, workers=int(a.workers),
                    outputs=output_patterns, strict_tolerances=a.strict_tolerances,
                    aligned=aligned_weights(a.rename),
-                   noise_floor=a.noise_floor, noise_floor_multiple=multiple, slot_layout=a.slot_layout)
+                   noise_floor=a.noise_floor, noise_floor_multiple=multiple, slot_layout=a.slot_layout,
+                   tf1_python=tf1_python, tf1_path=tuple(tf1_path), tf1_loss=tf1_loss)
+        if tf1_python is not None:
+            from equivtool.engine.sides._old_python_args import refusal_reason
+            reason = refusal_reason(options)
+            if reason is not None:
+                raise ValueError(reason)
         if options.workers > 1:
             reason = in_process_reason(options)
-            if reason is None:
+            if reason is None and tf1_python is None:  # (with tf1_python the TF2 side stays here: nothing is sent)
                 check_sendable(options)
             options = dataclasses.replace(options, in_process=reason)
         return options

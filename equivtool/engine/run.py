@@ -62,7 +62,8 @@ def run_side(engine: "Engine", step: Step, side: str, tf1_capture=None) -> tuple
     split = step.runner()
     params = dict(step.params)
     if side == "tf1":
-        return attempt(lambda: split.tf1(engine, **params))
+        tf1 = engine.side_class("tf1").step_side(step) or split.tf1
+        return attempt(lambda: tf1(engine, **params))
     return attempt(lambda: split.tf2(engine, tf1_capture if split.tf2_needs_tf1 else None, **params))
 
 
@@ -103,6 +104,11 @@ class Engine:
         self.jobs: list = []           # with workers > 1: the worker jobs (see workers.run_parallel)
         self._tolerance_keys: dict = {}  # argument -> (its keys seen by a comparison, those a leaf matched)
         self.side_classes = {"tf1": TF1Side, "tf2": TF2Side}  # see engine/sides: what each can do
+        self.old_program = None        # with tf1_python: the TF1 side's program (engine/sides/old_python)
+        self.old_ran_under = self.old_interpreter = None
+        if options.tf1_python is not None:
+            from equivtool.engine.sides.old_python import OldTF1Side
+            self.side_classes["tf1"] = OldTF1Side
 
     # -- sides -------------------------------------------------------------
 
@@ -153,6 +159,9 @@ class Engine:
 
     @property
     def tf1_half(self) -> TF1Half:
+        if self.options.tf1_python is not None:
+            from equivtool.engine.sides.old_python import OldTF1Half
+            return self._half("tf1", lambda: OldTF1Half(self))
         return self._half("tf1", lambda: TF1Half(self.options))
 
     @property
@@ -167,7 +176,7 @@ class Engine:
         """Close the shared sessions and drop the shared graphs and layer (layers and
         graphs hold reference cycles, hence the collection)."""
         tf1 = self._halves.get("tf1")
-        if isinstance(tf1, TF1Half):
+        if not isinstance(tf1, (str, type(None), TF2Half)):  # a TF1Half, or the old interpreter's
             tf1.close()
         if self._halves:
             self._halves.clear()
@@ -181,7 +190,13 @@ class Engine:
         return self._workdir
 
     def close(self) -> None:
-        self.release_pair()
+        try:
+            self.release_pair()
+        finally:
+            if self.old_program is not None and not isinstance(self.old_program, str):
+                self.old_program.close()  # the TF1 interpreter stopped, its folder removed
+            if self.options.tf1_python is not None:  # none starts after this (a TF1 thread still running)
+                self.old_program = "the check ended"
         if self._tempdir is not None:
             self._tempdir.cleanup()
             self._tempdir = self._workdir = None

@@ -26,7 +26,7 @@ capabilities, and the engine choosing it for ``"tf1"`` or ``"tf2"``
 
 from __future__ import annotations
 
-from typing import ClassVar, Iterable, Mapping
+from typing import Callable, ClassVar, Iterable, Mapping
 
 #: The capabilities a step may ask of a side.
 FORWARD = "forward"              # a forward pass on the inputs (outputs, regularization losses)
@@ -46,6 +46,12 @@ class Side:
     KIND: ClassVar[str] = "side"
     CAPABILITIES: ClassVar[frozenset] = frozenset()
     REFUSALS: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def step_side(cls, step) -> Callable | None:
+        """The function computing this side of ``step`` when it is not the step's own
+        (a side in another interpreter, :mod:`~equivtool.engine.sides.old_python`); None: the step's own."""
+        return None
 
     @classmethod
     def refuses(cls, capability: str) -> str | None:

@@ -21,7 +21,7 @@ __all__ = ["align_pass_keys", "depends_on", "loop_random_ops"]
 # Stateful random ops: inside a while loop, one such op draws anew at every
 # iteration of a TF1 session run, while an eager loop creates a new op (seeded
 # afresh by the random tool) at every iteration.
-_STATEFUL_RANDOM_OPS = frozenset({
+STATEFUL_RANDOM_OPS = frozenset({
     "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
     "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
     "RandomPoisson", "RandomPoissonV2", "RandomCrop"})
@@ -35,7 +35,7 @@ def _function_random_ops(library: dict, name: str, seen: set) -> list:
     seen.add(name)
     found = []
     for node in library[name].node_def:
-        if node.op in _STATEFUL_RANDOM_OPS:
+        if node.op in STATEFUL_RANDOM_OPS:
             found.append(f"{node.name} ({node.op})")
         for attr in node.attr.values():
             called = [attr.func.name] if attr.HasField("func") else [f.name for f in attr.list.func]
@@ -64,7 +64,7 @@ def loop_random_ops(graph: tf.Graph, ops) -> dict:
     for frame in frames:
         prefix = frame.rsplit("/", 1)[0] + "/"
         found = [f"{op.name} ({op.type})" for op in ops
-                 if op.type in _STATEFUL_RANDOM_OPS and op.name.startswith(prefix)]
+                 if op.type in STATEFUL_RANDOM_OPS and op.name.startswith(prefix)]
         if found:
             loops[prefix.rstrip("/")] = found
     return loops

@@ -28,7 +28,7 @@ from equivtool._platform import graph_rewrites as _graph_rewrites
 from equivtool._platform import tf_internals as _tf_internals
 from equivtool._platform.graph_rewrites import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
 from equivtool.engine import noise_floor
-from equivtool.engine.sides.tf1_graph_reading import align_pass_keys, loop_random_ops
+from equivtool.engine.sides.tf1_graph_reading import STATEFUL_RANDOM_OPS, align_pass_keys, loop_random_ops
 from equivtool._base.graph import ancestors
 from equivtool._base.names import strip_output_index
 from equivtool._base.tree import expand_composites, flatten_tensors, pack_like
@@ -54,9 +54,6 @@ def load_by_initializer(session, pairs) -> None:
 # freed heap memory is rarely given back); moved a chunk at a time, only one
 # chunk's worth is held.
 CHUNK_BYTES = 32 << 20
-# Random ops that move along a stream on every Session.run (see TF1Side.op_runner).
-STATEFUL_RANDOM = ("RandomUniform", "RandomStandardNormal", "TruncatedNormal", "RandomUniformInt",
-                   "RandomShuffle", "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2")
 
 
 def variable_bytes(variable) -> int:
@@ -451,7 +448,7 @@ class TF1Side(Side):
         """
         upstream = ancestors(t.op for t in tf.nest.flatten(outputs) if hasattr(t, "op"))
         feed = self.feed()
-        if not any(op.type in STATEFUL_RANDOM for op in upstream):
+        if not any(op.type in STATEFUL_RANDOM_OPS for op in upstream):
             return lambda tensors: self.session.run(tensors, feed_dict=feed)
         with self.graph.as_default():
             everything = tf.compat.v1.global_variables()

@@ -1,0 +1,54 @@
+"""``check_equivalence(tf1_python=PATH, workers=2)``: the TF1 interpreter is the TF1 worker.
+
+Each step's TF1 side is the TF1 interpreter's work (:mod:`equivtool.engine.sides.old_python`),
+so it is sent from a thread of this process while the step's TF2 side runs here:
+both sides compute at once, as with ``workers=2`` in-process, and nothing of
+the check crosses a process but the old side's requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from equivtool.engine import registry as _steps
+from equivtool.engine.run import judge, run_side
+from equivtool.engine.sides.old_python import OldProgram
+
+if TYPE_CHECKING:  # pragma: no cover
+    from equivtool.engine.run import Engine
+
+
+def run_parallel(engine: "Engine", workers: int) -> list:
+    """Every selected step with its TF1 side on a thread of this process, whose work
+    is the TF1 interpreter's, while its TF2 side runs here (the TF2 side of a step
+    that needs the TF1 capture waits for it): both sides run at once, as with
+    ``workers=2``, and the results are those of ``workers=1``. Returns the job
+    (``{"side", "steps", "worker", "seconds"}``) for the report's header."""
+    started, names = time.perf_counter(), []
+    pool = ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter")
+    try:
+        for step in _steps.run_order(engine.options.steps, engine.options.modes):
+            if not step.shared:
+                engine.release_pair()  # (the TF1 thread is idle between steps)
+            start = time.perf_counter()
+            tf1_future = pool.submit(run_side, engine, step, "tf1")
+            if step.runner().tf2_needs_tf1:
+                tf1 = tf1_future.result()
+                tf2 = run_side(engine, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
+            else:
+                tf2 = run_side(engine, step, "tf2")
+                tf1 = tf1_future.result()
+            names.append(step.name)
+            result = judge(engine, step, tf1, tf2 if tf1[0] == "ok" else None, 0.0)
+            engine.record(dataclasses.replace(result, seconds=time.perf_counter() - start))
+    finally:
+        # Not waiting: on Ctrl-C or SIGTERM the engine's close stops the TF1
+        # interpreter next, which ends a request the thread still waits on.
+        pool.shutdown(wait=False)
+    found = engine.old_program
+    pid = found.process.pid if isinstance(found, OldProgram) and found.process is not None else None
+    return [{"side": "tf1 (TF1 interpreter)", "steps": names, "worker": pid,
+             "seconds": round(time.perf_counter() - started, 3)}]

@@ -1,0 +1,599 @@
+# The TF1 side of check_equivalence, run in another interpreter: a real
+# TensorFlow 1.x (1.15 on Python 3.6/3.7), where the old code ran as written
+# (tf.contrib included), not through tf.compat.v1 inside TensorFlow 2.
+#
+# Self-contained on purpose: Python 3.6 syntax, the TensorFlow 1.x API and
+# NumPy only, no equivtool import, no pickle (tests/test_old_side_program.py
+# checks its tf. names against TensorFlow 1.15's API list and its syntax
+# against Python 3.6). equivtool.engine.sides.old_python starts it as
+#
+#   python _old_side_program.py FOLDER
+#
+# and speaks to it over its stdin/stdout: one JSON object per line each way,
+# arrays as .npz files in FOLDER (written by one side, read and deleted by the
+# other; the parent removes FOLDER on every exit). Anything the user's code
+# prints goes to stderr, so the answers on stdout stay one JSON line each.
+#
+# Requests ({"op": ..., ...}) and what they answer besides {"ok": true}:
+#   hello                      versions: python, tensorflow, machine, executable, contrib
+#   open handle fn path inputs structure seed mode tool graph_rewrites loss
+#                              a new graph and session; fn (and loss, when given:
+#                              "module:function") imported
+#   forward handle training gradients
+#                              one more forward pass (the first creates the variables):
+#                              variables [{name, op, shape, dtype, trainable}], outputs
+#                              (the structure), loops, flags
+#   run handle pass fetch      values of the pass's outputs/regularization/loss/gradients
+#                              in an .npz: file, names
+#   read handle                the variables' values: file, names
+#   assign handle file names   set variables by name
+#   copy handle source         every variable of source's under the same name, in
+#   train_build handle optimizer training
+#                              a pass of its own, its default loss and
+#                              optimizer().minimize ("module:function"): train, optimizer, loops
+#   train_step handle train    one step in a new session: loss (before the step)
+#   global_state handle        every global variable by op name (slots too): file, names
+#   load_global_state handle file names
+#   save handle path / restore handle path
+#                              a tf.train.Saver checkpoint of the variables: path
+#   close handle / quit
+# An error answers {"ok": false, "error": {type, message, frame, traceback}}.
+#
+# Random numbers: the TF1 half of equivtool's DeterministicRandomTestTool
+# (equivtool/seeding), for TensorFlow 1.x: inside a pass, every stateful random
+# op asks random_seed.get_seed for its seeds, and gets (seed, operation seed)
+# from the tool: in "constant" mode always operation seed 0 (the graph seed set
+# to it as each op is seeded), in "num_random_ops" mode the count of ops seeded
+# so far. The same arithmetic, so the same numbers, as the in-process TF1 side.
+import importlib
+import json
+import os
+import platform
+import sys
+import traceback
+
+import numpy as np
+import tensorflow as tf
+
+PROTOCOL = 1
+
+# Grappler passes that can change a float result (equivtool._platform.graph_rewrites.NUMERIC_PASSES),
+# switched off where this TensorFlow has them under graph_rewrites="as_written"
+NUMERIC_PASSES = ("remapping", "arithmetic_optimization", "constant_folding", "layout_optimizer",
+                  "auto_mixed_precision", "auto_mixed_precision_onednn_bfloat16", "auto_mixed_precision_mkl",
+                  "auto_mixed_precision_cpu", "implementation_selector")
+
+_STATEFUL_RANDOM_OPS = frozenset([
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
+    "RandomPoisson", "RandomPoissonV2", "RandomCrop"])
+_ZERO_PAIR_OPERATION_SEED = 2 ** 31 - 1  # TensorFlow's substitute for the seed pair (0, 0)
+_LIBRARY = ("/tensorflow/", "/tensorflow_core/", "/numpy/", "/site-packages/", "_old_side_program.py")
+
+
+class ProtocolError(Exception):
+    """A request this program cannot serve (a bug on the calling side)."""
+
+
+# -- the random tool's TF1 half -----------------------------------------------
+
+class RandomTool(object):
+    """Seeds every stateful random op created inside scope() (see the header)."""
+
+    def __init__(self, seed, mode):
+        if mode not in ("constant", "num_random_ops"):
+            raise ProtocolError("mode: expected 'constant' or 'num_random_ops', got %r" % (mode,))
+        self.seed = int(seed)
+        self.constant = mode == "constant"
+        self.operation_seed = 0
+        self.observed = set()
+        self.count = 0
+        self.module = importlib.import_module("tensorflow.python.framework.random_seed")
+
+    def _set_graph_seed(self, value, saved):
+        graph = tf.get_default_graph()
+        if id(graph) not in saved:
+            saved[id(graph)] = (graph, graph.seed)
+        tf.set_random_seed(value)
+
+    def next_seeds(self, saved):
+        op_seed = self.operation_seed
+        if self.constant:
+            self._set_graph_seed(op_seed, saved)
+        else:
+            if op_seed in self.observed:
+                raise ValueError("num_random_ops: operation seed %d handed out twice" % op_seed)
+            self.observed.add(op_seed)
+            self.operation_seed = op_seed + 1
+        self.count += 1
+        if self.seed == 0 and op_seed == 0:
+            op_seed = _ZERO_PAIR_OPERATION_SEED
+        return (self.seed, op_seed)
+
+    def run(self, fn):
+        """fn() with get_seed answered by this tool; get_seed and every graph seed put back."""
+        original = self.module.get_seed
+        saved = {}
+
+        def get_seed(op_seed=None):
+            return self.next_seeds(saved)
+
+        try:
+            self._set_graph_seed(self.seed, saved)
+            self.module.get_seed = get_seed
+            return fn()
+        finally:
+            self.module.get_seed = original
+            for graph, seed in saved.values():
+                graph.seed = seed
+
+
+# -- structures ---------------------------------------------------------------
+
+def flatten(node):
+    """Leaves in insertion order, as equivtool's flatten_tensors."""
+    if isinstance(node, dict):
+        return [leaf for value in node.values() for leaf in flatten(value)]
+    if isinstance(node, (list, tuple)):
+        return [leaf for value in node for leaf in flatten(value)]
+    return [node]
+
+
+def describe(node):
+    """The structure as JSON: {"dict": [[key, sub], ...]}, {"list"|"tuple": [...]}, or "leaf"."""
+    if isinstance(node, dict):
+        for key in node:
+            if not isinstance(key, str):
+                raise TypeError("tf1_fn: outputs: a dict key must be a str to cross interpreters, got %r" % (key,))
+        return {"dict": [[key, describe(value)] for key, value in node.items()]}
+    if isinstance(node, list):
+        return {"list": [describe(value) for value in node]}
+    if isinstance(node, tuple):
+        return {"tuple": [describe(value) for value in node]}
+    if isinstance(node, (tf.SparseTensor, tf.IndexedSlices)) or type(node).__name__ == "RaggedTensor":
+        raise TypeError("tf1_fn: outputs: %s cannot cross interpreters yet; return dense tensors"
+                        % type(node).__name__)
+    return "leaf"
+
+
+def pack(structure, leaves):
+    iterator = iter(leaves)
+
+    def build(node):
+        if isinstance(node, dict):
+            return dict((key, build(value)) for key, value in node.items())
+        if isinstance(node, (list, tuple)):
+            return type(node)(build(value) for value in node)
+        return next(iterator)
+    return build(structure)
+
+
+def rebuild(description, leaves):
+    """The inverse of describe() on a list of leaves."""
+    iterator = iter(leaves)
+
+    def build(node):
+        if node == "leaf":
+            return next(iterator)
+        if "dict" in node:
+            return dict((key, build(value)) for key, value in node["dict"])
+        if "list" in node:
+            return [build(value) for value in node["list"]]
+        return tuple(build(value) for value in node["tuple"])
+    return build(description)
+
+
+def save_arrays(folder, name, arrays):
+    """arrays (a list) as FOLDER/name.npz under keys a0, a1, ...; returns the file name."""
+    path = os.path.join(folder, name + ".npz")
+    np.savez(path, **dict(("a%d" % i, np.asarray(value)) for i, value in enumerate(arrays)))
+    return name + ".npz"
+
+
+def load_arrays(folder, name):
+    path = os.path.join(folder, name)
+    with np.load(path, allow_pickle=False) as data:
+        values = [data["a%d" % i] for i in range(len(data.files))]
+    os.unlink(path)
+    return values
+
+
+# -- the graph ------------------------------------------------------------------
+
+# The graph walks below are equivtool's (equivtool._base.graph.ancestors,
+# equivtool.engine.sides.tf1_graph_reading.loop_random_ops) written again, for TF 1.x
+# and without equivtool: this program imports nothing of it.
+def ancestors(ops):
+    seen, stack = set(), list(ops)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def loop_random_ops(ops):
+    """{loop: [random ops]} for the v1 while-loop frames among ops whose body draws random numbers."""
+    loops = {}
+    frames = set(op.get_attr("frame_name") for op in ops if op.type == "Enter")
+    for frame in frames:
+        frame = frame.decode() if isinstance(frame, bytes) else frame
+        prefix = frame.rsplit("/", 1)[0] + "/"
+        found = ["%s (%s)" % (op.name, op.type) for op in ops
+                 if op.type in _STATEFUL_RANDOM_OPS and op.name.startswith(prefix)]
+        if found:
+            loops[prefix.rstrip("/")] = found
+    return loops
+
+
+def depends_on(value, loops):
+    if value is None or not loops:
+        return False
+    targets = set(loops) | set(entry.split(" (", 1)[0] for found in loops.values() for entry in found)
+    start = value.values if isinstance(value, tf.IndexedSlices) else value
+    return any(op.name in targets for op in ancestors([getattr(start, "op", start)]))
+
+
+def primary_output(outputs):
+    """The output the default loss is built from (equivtool's rule: a dict's last
+    entry, a sequence's first, until a tensor is reached)."""
+    while True:
+        if isinstance(outputs, dict):
+            if not outputs:
+                raise ValueError("the default loss needs an output: the model returned an empty dict")
+            outputs = outputs[list(outputs)[-1]]
+        elif isinstance(outputs, (list, tuple)):
+            if not outputs:
+                raise ValueError("the default loss needs an output: the model returned an empty sequence")
+            outputs = outputs[0]
+        else:
+            return outputs
+
+
+def default_loss(outputs, regularization):
+    loss = tf.reduce_mean(tf.square(tf.cast(primary_output(outputs), tf.float32)))
+    return loss + tf.cast(regularization, tf.float32)
+
+
+def import_function(spec, path):
+    for folder in reversed(path):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    module_name, _, name = spec.partition(":")
+    module = importlib.import_module(module_name)
+    function = module
+    for part in name.split("."):
+        function = getattr(function, part)
+    return function
+
+
+class Side(object):
+    """One graph and session: the user's function, built once per pass."""
+
+    def __init__(self, folder, request, tools):
+        self.folder = folder
+        self.fn = import_function(request["fn"], request.get("path") or [])
+        self.loss = default_loss
+        if request.get("loss"):  # the user's loss_fn(outputs, regularization_loss), also imported there
+            self.loss = import_function(request["loss"], request.get("path") or [])
+        key = request.get("tool") or request["handle"]
+        if key not in tools:
+            tools[key] = RandomTool(request["seed"], request["mode"])
+        self.tool = tools[key]
+        self.graph = tf.Graph()
+        values = load_arrays(folder, request["inputs"])
+        self.inputs = values
+        with self.graph.as_default():
+            leaves = [tf.placeholder(tf.as_dtype(value.dtype), value.shape, name="equivtool_input_%d" % i)
+                      for i, value in enumerate(values)]
+        self.placeholders = leaves
+        self.structured = rebuild(request["structure"], leaves)
+        config = tf.ConfigProto()
+        rewrites = config.graph_options.rewrite_options
+        for name in NUMERIC_PASSES if request.get("graph_rewrites", "as_written") == "as_written" else ():
+            if name in rewrites.DESCRIPTOR.fields_by_name:
+                setattr(rewrites, name, 2)  # RewriterConfig.OFF
+        self.config = config
+        self.session = tf.Session(graph=self.graph, config=config)
+        self.path = request.get("path") or []
+        self.trainings = []
+        self.passes = []
+        self.initialized = False
+        self.variables = []
+
+    def forward(self, training, gradients):
+        def build():
+            with self.graph.as_default():
+                updates_before = len(self.graph.get_collection(tf.GraphKeys.UPDATE_OPS))
+                ops_before = len(self.graph.get_operations())
+                reuse = tf.AUTO_REUSE if self.passes else None
+                with tf.variable_scope(tf.get_variable_scope(), reuse=reuse):
+                    outputs = self.fn(self.structured, training)
+                regularization_list = tf.losses.get_regularization_losses()
+                regularization = tf.add_n(regularization_list) if regularization_list else tf.constant(0.0)
+                loss, grads = None, {}
+                if gradients:
+                    loss = self.loss(outputs, regularization)
+                    trainable = self.graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
+                    for variable, grad in zip(trainable, tf.gradients(loss, trainable)):
+                        if grad is not None:
+                            grads[variable.name] = grad
+                updates = self.graph.get_collection(tf.GraphKeys.UPDATE_OPS)[updates_before:]
+                loops = loop_random_ops(self.graph.get_operations()[ops_before:])
+                return outputs, regularization, loss, grads, updates, loops
+
+        before = self.tool.count
+        outputs, regularization, loss, grads, updates, loops = self.tool.run(build)
+        structure = describe(outputs)
+        self.passes.append({"outputs": outputs, "regularization": regularization, "loss": loss,
+                            "gradients": grads, "updates": updates})
+        with self.graph.as_default():
+            self.variables = list(tf.global_variables())
+            trainable = set(v.name for v in tf.trainable_variables())
+        leaves = flatten(outputs) + [regularization]
+        return {"pass": len(self.passes) - 1, "outputs": structure,
+                "variables": [{"name": v.name, "op": v.op.name, "shape": v.shape.as_list(),
+                               "dtype": v.dtype.base_dtype.name, "trainable": v.name in trainable}
+                              for v in self.variables],
+                "gradients": list(grads), "sparse": [k for k, g in grads.items()
+                                                      if isinstance(g, tf.IndexedSlices)],
+                "loops": loops, "leaf_flags": [depends_on(t, loops) for t in leaves],
+                "loss_flag": depends_on(loss, loops),
+                "gradient_flags": dict((k, depends_on(g, loops)) for k, g in grads.items()),
+                "random_ops": self.tool.count - before}
+
+    def initialize(self):
+        if not self.initialized:
+            with self.graph.as_default():
+                self.session.run(tf.global_variables_initializer())
+            self.initialized = True
+
+    def feed(self):
+        return dict(zip(self.placeholders, self.inputs))
+
+    def run(self, index, fetch, with_updates):
+        self.initialize()
+        built = self.passes[index]
+        names, fetches = [], []
+        if "outputs" in fetch:
+            for i, tensor in enumerate(flatten(built["outputs"])):
+                names.append("outputs/%d" % i)
+                fetches.append(tensor)
+        if "regularization" in fetch:
+            names.append("regularization")
+            fetches.append(built["regularization"])
+        if "loss" in fetch and built["loss"] is not None:
+            names.append("loss")
+            fetches.append(built["loss"])
+        if "gradients" in fetch:
+            for key, grad in built["gradients"].items():
+                names.append("gradients/" + key)
+                fetches.append(grad)
+        updates = built["updates"] if with_updates else []
+        values, _ = self.session.run((fetches, updates), feed_dict=self.feed())
+        arrays = []
+        for value in values:
+            if hasattr(value, "indices") and hasattr(value, "values"):  # a sparse gradient, scattered
+                dense = np.zeros(value.dense_shape, dtype=value.values.dtype)
+                np.add.at(dense, value.indices, value.values)
+                value = dense
+            arrays.append(value)
+        return {"file": save_arrays(self.folder, "run", arrays), "names": names}
+
+    def read(self):
+        self.initialize()
+        values = self.session.run(self.variables)
+        return {"file": save_arrays(self.folder, "read", values), "names": [v.name for v in self.variables]}
+
+    def load(self, pairs):
+        """Set (variable, value) pairs by feeding their initializers (no new op in the graph)."""
+        pairs = list(pairs)
+        if pairs:
+            self.session.run([v.initializer for v, _ in pairs],
+                             feed_dict=dict((v.initializer.inputs[1], value) for v, value in pairs))
+
+    def assign(self, names, values):
+        by_name = dict(zip(names, values))
+        wanted = [(v, by_name[v.name]) for v in self.variables if v.name in by_name]
+        unknown = sorted(set(by_name) - set(v.name for v in self.variables))
+        if unknown:
+            raise ProtocolError("assign: no variable named %s" % ", ".join(unknown[:5]))
+        if not self.initialized:
+            rest = [v for v in self.variables if v.name not in by_name]
+            if rest:
+                with self.graph.as_default():
+                    self.session.run(tf.variables_initializer(rest))
+        self.load(wanted)
+        self.initialized = True
+
+    def copy_from(self, other):
+        other.initialize()
+        source = dict((v.name, v) for v in other.variables)
+        mine = [v for v in self.variables if v.name in source]
+        values = other.session.run([source[v.name] for v in mine])
+        self.assign([v.name for v in mine], values)
+
+    def build_training(self, optimizer, training):
+        """A forward pass of its own, its default loss and make_optimizer().minimize over the
+        trainable variables after the pass's UPDATE_OPS; the optimizer's variables initialised."""
+        make = import_function(optimizer, self.path)
+        info = self.forward(training, False)
+        self.initialize()
+        built = self.passes[-1]
+        with self.graph.as_default():
+            known = set(tf.global_variables())
+            loss = self.loss(built["outputs"], built["regularization"])
+            instance = make()
+            with tf.control_dependencies(built["updates"]):
+                train_op = instance.minimize(loss, var_list=tf.trainable_variables())
+            self.session.run(tf.variables_initializer([v for v in tf.global_variables() if v not in known]))
+        self.trainings.append((loss, train_op))
+        return {"train": len(self.trainings) - 1, "optimizer": type(instance).__name__, "loops": info["loops"],
+                "loss_flag": depends_on(loss, info["loops"])}
+
+    def renew_session(self):
+        """Every global variable's value moved into a new session, so that every stateful
+        random op starts again at its first draw (as an eager TF2 call does)."""
+        with self.graph.as_default():
+            everything = tf.global_variables()
+        values = self.session.run(everything)
+        self.session.close()
+        self.session = tf.Session(graph=self.graph, config=self.config)
+        self.load(zip(everything, values))
+
+    def train_step(self, index):
+        """One optimizer step in a new session; the loss before it."""
+        self.initialize()
+        self.renew_session()
+        loss, train_op = self.trainings[index]
+        value, _ = self.session.run((loss, train_op), feed_dict=self.feed())
+        return {"loss": float(value)}
+
+    def global_state(self):
+        """Every global variable (the model's, the optimizer's slots and counters) by op name."""
+        self.initialize()
+        with self.graph.as_default():
+            everything = tf.global_variables()
+        return {"file": save_arrays(self.folder, "state", self.session.run(everything)),
+                "names": [v.op.name for v in everything]}
+
+    def load_global_state(self, names, values):
+        by_name = dict(zip(names, values))
+        with self.graph.as_default():
+            wanted = [(v, by_name[v.op.name]) for v in tf.global_variables() if v.op.name in by_name]
+        self.load(wanted)
+        self.initialized = True
+
+    def saver(self):
+        if getattr(self, "_saver", None) is None:
+            with self.graph.as_default():
+                self._saver = tf.train.Saver(var_list=self.variables)
+        return self._saver
+
+    def save(self, prefix):
+        """The variables written with tf.train.Saver (a name-based checkpoint): its path."""
+        self.initialize()
+        with self.graph.as_default():
+            return {"path": self.saver().save(self.session, prefix)}
+
+    def restore(self, path):
+        with self.graph.as_default():
+            self.saver().restore(self.session, path)
+        self.initialized = True
+        return {}
+
+    def close(self):
+        self.session.close()
+
+
+# -- serving ----------------------------------------------------------------------
+
+def user_frame(tb):
+    """"path:line in function" of the innermost frame outside TensorFlow and this program."""
+    for frame in reversed(traceback.extract_tb(tb)):
+        if not any(part in frame.filename.replace(os.sep, "/") for part in _LIBRARY):
+            return "%s:%d in %s" % (frame.filename, frame.lineno, frame.name)
+    return None
+
+
+def hello():
+    contrib = False
+    version = tf.__version__
+    if version.startswith("1."):
+        try:
+            importlib.import_module("tensorflow.contrib")  # registers contrib's ops, as the recorder does
+            contrib = True
+        except ImportError:
+            contrib = False
+    return {"protocol": PROTOCOL, "python": platform.python_version(), "tensorflow": version,
+            "machine": platform.machine(), "executable": sys.executable, "contrib": contrib,
+            "cpu_build": not tf.test.is_built_with_cuda()}
+
+
+def serve(folder, requests, answers):
+    sides, tools = {}, {}
+    try:
+        for line in requests:
+            if not line.strip():
+                continue
+            request = json.loads(line)
+            op = request.get("op")
+            if op == "quit":
+                break
+            try:
+                answer = handle(folder, request, sides, tools)
+                answer["ok"] = True
+            except Exception as exc:  # noqa: BLE001 - every error goes back to the caller as JSON
+                info = sys.exc_info()
+                answer = {"ok": False, "error": {
+                    "type": type(exc).__name__, "message": " ".join(str(exc).split()),
+                    "frame": user_frame(info[2]),
+                    "traceback": "".join(traceback.format_exception(*info))}}
+            answers.write(json.dumps(answer) + "\n")
+            answers.flush()
+    finally:
+        for side in sides.values():
+            side.close()
+
+
+def handle(folder, request, sides, tools):
+    op = request.get("op")
+    if op == "hello":
+        return hello()
+    if op == "open":
+        if request["handle"] in sides:
+            raise ProtocolError("open: handle %r is open already" % (request["handle"],))
+        sides[request["handle"]] = Side(folder, request, tools)
+        return {}
+    side = sides.get(request.get("handle"))
+    if side is None:
+        raise ProtocolError("%s: no open handle %r" % (op, request.get("handle")))
+    if op == "forward":
+        return side.forward(bool(request["training"]), bool(request.get("gradients")))
+    if op == "run":
+        return side.run(int(request["pass"]), request["fetch"], bool(request.get("update_ops")))
+    if op == "read":
+        return side.read()
+    if op == "assign":
+        side.assign(request["names"], load_arrays(folder, request["file"]))
+        return {}
+    if op == "copy":
+        source = sides.get(request.get("source"))
+        if source is None:
+            raise ProtocolError("copy: no open handle %r" % (request.get("source"),))
+        side.copy_from(source)
+        return {}
+    if op == "train_build":
+        return side.build_training(request["optimizer"], bool(request["training"]))
+    if op == "train_step":
+        return side.train_step(int(request["train"]))
+    if op == "global_state":
+        return side.global_state()
+    if op == "load_global_state":
+        side.load_global_state(request["names"], load_arrays(folder, request["file"]))
+        return {}
+    if op == "save":
+        return side.save(request["path"])
+    if op == "restore":
+        return side.restore(request["path"])
+    if op == "close":
+        sides.pop(request["handle"]).close()
+        return {}
+    raise ProtocolError("unknown request %r" % (op,))
+
+
+def main(argv):
+    if len(argv) != 2 or not os.path.isdir(argv[1]):
+        sys.stderr.write("usage: python _old_side_program.py FOLDER (an existing folder for arrays)\n")
+        return 2
+    answers = sys.stdout
+    sys.stdout = sys.stderr  # the user's prints must not break the one-line answers
+    serve(argv[1], sys.stdin, answers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

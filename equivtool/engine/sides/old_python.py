@@ -1,0 +1,544 @@
+"""The TF1 side in another interpreter: ``check_equivalence(..., tf1_python=PATH)``.
+
+The truth a migration must match is the old model as it ran in TensorFlow 1.x
+(``tf.contrib`` included), not what ``tf.compat.v1`` inside TensorFlow 2 makes
+of it. With ``tf1_python`` the TF1 side of each step runs in that interpreter,
+in the self-contained program :mod:`equivtool.engine.sides._old_side_program`
+(Python 3.6 syntax, TensorFlow 1.x API, NumPy; no equivtool, no pickle),
+while the TF2 side runs here. The two speak JSON lines over the program's
+stdin/stdout, with arrays as ``.npz`` files in a temporary folder of this
+process; the folder is removed and the program stopped on every exit (the
+engine's ``close`` runs on errors, Ctrl-C and SIGTERM:
+:mod:`equivtool.engine.signals`).
+
+What runs there: :class:`OldTF1Side` declares forward passes, variables,
+gradients, training and checkpoints, so ``parity``, ``fixed_weights`` (the
+values computed here by the same rule and sent), both random modes (the
+program holds the random tool's TF1 half, with the same seed arithmetic),
+``gradients`` (the default loss, or ``loss_fn`` named ``"module:function"``
+and imported on both sides), ``optimizer`` (the TF1 factory named
+``"module:function"``) and ``checkpoint`` run. :data:`STEP_SIDES` lists
+them: the steps that only read, assign, save and restore variables and run
+the inference pass (``parity``, ``fixed_weights``, ``checkpoint``) run their
+own TF1 functions on :class:`OldTF1Half`, which answers what they ask of the
+in-process half; the others have a TF1 function here. A step not listed
+(``resume``) is skipped with the reason, and localization (op capture) is
+refused: never reported as passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from equivtool._base import scratch
+from equivtool._base.tree import flatten_tensors
+from equivtool.engine import noise_floor
+from equivtool.engine.outputs import split_outputs
+from equivtool.engine.pair import _Half
+from equivtool.engine.registry import SkipStep
+from equivtool.engine.sides import CHECKPOINTS, FORWARD, GRADIENTS, INTERMEDIATES, TRAINING, VARIABLES, Side
+from equivtool.engine.sides._old_python_args import NOT_YET as _NOT_YET
+from equivtool.engine.sides.tf1_side import variable_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from equivtool.engine.run import Engine
+
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_old_side_program.py")
+START_SECONDS = 300  # importing TensorFlow 1.15 (and tf.contrib) takes seconds; a wedged start ends here
+QUIT_SECONDS = 10    # for the program to end once asked (or once its stdout closed), before it is killed
+
+
+class OldSideError(Exception):
+    """An error raised by the TF1 side in the old interpreter: its type, one line and
+    the user's frame there; the traceback there is the ``__cause__``
+    (:class:`OldSideTraceback`), so the report's traceback holds it."""
+
+
+class OldSideTraceback(Exception):
+    """The full traceback printed in the old interpreter."""
+
+
+# --------------------------------------------------------------------------
+# the program
+# --------------------------------------------------------------------------
+
+def _describe(node):
+    """The structure of ``inputs`` as the program's ``rebuild`` reads it."""
+    if isinstance(node, Mapping):
+        return {"dict": [[str(key), _describe(value)] for key, value in node.items()]}
+    if isinstance(node, list):
+        return {"list": [_describe(value) for value in node]}
+    if isinstance(node, tuple):
+        return {"tuple": [_describe(value) for value in node]}
+    return "leaf"
+
+
+def _rebuild(description, leaves: list):
+    iterator = iter(leaves)
+
+    def build(node):
+        if node == "leaf":
+            return next(iterator)
+        if "dict" in node:
+            return {key: build(value) for key, value in node["dict"]}
+        if "list" in node:
+            return [build(value) for value in node["list"]]
+        return tuple(build(value) for value in node["tuple"])
+    return build(description)
+
+
+class OldProgram:
+    """The old-side program running in ``python``: one request at a time, its temporary folder."""
+
+    def __init__(self, python: str, path: tuple):
+        from equivtool._platform import tf1_python as _tf1
+        self.path = list(path)
+        self.lock = threading.Lock()
+        temp = tempfile.gettempdir()
+        scratch.remove_stale(temp, "tf1-side")  # the folders of killed runs (see _base.scratch)
+        self.folder = tempfile.mkdtemp(prefix=scratch.prefix("tf1-side"), dir=temp)
+        self._stderr = open(os.path.join(self.folder, "stderr.txt"), "w+", encoding="utf-8", errors="replace")
+        self.process = None
+        try:
+            self.process = subprocess.Popen([python, PROGRAM, self.folder], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+                                            env=_tf1.clean_env(), cwd=path[-1] if path else None)
+            info = self.request("hello", timeout=START_SECONDS)
+        except BaseException:
+            self.close()
+            raise
+        self.interpreter = {"path": python, "python": info["python"], "tensorflow": info["tensorflow"],
+                            "machine": info["machine"], "cpu_build": info["cpu_build"],
+                            "contrib_imported": info["contrib"]}
+        if not str(info["tensorflow"]).startswith("1."):
+            self.close()
+            raise ValueError(f"tf1_python: {python} holds TensorFlow {info['tensorflow']}; the old side needs "
+                             "TensorFlow 1.x (make one with: equivtool tf1-env DIR)")
+
+    def ran_under(self) -> str:
+        """``"TensorFlow 1.15.0, Python 3.7.16, x86_64: /path/bin/python"`` (as ``compare --old-python``)."""
+        i = self.interpreter
+        return f"TensorFlow {i['tensorflow']}, Python {i['python']}, {i['machine']}: {i['path']}"
+
+    def _stderr_tail(self) -> str:
+        self._stderr.flush()
+        self._stderr.seek(0)
+        return self._stderr.read()[-4000:]
+
+    def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        """Send one request and read its answer (within ``timeout`` seconds when given: the
+        first answer, whose wait is the interpreter's start); an error there is an
+        :class:`OldSideError`."""
+        with self.lock:  # one request at a time (with workers, the TF1 side runs on a thread)
+            return self._request(op, fields, timeout)
+
+    def _request(self, op: str, fields: dict, timeout: float | None) -> dict:
+        if self.process is None or self.process.poll() is not None:
+            raise OldSideError(f"the TF1 interpreter is not running: {self._last_line()}")
+        self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        self.process.stdin.flush()
+        if timeout is not None and not select.select([self.process.stdout], [], [], timeout)[0]:
+            raise OldSideError(f"the TF1 interpreter did not answer {op!r} within {timeout:g} s: {self._last_line()}")
+        line = self.process.stdout.readline()
+        if not line:  # its stdout closed: it ended, or soon will (or closed it itself: then it is stopped)
+            try:
+                self.process.wait(timeout=QUIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            raise OldSideError(f"the TF1 interpreter exited (status {self.process.returncode}) during "
+                               f"{op!r}: {self._last_line()}") from OldSideTraceback(self._stderr_tail())
+        answer = json.loads(line)
+        if not answer.pop("ok"):
+            error = answer["error"]
+            where = f" (at {error['frame']})" if error.get("frame") else ""
+            raise OldSideError(f"{error['type']} in the TF1 interpreter: {error['message']}{where}") \
+                from OldSideTraceback(error["traceback"])
+        return answer
+
+    def _last_line(self) -> str:
+        lines = [line for line in self._stderr_tail().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else "no output"
+
+    def send(self, name: str, arrays: list) -> str:
+        """``arrays`` as ``name.npz`` in the folder, for the program to read (and delete)."""
+        np.savez(os.path.join(self.folder, name + ".npz"),
+                 **{f"a{i}": np.asarray(value) for i, value in enumerate(arrays)})
+        return name + ".npz"
+
+    def receive(self, answer: dict) -> dict:
+        """``{name: array}`` of an answer's file (deleted once read)."""
+        path = os.path.join(self.folder, answer["file"])
+        with np.load(path, allow_pickle=False) as data:
+            values = [data[f"a{i}"] for i in range(len(data.files))]
+        os.unlink(path)
+        return dict(zip(answer["names"], values))
+
+    def close(self) -> None:
+        """Stop the program (asked, then killed) and remove the folder; safe to call twice."""
+        process, self.process = self.process, None
+        try:
+            if process is not None:
+                try:
+                    if process.poll() is None:
+                        process.stdin.write('{"op": "quit"}\n')
+                        process.stdin.flush()
+                        process.wait(timeout=QUIT_SECONDS)
+                except (OSError, ValueError, subprocess.TimeoutExpired):
+                    pass
+                finally:
+                    if process.poll() is None:
+                        process.kill()
+                        process.wait()
+                    for stream in (process.stdin, process.stdout):
+                        with contextlib.suppress(OSError, ValueError):
+                            stream.close()
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                self._stderr.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def program(e: "Engine") -> OldProgram:
+    """The engine's old-side program, started on first use; a failed start is reported
+    by the first step and skips the later ones with its reason."""
+    found = getattr(e, "old_program", None)
+    if isinstance(found, str):
+        raise SkipStep(f"not run: the TF1 interpreter did not start in an earlier step ({found})")
+    if found is None:
+        o = e.options
+        try:
+            found = OldProgram(o.tf1_python, o.tf1_path)
+        except Exception as exc:
+            e.old_program = f"{type(exc).__name__}: {exc}"[:300]
+            raise
+        if e.old_program is not None:  # the check ended while it started (Ctrl-C with workers=2)
+            found.close()
+            raise SkipStep(f"not run: {e.old_program}")
+        e.old_program = found
+        e.old_interpreter = found.interpreter
+        e.old_ran_under = found.ran_under()
+    return found
+
+
+# --------------------------------------------------------------------------
+# the side
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class VariableSpec:
+    """A variable of the old graph as the steps read one (``name``, ``shape``, ``dtype``,
+    ``trainable``), so that the steps that only read and assign variables run unchanged."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    trainable: bool
+
+
+@dataclasses.dataclass
+class OldForward:
+    """A forward pass built there: its index, output structure, random while loops and flags."""
+
+    index: int
+    outputs: Any                 # the structure (as _rebuild reads it)
+    gradients: list              # names of the variables with a gradient
+    sparse: list
+    loops: dict
+    leaf_flags: list             # per output leaf (flattened), then the regularization
+    loss_flag: bool
+    gradient_flags: dict
+
+
+class OldTF1Side(Side):
+    """The user's TF1 function in one graph and session of the old interpreter."""
+
+    KIND = "TF1 graph in the TF1 interpreter"
+    CAPABILITIES = frozenset({FORWARD, VARIABLES, GRADIENTS, TRAINING, CHECKPOINTS})
+    REFUSALS = {INTERMEDIATES: "op capture (localization): " + _NOT_YET}
+
+    _count = 0
+
+    @classmethod
+    def step_side(cls, step):
+        """This side's function for ``step`` (:data:`STEP_SIDES`); a step without one is
+        skipped with the reason, never run in-process on a name it cannot call."""
+        if step.name in STEP_SIDES:
+            return STEP_SIDES[step.name]
+
+        def refused(e, **params):
+            raise SkipStep(f"{step.name}: {_NOT_YET}")
+        return refused
+
+    def __init__(self, e: "Engine", mode: str, tool: str | None = None):
+        o = e.options
+        self.program = program(e)
+        self.renamer = o.renamer
+        OldTF1Side._count += 1
+        self.handle = f"side{OldTF1Side._count}"
+        leaves = [np.asarray(leaf) for leaf in flatten_tensors(o.inputs)]
+        self.program.request("open", handle=self.handle, fn=o.tf1_fn, path=list(o.tf1_path),
+                             inputs=self.program.send("inputs", leaves), structure=_describe(o.inputs),
+                             seed=o.seed, mode=mode, tool=tool, graph_rewrites=o.graph_rewrites, loss=o.tf1_loss)
+        self.closed = False
+        self.variables: list = []   # VariableSpec, in creation order
+        self.names: list = []
+        self.keys: list = []
+        self.specs: dict = {}
+        self.trainable_keys: set = set()
+
+    def forward(self, training: bool, with_gradients: bool = False) -> OldForward:
+        answer = self.program.request("forward", handle=self.handle, training=training, gradients=with_gradients)
+        variables = answer["variables"]
+        self.variables = [VariableSpec(v["name"], tuple(v["shape"]), v["dtype"], v["trainable"]) for v in variables]
+        self.names = [v["name"] for v in variables]
+        self.keys = [variable_key(name, self.renamer) for name in self.names]
+        self.specs = {v["name"]: v for v in variables}
+        self.trainable_keys = {key for key, v in zip(self.keys, variables) if v["trainable"]}
+        return OldForward(answer["pass"], answer["outputs"], answer["gradients"], answer["sparse"],
+                          answer["loops"], answer["leaf_flags"], answer["loss_flag"], answer["gradient_flags"])
+
+    def run(self, forward: OldForward, fetch=("outputs", "regularization"), update_ops: bool = False) -> dict:
+        """``{"outputs": structure, "regularization": value, "loss": value, "gradients": {key: dense}}``
+        (the parts asked for)."""
+        values = self.program.receive(self.program.request(
+            "run", handle=self.handle, fetch=list(fetch), update_ops=update_ops, **{"pass": forward.index}))
+        result = {}
+        if "outputs" in fetch:
+            leaves = [values[f"outputs/{i}"] for i in range(sum(1 for k in values if k.startswith("outputs/")))]
+            result["outputs"] = _rebuild(forward.outputs, leaves)
+        if "regularization" in fetch:
+            result["regularization"] = values["regularization"]
+        if "loss" in fetch:
+            result["loss"] = values.get("loss")
+        if "gradients" in fetch:
+            result["gradients"] = {variable_key(k[len("gradients/"):], self.renamer): v
+                                   for k, v in values.items() if k.startswith("gradients/")}
+        return result
+
+    def read_variables(self) -> dict:
+        values = self.program.receive(self.program.request("read", handle=self.handle))
+        return {variable_key(name, self.renamer): value for name, value in values.items()}
+
+    def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
+        pairs = [(name, values_by_key[key]) for name, key in zip(self.names, self.keys) if key in values_by_key]
+        self.program.request("assign", handle=self.handle, names=[name for name, _ in pairs],
+                             file=self.program.send("assign", [value for _, value in pairs]))
+
+    def build_training(self, make_optimizer: str, training: bool) -> dict:
+        """A training pass there (``make_optimizer``: ``"module:function"``):
+        ``{"train", "optimizer", "loops", "loss_flag"}``."""
+        return self.program.request("train_build", handle=self.handle, optimizer=make_optimizer,
+                                    training=training)
+
+    def train_step(self, training: dict) -> float:
+        """One optimizer step in a new session there; the loss before the step."""
+        return self.program.request("train_step", handle=self.handle, train=training["train"])["loss"]
+
+    def global_state(self) -> dict:
+        """``{op name: value}`` of every global variable there (slots and counters too)."""
+        return self.program.receive(self.program.request("global_state", handle=self.handle))
+
+    def load_global_state(self, values: Mapping[str, np.ndarray]) -> None:
+        names = list(values)
+        self.program.request("load_global_state", handle=self.handle, names=names,
+                             file=self.program.send("state", [values[name] for name in names]))
+
+    @contextlib.contextmanager
+    def perturbed(self, start: Mapping[str, np.ndarray], seed: int):
+        """As :meth:`equivtool.engine.sides.tf1_side.TF1Side.perturbed`: ``start`` one ULP
+        away (computed here), ``start`` loaded back on every exit path."""
+        try:
+            self.load_global_state(noise_floor.Perturbed(start, seed))
+            yield
+        finally:
+            self.load_global_state(start)
+
+    def save_checkpoint(self, prefix) -> str:
+        """The variables written there with ``tf.train.Saver``; the checkpoint's path."""
+        return self.program.request("save", handle=self.handle, path=os.path.abspath(os.fspath(prefix)))["path"]
+
+    def restore_checkpoint(self, path) -> None:
+        self.program.request("restore", handle=self.handle, path=os.path.abspath(os.fspath(path)))
+
+    def checkpoint_names(self) -> dict:
+        """Matching key -> the name a TF1 checkpoint stores the variable under."""
+        return {key: self.specs[name]["op"] for name, key in zip(self.names, self.keys)}
+
+    def copy_variables_from(self, other: "OldTF1Side") -> None:
+        self.program.request("copy", handle=self.handle, source=other.handle)
+
+    def close(self) -> None:
+        process = self.program.process
+        if self.closed or process is None or process.poll() is not None:
+            return
+        self.closed = True
+        if not self.program.lock.acquire(blocking=False):
+            return  # a request of the TF1 thread is under way: Ctrl-C or SIGTERM, the program is stopped next
+        self.program.lock.release()
+        self.program.request("close", handle=self.handle)
+
+
+class OldTF1Half(_Half):
+    """The pair's TF1 half in the old interpreter: one graph for the inference pass,
+    one for the training pass, their variables mirrored as in
+    :class:`equivtool.engine.pair.TF1Half`."""
+
+    def __init__(self, e: "Engine"):
+        started = time.perf_counter()
+        o = e.options
+        self.distributed, self.localize, self._starts = False, False, {}
+        self.side = OldTF1Side(e, "constant", tool=f"pair{id(self)}")
+        self.train_side = None
+        self.inference = self.side.forward(training=False)
+        self.train_side = OldTF1Side(e, "constant", tool=f"pair{id(self)}")
+        self.training = self.train_side.forward(training=True, with_gradients=o.want_gradients)
+        self._results: dict = {}
+        self.build_seconds = time.perf_counter() - started
+
+    def _fetch(self, key: str, forward: OldForward, side: OldTF1Side, fetch) -> dict:
+        if key not in self._results:
+            if side is not self.side:
+                side.copy_variables_from(self.side)
+            self._results[key] = side.run(forward, fetch, update_ops=True)
+            if side is not self.side:
+                self.side.copy_variables_from(side)
+        return self._results[key]
+
+    def inference_pass(self) -> dict:
+        return self._fetch("inference", self.inference, self.side, ("outputs", "regularization"))
+
+    def _training_pass(self) -> dict:
+        fetch = ("outputs", "regularization") + (("loss", "gradients") if self.training.gradients else ())
+        return self._fetch("training", self.training, self.train_side, fetch)
+
+    def inference_now(self) -> tuple:
+        found = self.side.run(self.inference)
+        return found["outputs"], found["regularization"]
+
+    def close(self) -> None:
+        for side in (self.side, self.train_side):
+            if side is not None:
+                side.close()
+
+
+# --------------------------------------------------------------------------
+# the TF1 functions of the steps (see equivtool.engine.steps for the in-process ones)
+# --------------------------------------------------------------------------
+
+def _leaf_flags(forward: OldForward, outputs) -> list:
+    """Per part of the outputs (as the judgement walks them, see steps.common.forward_capture)
+    and then the regularization: whether each leaf depends on a random while loop."""
+    if not forward.loops:
+        return []
+    flat = forward.leaf_flags
+    indexed = _rebuild(forward.outputs, list(range(len(flat) - 1)))
+    parts = [[flat[i] for i in flatten_tensors(part)] for _, part, _ in split_outputs(indexed, indexed)]
+    return parts + [[flat[-1]]]
+
+
+def _forward_capture(forward: OldForward, found: dict) -> dict:
+    return {"outputs": found["outputs"], "regularization": found["regularization"],
+            "loops": dict(forward.loops), "leaf_flags": _leaf_flags(forward, found["outputs"])}
+
+
+def _random_constant(e: "Engine", mode: str, training: bool) -> dict:
+    half = e.tf1_half
+    found = half.training_pass() if training else half.inference_pass()
+    capture = _forward_capture(half.training if training else half.inference, found)
+    if training:
+        capture["variables"] = half.side.read_variables()
+    return capture
+
+
+def _random_fresh(e: "Engine", mode: str, training: bool) -> dict:
+    side = OldTF1Side(e, mode)
+    try:
+        forward = side.forward(training=training)
+        capture = _forward_capture(forward, side.run(forward, update_ops=True))
+        if training:
+            capture["variables"] = side.read_variables()
+        return capture
+    finally:
+        side.close()
+
+
+def _gradients(e: "Engine") -> dict:
+    o, half = e.options, e.tf1_half
+    found = half.gradient_pass()
+    forward = half.training
+    side = half.side
+    gradients = found.get("gradients") or {}
+    flags = {}
+    if forward.loops:
+        flags = {"loss": forward.loss_flag}
+        flags.update({f"gradients/{variable_key(k, side.renamer)}": v for k, v in forward.gradient_flags.items()})
+    return {"loss": found["loss"], "gradients": {k: gradients[k] for k in side.keys if k in gradients},
+            "trainable": [k for k in side.keys if k in side.trainable_keys],
+            "loss_target": None if o.tf1_loss else "outputs" + _primary_path(found["outputs"]),
+            "sparse": [variable_key(k, side.renamer) for k in forward.sparse],
+            "loops": dict(forward.loops), "flags": flags}
+
+
+def _optimizer(e: "Engine") -> dict:
+    """As ``steps.training._optimizer_tf1``, there: ``train_steps`` steps of the TF1 optimizer
+    (``"module:function"``) from the pair's state after its calls, then the same
+    steps from one ULP away for the noise floor; the variables put back after."""
+    o, half = e.options, e.tf1_half
+    if o.optimizers is None:
+        raise SkipStep("no optimizers given: pass optimizers=(\"module:make_tf1_optimizer\", make_tf2_optimizer)")
+    side = half.side
+    half.gradient_pass()  # both sides have had the same calls (batch-norm statistics included)
+    losses, values, floor_run = [], [], None
+    with half.preserved():
+        training = side.build_training(o.optimizers[0], True)
+        start = side.global_state() if o.noise_floor else None
+        for _ in range(o.train_steps):
+            losses.append(side.train_step(training))
+            values.append(side.read_variables())
+        if start is not None:
+            with side.perturbed(start, o.seed):
+                floor_run = [(side.train_step(training), side.read_variables()) for _ in range(o.train_steps)]
+    forward = half.training
+    loops = {**training["loops"], **forward.loops}
+    flags = {}
+    if loops:  # a variable's update depends on the loops when its gradient (in the pair's pass) does
+        for step in range(o.train_steps):
+            flags[f"step_{step + 1}/loss"] = training["loss_flag"]
+            flags.update({f"step_{step + 1}/variables/{variable_key(k, side.renamer)}": flag
+                          for k, flag in forward.gradient_flags.items()})
+    return {"losses": losses, "variables": values, "optimizer": training["optimizer"], "floor_run": floor_run,
+            "sparse": [variable_key(k, side.renamer) for k in forward.sparse], "loops": loops, "flags": flags}
+
+
+def _primary_path(outputs) -> str:
+    from equivtool.engine.sides.tf1_side import primary_output_path
+    return primary_output_path(outputs)
+
+
+#: The TF1 function of each step that runs in the old interpreter, by the step's name
+#: (not by the module that runs it in-process, which may move): its own (None: the
+#: old side answers what it asks of the in-process TF1 side), or one here where the
+#: step reads TF1 graph objects.
+STEP_SIDES = {
+    "variables_once": None,
+    "parity": None,
+    "fixed_weights": None,
+    "checkpoint": None,
+    **{f"random/constant/{what}": _random_constant for what in ("inference", "training")},
+    **{f"random/num_random_ops/{what}": _random_fresh for what in ("inference", "training")},
+    "gradients": _gradients,
+    "optimizer": _optimizer,
+}

@@ -1,0 +1,22 @@
+# What tests/test_tf1_python_side.py runs in the TensorFlow 1.15 interpreter
+# besides the example's model (examples/contrib_tf1/contrib_tf1_model.py, on
+# the same sys.path): a model that raises, and random draws for the random
+# tool's TF1 half. Python 3.6 syntax, TensorFlow and NumPy only.
+import tensorflow as tf
+
+from contrib_tf1_model import FEATURES, UNITS, _layers
+
+
+def failing_model(inputs, training):
+    _, v1 = _layers()
+    with v1.variable_scope("small"):
+        raise ValueError("a planted error in the model")
+
+
+def draws(inputs, training):
+    """Random numbers the random tool seeds: initializers, draws and a dropout mask."""
+    _, v1 = _layers()
+    weights = v1.get_variable("w", [FEATURES, UNITS], initializer=v1.glorot_uniform_initializer())
+    normal = v1.get_variable("t", [UNITS], initializer=v1.truncated_normal_initializer(stddev=0.5))
+    return {"w": weights + 0.0, "t": normal + 0.0, "uniform": v1.random_uniform([5]),
+            "normal": v1.random_normal([2, 3]), "dropout": v1.nn.dropout(tf.ones([4, UNITS]), rate=0.5)}
