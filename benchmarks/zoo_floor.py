@@ -47,6 +47,7 @@ sys.path.insert(0, ROOT)
 
 MOMENTUM = 0.9
 LEARNING_RATE = 0.01
+AUX_WEIGHT = 0.4
 
 
 def machine_line() -> str:
@@ -135,14 +136,23 @@ HEADER = ("| model | TF2 side | step | verdict (guide's tolerances + floor) | la
 def write_tf1_checkpoint(net, steps: int, prefix: str) -> str:
     """Train ``net``'s TF1 function ``steps`` Momentum steps (mean square of the
     logits plus the regularization losses) and save every variable, slots and
-    global step included; returns the checkpoint path."""
+    global step included; returns the checkpoint path.
+
+    An auxiliary head (inception_v3's ``AuxLogits``) is in the loss with weight
+    0.4, as Inception is trained: without it, the head's batch-norm offsets and
+    biases get no gradient in TF1, so TF1's Momentum makes no slot for them,
+    and ``convert_checkpoint`` refuses a checkpoint that lacks a slot the TF2
+    optimizer has ("optimizer state does not convert (3 problems ...)")."""
     import tensorflow as tf
     v1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(0)
-        logits, _ = net.shim().tf1_fn(tf.constant(net.inputs()), True)
-        loss = tf.reduce_mean(tf.square(logits)) + tf.add_n(
+        logits, end_points = net.shim().tf1_fn(tf.constant(net.inputs()), True)
+        loss = tf.reduce_mean(tf.square(logits))
+        if "AuxLogits" in end_points:  # trained as Inception is; see the docstring
+            loss += AUX_WEIGHT * tf.reduce_mean(tf.square(end_points["AuxLogits"]))
+        loss += tf.add_n(
             v1.get_collection(v1.GraphKeys.REGULARIZATION_LOSSES) or [tf.constant(0.0)])
         with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
             train = v1.train.MomentumOptimizer(LEARNING_RATE, MOMENTUM).minimize(

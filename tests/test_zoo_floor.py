@@ -12,6 +12,7 @@ import tempfile
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from benchmarks import zoo_floor
 from equivtool.comparison import Tolerance, compare
@@ -107,3 +108,30 @@ def test_the_resume_checkpoint_folder_is_removed_when_the_run_fails(tmp_path, mo
     with pytest.raises(RuntimeError, match="planted"):
         zoo_floor.check_resume(TINY, tf_function=False, tf1_steps=1, train_steps=1)
     assert _left_behind(tmp_path) == []
+
+
+def aux_net(inputs, num_classes=10, is_training=True, scope="aux", aux_name="AuxLogits"):
+    """tiny_net with an auxiliary head that only its own loss term reaches (as inception_v3's)."""
+    logits, end_points = tiny_net(inputs, num_classes, is_training, scope=scope)
+    import tf_slim as slim
+    with tf.compat.v1.variable_scope(scope, reuse=tf.compat.v1.AUTO_REUSE):
+        end_points[aux_name] = slim.fully_connected(slim.flatten(inputs), num_classes, activation_fn=None,
+                                                    scope=aux_name)
+    return logits, end_points
+
+
+def test_an_auxiliary_head_gets_its_slots_in_the_tf1_checkpoint_and_resumes(tmp_path):
+    net = ZooNet("aux", aux_net, tiny_arg_scope, 8)
+    path = zoo_floor.write_tf1_checkpoint(net, 1, str(tmp_path / "model"))
+    stored = {name for name, _ in tf.train.list_variables(path)}
+    assert {"aux/AuxLogits/biases/Momentum", "aux/AuxLogits/weights/Momentum"} <= stored
+    report = zoo_floor.check_resume(net, tf_function=False, tf1_steps=1, train_steps=1)
+    assert report.step("resume").status == "passed", str(report)
+
+
+def test_an_auxiliary_head_not_in_the_loss_has_no_slot_and_does_not_resume(tmp_path):
+    net = ZooNet("aux", aux_net, tiny_arg_scope, 8, kwargs={"aux_name": "Side"})  # planted: not "AuxLogits"
+    path = zoo_floor.write_tf1_checkpoint(net, 1, str(tmp_path / "model"))
+    assert "aux/Side/biases/Momentum" not in {name for name, _ in tf.train.list_variables(path)}
+    step = zoo_floor.check_resume(net, tf_function=False, tf1_steps=1, train_steps=1).step("resume")
+    assert step.status == "error" and "optimizer state does not convert" in step.message
