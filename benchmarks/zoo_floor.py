@@ -121,6 +121,9 @@ def details(step, tolerance_atol: float = 1e-5) -> list:
     ratios = sorted(((d / f, name, d, f) for name, (d, f) in s["pairs"].items() if d is not None and f), reverse=True)
     zero = [name for name, (d, f) in s["pairs"].items() if f == 0]
     differs_at_zero = [name for name in zero if s["pairs"][name][0]]
+    widest = max(((f, name, d) for name, (d, f) in s["pairs"].items() if f is not None), default=None)
+    if widest is not None:
+        lines.append(f"#   largest floor: {_number(widest[0])} at {widest[1]} (difference {_number(widest[2])})")
     for ratio, name, d, f in ratios[:3]:
         lines.append(f"#   largest difference / floor: {ratio:.3g} at {name} (difference {_number(d)}, floor {_number(f)})")
     lines.append(f"#   leaves: {len(s['pairs'])}; floor 0 at {len(zero)} (of which {len(differs_at_zero)} differ "
