@@ -85,6 +85,8 @@ def summarize(step) -> dict:
     differences = [(leaf.max_abs, leaf.name) for leaf in step.leaves
                    if leaf.values_compared and not math.isnan(leaf.max_abs)]
     largest, leaf = max(differences) if differences else (math.nan, "")
+    if largest == 0:
+        leaf = ""  # every leaf is bit-identical: no one leaf to name
     rounding = list(floor.get("consistent_with_rounding", ()))
     ratios = [pairs[name][0] / pairs[name][1] for name in rounding
               if name in pairs and pairs[name][0] is not None and pairs[name][1]]
@@ -97,11 +99,11 @@ def summarize(step) -> dict:
 
 def row(name: str, tf_function: bool, step, seconds: float) -> str:
     s = summarize(step)
-    leaf = f" (`{s['leaf']}`)" if s["leaf"] else ""
+    leaf = f" (`{s['leaf']}`)" if s["leaf"] else " (every leaf)" if s["largest"] == 0 else ""
     ratio = "-" if s["ratio"] is None else f"{s['ratio']:.3g}"
     cells = [name, "tf.function" if tf_function else "eager", step.name,
              s["status"] if s["measured"] else f"{s['status']} (no floor measured)",
-             f"{_number(s['largest'])}{leaf}", _number(s["floor_there"]), _number(s["largest_floor"]),
+             f"{_number(s['largest'])}{leaf}", _number(s["floor_there"]) if s["leaf"] else "-", _number(s["largest_floor"]),
              str(len(s["rounding"])), ratio, str(len(s["failed"])), f"{seconds:.0f}"]
     return "| " + " | ".join(cells) + " |"
 

@@ -71,12 +71,17 @@ def test_a_floor_of_zero_accepts_nothing_and_is_listed():
     assert any("floor 0 at 2 (of which 1 differ from TF2: step_1/a)" in line for line in zoo_floor.details(step))
 
 
+def test_a_step_where_every_leaf_is_bit_identical_names_no_leaf():
+    step = _step(BASE, BASE, {"a": BASE["a"] + np.float32([1e-6, 0.0]), "b": BASE["b"]})
+    assert _cells(zoo_floor.row("net", False, step, 1.0))[4:8] == ["0 (every leaf)", "-", "9.5e-07", "0"]  # 8 ULPs of 1.0
+
+
 def test_a_step_without_a_floor_says_so_and_shows_no_floor_numbers():
     comparison = compare(BASE, BASE, GUIDE, name="step_1")
     step = StepResult.from_comparisons("optimizer", "Optimizer steps", [comparison])
     cells = _cells(zoo_floor.row("net", False, step, 1.0))
     assert cells[3].endswith("(no floor measured)")
-    assert cells[5:8] == ["n/a", "n/a", "0"]
+    assert cells[4:8] == ["0 (every leaf)", "-", "n/a", "0"]
     assert any("no noise floor data" in line for line in zoo_floor.details(step))
 
 
