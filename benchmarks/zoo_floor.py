@@ -103,7 +103,8 @@ def row(name: str, tf_function: bool, step, seconds: float) -> str:
     ratio = "-" if s["ratio"] is None else f"{s['ratio']:.3g}"
     cells = [name, "tf.function" if tf_function else "eager", step.name,
              s["status"] if s["measured"] else f"{s['status']} (no floor measured)",
-             f"{_number(s['largest'])}{leaf}", _number(s["floor_there"]) if s["leaf"] else "-", _number(s["largest_floor"]),
+             f"{_number(s['largest'])}{leaf}", _number(s["floor_there"]) if s["leaf"] else "-",
+             _number(s["largest_floor"]),
              str(len(s["rounding"])), ratio, str(len(s["failed"])), f"{seconds:.0f}"]
     return "| " + " | ".join(cells) + " |"
 
@@ -120,14 +121,16 @@ def details(step, tolerance_atol: float = 1e-5) -> list:
     if not s["pairs"]:
         lines.append(f"#   no noise floor data; message: {step.message!r}")
         return lines
-    ratios = sorted(((d / f, name, d, f) for name, (d, f) in s["pairs"].items() if d is not None and f), reverse=True)
+    ratios = sorted(((d / f, name, d, f) for name, (d, f) in s["pairs"].items() if d is not None and f),
+                    reverse=True)
     zero = [name for name, (d, f) in s["pairs"].items() if f == 0]
     differs_at_zero = [name for name in zero if s["pairs"][name][0]]
     widest = max(((f, name, d) for name, (d, f) in s["pairs"].items() if f is not None), default=None)
     if widest is not None:
         lines.append(f"#   largest floor: {_number(widest[0])} at {widest[1]} (difference {_number(widest[2])})")
     for ratio, name, d, f in ratios[:3]:
-        lines.append(f"#   largest difference / floor: {ratio:.3g} at {name} (difference {_number(d)}, floor {_number(f)})")
+        lines.append(f"#   largest difference / floor: {ratio:.3g} at {name} (difference {_number(d)}, "
+                     f"floor {_number(f)})")
     lines.append(f"#   leaves: {len(s['pairs'])}; floor 0 at {len(zero)} (of which {len(differs_at_zero)} differ "
                  f"from TF2: {', '.join(differs_at_zero[:5])})")
     return lines

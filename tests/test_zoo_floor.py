@@ -73,7 +73,8 @@ def test_a_floor_of_zero_accepts_nothing_and_is_listed():
 
 def test_a_step_where_every_leaf_is_bit_identical_names_no_leaf():
     step = _step(BASE, BASE, {"a": BASE["a"] + np.float32([1e-6, 0.0]), "b": BASE["b"]})
-    assert _cells(zoo_floor.row("net", False, step, 1.0))[4:8] == ["0 (every leaf)", "-", "9.5e-07", "0"]  # 8 ULPs of 1.0
+    # the floor: 1e-6 rounded to 8 ULPs of 1.0
+    assert _cells(zoo_floor.row("net", False, step, 1.0))[4:8] == ["0 (every leaf)", "-", "9.5e-07", "0"]
 
 
 def test_a_step_without_a_floor_says_so_and_shows_no_floor_numbers():
@@ -140,3 +141,16 @@ def test_an_auxiliary_head_not_in_the_loss_has_no_slot_and_does_not_resume(tmp_p
     assert "aux/Side/biases/Momentum" not in {name for name, _ in tf.train.list_variables(path)}
     step = zoo_floor.check_resume(net, tf_function=False, tf1_steps=1, train_steps=1).step("resume")
     assert step.status == "error" and "optimizer state does not convert" in step.message
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nonet"], "NET: unknown ['nonet']"),
+    (["inception_v2", "--step", "resume", "--train-steps", "0"], "--train-steps: expected ints >= 1"),
+    (["inception_v2", "--step", "resume", "--tf1-steps", "0"], "--tf1-steps, --train-steps: expected ints >= 1"),
+])
+def test_bad_arguments_are_refused_before_any_net_runs(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr("examples.slim_zoo.zoo.run", lambda *a, **k: pytest.fail("a net ran"))
+    monkeypatch.setattr(zoo_floor, "check_resume", lambda *a, **k: pytest.fail("a net ran"))
+    with pytest.raises(SystemExit) as exit_:
+        zoo_floor.main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
