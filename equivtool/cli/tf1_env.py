@@ -14,7 +14,9 @@ def run(args) -> int:
     except _tf1.Tf1PythonError as exc:
         raise UsageError(str(exc)) from None
     print(f"{'created' if created else 'reused'} {found}")
-    print(f"old side: equivtool compare --old-python {shlex.quote(found.path)} OLD NEW")
+    python = shlex.quote(found.path)
+    print(f"old side: equivtool check MODULE:TF1_FN MODULE:TF2_FACTORY ... --tf1-python {python}")
+    print(f"          equivtool compare --old-python {python} OLD NEW")
     return EXIT_OK
 
 

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from equivtool._base import scratch
+from equivtool._base.errors import short
 from equivtool.comparison.tolerance import tolerance_spec
 from equivtool.comparison import compare, unmatched_keys
 from equivtool.engine import signals as _signals
@@ -116,7 +117,7 @@ def _load_inputs_file(path: str) -> list:
         with np.load(path, allow_pickle=False) as data:
             return [{k: data[k] for k in data.files}]
     except Exception as exc:  # noqa: BLE001 - not an npz, object arrays ...
-        raise ModelLoadError(f"--inputs: cannot read {path!r} as .npz (no pickle): {' '.join(str(exc).split())}") \
+        raise ModelLoadError(f"--inputs: cannot read {path!r} as .npz (no pickle): {short(exc, None)}") \
             from None
 
 

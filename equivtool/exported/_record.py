@@ -15,6 +15,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from equivtool._base.errors import short
 from equivtool.exported import _recorder
 from equivtool.exported._sides import GraphView, ModelLoadError, Side, TensorInfo, check_registered_ops
 
@@ -37,7 +38,7 @@ def read_header(path: str) -> tuple[dict, np.lib.npyio.NpzFile]:
     try:
         data = np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - not a zip, truncated ...
-        raise ModelLoadError(f"{path}: not a readable .npz golden record: {' '.join(str(exc).split())}") from None
+        raise ModelLoadError(f"{path}: not a readable .npz golden record: {short(exc, None)}") from None
     try:
         if "__record__" not in data.files:
             raise ModelLoadError(f"{path}: an .npz without '__record__': not an equivtool golden record "
@@ -48,7 +49,7 @@ def read_header(path: str) -> tuple[dict, np.lib.npyio.NpzFile]:
             raise ModelLoadError(f"{path}: the record's header is not JSON: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - a corrupt zip member (BadZipFile, zlib.error, EOFError ...)
             raise ModelLoadError(f"{path}: the record's header cannot be read (a corrupt or truncated .npz): "
-                                 f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+                                 f"{type(exc).__name__}: {short(exc, None)}") from None
         if not isinstance(meta, dict):
             raise ModelLoadError(f"{path}: the record's header is JSON {type(meta).__name__}, expected an object")
         if meta.get("format") != _recorder.FORMAT:
@@ -136,7 +137,7 @@ class RecordSide(Side):
         except Exception as exc:  # noqa: BLE001 - a corrupt member: BadZipFile, zlib.error, EOFError, ValueError
             data.close()
             raise ModelLoadError(f"{self.path}: a corrupt golden record (a member cannot be read): "
-                                 f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+                                 f"{type(exc).__name__}: {short(exc, None)}") from None
         self.nodes = tuple(meta.get("nodes") or ())
         self.header = meta
         model = dict(meta.get("model") or {})

@@ -15,10 +15,13 @@ from equivtool._base.lazy import lazy_exports
 
 __all__ = ["DeterministicRandomTestTool", "RandomOpRecord", "TraceDivergence", "compare_random_traces", "MODES"]
 
-__getattr__, __dir__ = lazy_exports(__name__, {
+# name -> the module defining it (read by the API page's writer too, tools/docs_api.py)
+_EXPORTS = {
     "DeterministicRandomTestTool": "tool",
     "RandomOpRecord": "_trace",
     "TraceDivergence": "_trace",
     "compare_random_traces": "_trace",
     "MODES": "modes",
-})
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
