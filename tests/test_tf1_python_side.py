@@ -469,3 +469,26 @@ def test_every_registered_step_runs_there_or_is_skipped_with_the_reason():
     # the random steps' TF1 functions here match the in-process runners they stand for
     assert {step.runner() for step in REGISTRY if step.name.startswith("random/constant/")} == {random_constant}
     assert {step.runner() for step in REGISTRY if step.name.startswith("random/num_random_ops/")} == {random_fresh}
+
+
+
+def test_an_interpreter_that_ended_before_a_request_is_named_as_ended_whenever_it_is_seen(tmp_path):
+    """Whether its end is seen before the request is written or after, the message is the same."""
+    import stat
+    import subprocess as _subprocess
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'ImportError: no tensorflow here' >&2\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    program = old_python.OldProgram.__new__(old_python.OldProgram)  # the process alone, no program folder
+    with open(tmp_path / "stderr.txt", "w+") as stderr:
+        program._stderr = stderr
+        program.process = _subprocess.Popen([str(fake)], stdin=_subprocess.PIPE, stdout=_subprocess.PIPE,
+                                            stderr=stderr, text=True)
+        program.process.wait()  # the planted order: it ended before the request
+        try:
+            with pytest.raises(old_python.OldSideError,
+                               match=r"exited \(status 3\) during 'hello': ImportError: no tensorflow here"):
+                program._request("hello", {}, None)
+        finally:
+            program.process.stdin.close()
+            program.process.stdout.close()

@@ -145,10 +145,17 @@ class OldProgram:
             return self._request(op, fields, timeout)
 
     def _request(self, op: str, fields: dict, timeout: float | None) -> dict:
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             raise OldSideError(f"the TF1 interpreter is not running: {self._last_line()}")
-        self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
-        self.process.stdin.flush()
+        try:  # one that already ended (at start: an import failed) says so as one that ends now does
+            if self.process.poll() is not None:
+                raise BrokenPipeError
+            self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            self.process.wait()
+            raise OldSideError(f"the TF1 interpreter exited (status {self.process.returncode}) during "
+                               f"{op!r}: {self._last_line()}") from OldSideTraceback(self._stderr_tail())
         if timeout is not None and not select.select([self.process.stdout], [], [], timeout)[0]:
             raise OldSideError(f"the TF1 interpreter did not answer {op!r} within {timeout:g} s: {self._last_line()}")
         line = self.process.stdout.readline()
