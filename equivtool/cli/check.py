@@ -6,9 +6,8 @@ from __future__ import annotations
 import shlex
 import time
 
-from equivtool.cli.common import (MAX_INPUT_ELEMENTS, MAX_SEED, EXIT_DIFFERENT, EXIT_OK, UsageError, check_no_arguments,
-                                  check_output_path, check_seed, importable_cwd, load_target, parse_shape,
-                                  split_names)
+from equivtool.cli.common import (MAX_SEED, EXIT_DIFFERENT, EXIT_OK, UsageError, check_no_arguments,
+                                  check_output_path, check_seed, importable_cwd, inputs_of, load_target, split_names)
 
 
 def run(args) -> int:
@@ -22,20 +21,7 @@ def run(args) -> int:
     check_output_path(args.json, "--json")
     check_output_path(args.html, "--html")
     outputs = [p for text in args.outputs for p in text.split(",") if p] if args.outputs else None
-    if args.input_shape and not (args.inputs or args.input):
-        shape = parse_shape(args.input_shape)
-        import numpy as np
-        try:
-            inputs = np.random.RandomState(seed).standard_normal(shape).astype(np.float32)
-        except (MemoryError, ValueError) as exc:
-            raise UsageError(f"--input-shape: cannot allocate an input of shape {shape}: "
-                             f"{type(exc).__name__}: {exc}") from None
-    else:
-        from equivtool._base.inputs import InputError, inputs_from_options
-        try:
-            inputs, shape = inputs_from_options(args.input_shape, args.inputs, args.input, seed, MAX_INPUT_ELEMENTS)
-        except InputError as exc:
-            raise UsageError(str(exc)) from None
+    inputs, shape = inputs_of(args, seed)
     tolerance = None
     if args.atol or args.rtol:
         from equivtool.comparison.tolerance import tolerance_spec

@@ -191,3 +191,22 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         print(f"{self.prog}: error: {short(message, None)} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+
+def inputs_of(args, seed: int) -> tuple:
+    """``(inputs, description)`` from the inputs options ``check`` and ``convert-checkpoint``
+    share: ``--input-shape`` alone is one float32 array, standard normal from ``seed``;
+    otherwise exactly one of the three options (:mod:`equivtool._base.inputs`)."""
+    if args.input_shape and not (args.inputs or args.input):
+        shape = parse_shape(args.input_shape)
+        import numpy as np
+        try:
+            return np.random.RandomState(seed).standard_normal(shape).astype(np.float32), shape
+        except (MemoryError, ValueError) as exc:
+            raise UsageError(f"--input-shape: cannot allocate an input of shape {shape}: "
+                             f"{type(exc).__name__}: {exc}") from None
+    from equivtool._base.inputs import InputError, inputs_from_options
+    try:
+        return inputs_from_options(args.input_shape, args.inputs, args.input, seed, MAX_INPUT_ELEMENTS)
+    except InputError as exc:
+        raise UsageError(str(exc)) from None

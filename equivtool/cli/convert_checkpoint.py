@@ -7,8 +7,8 @@ stderr naming the variable, slot or argument; nothing written).
 
 from __future__ import annotations
 
-from equivtool.cli.common import (EXIT_OK, MAX_INPUT_ELEMENTS, UsageError, importable_cwd, load_object,
-                                  load_target, parse_shape)
+from equivtool.cli.common import (EXIT_OK, UsageError, importable_cwd, inputs_of, load_object, load_target,
+                                  parse_shape)
 
 
 def _inputs(args):
@@ -18,17 +18,10 @@ def _inputs(args):
     if args.input_dtype != "float32":
         if not args.input_shape or args.inputs or args.input:
             raise UsageError("--input-dtype: applies to --input-shape only; give an integer input as "
-                                 "--input NAME:SHAPE:int32:LO,HI or in --inputs FILE.npz")
+                             "--input NAME:SHAPE:int32:LO,HI or in --inputs FILE.npz")
         import numpy as np
         return np.zeros(parse_shape(args.input_shape), args.input_dtype)  # id 0 is in every vocabulary
-    if args.input_shape and not (args.inputs or args.input):  # as `check` makes it
-        import numpy as np
-        return np.random.RandomState(0).standard_normal(parse_shape(args.input_shape)).astype(np.float32)
-    from equivtool._base.inputs import InputError, inputs_from_options
-    try:
-        return inputs_from_options(args.input_shape, args.inputs, args.input, 0, MAX_INPUT_ELEMENTS)[0]
-    except InputError as exc:
-        raise UsageError(str(exc)) from None
+    return inputs_of(args, 0)[0]  # as `check` makes them, seed 0
 
 
 def run(args) -> int:
