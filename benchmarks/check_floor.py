@@ -1,0 +1,237 @@
+"""A check's time against its floor: the bare passes its default steps need (issue 38).
+
+Why: a check's cost should be predictable from the model's own cost. This
+script times, in one run on one machine, for each model asked for:
+
+- **the check**: ``check_equivalence(tf1_fn, make_layer, inputs, workers=2)``
+  with the default steps (what ``equivtool demo`` runs), in a process of its
+  own, imports excluded;
+- **the pass floor** (issue 38's definition): the TF1 side built once, one
+  graph holding an inference pass and a training pass (the second call
+  reuses the first's variables) plus ``tf.gradients`` of the default loss,
+  variables initialised, both passes and the gradients run once; and the TF2
+  side: one layer, an inference call and a training call under a tape with
+  its gradients. The sides run in two processes at the same time, as
+  ``workers=2`` runs them; the floor is the longer of the two;
+- **the plan floor**: the builds the default steps cannot share without
+  changing numbers, run bare. The random tool numbers random ops in program
+  order, so a ``num_random_ops`` training pass built after an inference pass
+  in the same graph draws other dropout masks (RESULTS.md, "One graph per
+  mode?"): that mode needs a graph per pass, and so does the constant-mode
+  pair, whose passes the engine builds apart too. The plan is four TF1 jobs
+  (constant mode: inference graph; training graph with gradients;
+  ``num_random_ops``: inference graph; training graph) and three TF2 jobs
+  (the constant-mode layer's inference and training calls with gradients, a
+  layer per ``num_random_ops`` pass), each timed alone; the plan floor on
+  two processes is the larger of the longest job and half their sum.
+
+Printed: a machine line, then one markdown row per model with both floors
+and the check's ratio to each. Usage (one model per run keeps memory down;
+``irv2:SIZE`` or a zoo net's name)::
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/check_floor.py irv2:299 [--header]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/check_floor.py alexnet_v2 inception_v3 resnet_v1_50
+
+Not a test: the load of the machine sets the times; the ratios are measured
+side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# One child's work: "check", "tf1" (the one-graph floor), "tf2", or "plan" (the
+# plan's jobs, one after another, each timed). It prints one JSON line.
+_CHILD = r"""
+import json, os, sys, time
+sys.path[:0] = [{root!r}, {here!r}]
+import equivtool
+import numpy as np
+import tensorflow as tf
+import check_floor
+kind, model = sys.argv[1], sys.argv[2]
+tf1_fn, make_layer, inputs = check_floor.model(model)
+started = time.perf_counter()
+if kind == "check":
+    report = equivtool.check_equivalence(tf1_fn, make_layer, inputs, workers=2)
+    result = {{"seconds": time.perf_counter() - started, "verdict": str(report.verdict)}}
+elif kind == "tf1":
+    result = {{"seconds": check_floor.tf1_one_graph(tf1_fn, inputs)}}
+elif kind == "tf2":
+    result = {{"seconds": check_floor.tf2_layer_jobs(make_layer, inputs, layers=1)[0]}}
+else:
+    result = {{"tf1": check_floor.tf1_plan(tf1_fn, inputs),
+              "tf2": check_floor.tf2_layer_jobs(make_layer, inputs, layers=3)}}
+print("RESULT " + json.dumps(result))
+"""
+
+
+def model(spec: str):
+    """``(tf1_fn, make_layer, inputs)`` of ``irv2:SIZE`` or a zoo net."""
+    import numpy as np
+
+    if spec.startswith("irv2"):
+        import functools
+
+        from examples.inception_resnet_v2 import parity
+        from examples.inception_resnet_v2.keras_shim import make_shim, tf1_forward
+
+        size = int(spec.partition(":")[2] or 299)
+        images = np.random.RandomState(0).uniform(-1, 1, (1, size, size, 3)).astype(np.float32)
+        kwargs = parity.model_kwargs()
+        return (functools.partial(tf1_forward, num_classes=1000, **kwargs),
+                functools.partial(make_shim, 1000, **kwargs), images)
+    from examples.slim_zoo import zoo
+
+    net = zoo.ZOO[spec]
+    return net.shim().tf1_fn, net.shim, net.inputs(1)
+
+
+def _primary(outputs):
+    from equivtool.engine.sides.tf1_side import primary_output
+
+    return primary_output(outputs)
+
+
+def _tf1_loss(tf, out):
+    v1 = tf.compat.v1
+    reg = v1.losses.get_regularization_losses()
+    loss = tf.reduce_mean(tf.square(_primary(out)))
+    return loss + (tf.add_n(reg) if reg else 0.0)
+
+
+def tf1_one_graph(tf1_fn, inputs) -> float:
+    """The pass floor's TF1 side: one graph, both passes, gradients; seconds."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    started = time.perf_counter()
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.as_dtype(inputs.dtype), inputs.shape)
+        inference = tf1_fn(x, training=False)
+        with v1.variable_scope(v1.get_variable_scope(), reuse=True):
+            training = tf1_fn(x, training=True)
+        grads = [g for g in v1.gradients(_tf1_loss(tf, training), v1.trainable_variables()) if g is not None]
+        init = v1.global_variables_initializer()
+    with v1.Session(graph=graph) as session:
+        session.run(init)
+        session.run(tf.nest.flatten(inference), {x: inputs})
+        session.run([tf.nest.flatten(training), grads], {x: inputs})
+    return time.perf_counter() - started
+
+
+def _tf1_job(tf1_fn, inputs, training: bool, gradients: bool) -> float:
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    started = time.perf_counter()
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.as_dtype(inputs.dtype), inputs.shape)
+        out = tf1_fn(x, training=training)
+        fetches = [tf.nest.flatten(out)]
+        if gradients:
+            fetches.append([g for g in v1.gradients(_tf1_loss(tf, out), v1.trainable_variables())
+                            if g is not None])
+        init = v1.global_variables_initializer()
+    with v1.Session(graph=graph) as session:
+        session.run(init)
+        session.run(fetches, {x: inputs})
+    return time.perf_counter() - started
+
+
+def tf1_plan(tf1_fn, inputs) -> list:
+    """The plan's four TF1 jobs, each timed alone (seconds)."""
+    return [_tf1_job(tf1_fn, inputs, False, False), _tf1_job(tf1_fn, inputs, True, True),
+            _tf1_job(tf1_fn, inputs, False, False), _tf1_job(tf1_fn, inputs, True, False)]
+
+
+def tf2_layer_jobs(make_layer, inputs, layers: int) -> list:
+    """TF2 jobs: the first layer's inference call, training call under a tape and its
+    gradients; then ``layers - 1`` fresh layers with one call each (inference, training)."""
+    import tensorflow as tf
+
+    times = []
+    started = time.perf_counter()
+    layer = make_layer()
+    x = tf.constant(inputs)
+    layer(x, training=False)
+    with tf.GradientTape() as tape:
+        out = layer(x, training=True)
+        loss = tf.reduce_mean(tf.square(_primary(out))) + tf.add_n(layer.losses or [tf.constant(0.0)])
+    tape.gradient(loss, layer.trainable_variables)
+    times.append(time.perf_counter() - started)
+    for training in (False, True)[:layers - 1]:
+        started = time.perf_counter()
+        make_layer()(x, training=training)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _start(kind: str, spec: str) -> subprocess.Popen:
+    code = _CHILD.format(root=ROOT, here=HERE)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen([sys.executable, "-c", code, kind, spec], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _result(proc: subprocess.Popen, what: str) -> dict:
+    out, err = proc.communicate()
+    if proc.returncode != 0 or "RESULT " not in out:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{err[-3000:]}")
+    return json.loads(out.rsplit("RESULT ", 1)[1])
+
+
+def measure(spec: str) -> dict:
+    """The check, the pass floor (both sides at once) and the plan's jobs, one after another."""
+    load = os.getloadavg()[0]
+    check = _result(_start("check", spec), f"the check of {spec}")
+    tf1, tf2 = _start("tf1", spec), _start("tf2", spec)
+    floor = max(_result(tf1, f"the TF1 floor of {spec}")["seconds"], _result(tf2, f"the TF2 floor of {spec}")["seconds"])
+    plan = _result(_start("plan", spec), f"the plan's jobs of {spec}")
+    jobs = plan["tf1"] + plan["tf2"]
+    plan_floor = max(max(jobs), sum(jobs) / 2)
+    return {"model": spec, "check": check["seconds"], "verdict": check["verdict"], "floor": floor,
+            "plan_floor": plan_floor, "tf1_jobs": plan["tf1"], "tf2_jobs": plan["tf2"],
+            "load": (load, os.getloadavg()[0])}
+
+
+HEADER = ("| model | check s | pass floor s | check / pass floor | plan floor s | check / plan floor | "
+          "TF1 jobs s | TF2 jobs s | load 1 min before/after | verdict |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def row(r: dict) -> str:
+    jobs = lambda xs: " + ".join(f"{x:.1f}" for x in xs)  # noqa: E731
+    return (f"| {r['model']} | {r['check']:.1f} | {r['floor']:.1f} | {r['check'] / r['floor']:.2f}x | "
+            f"{r['plan_floor']:.1f} | {r['check'] / r['plan_floor']:.2f}x | {jobs(r['tf1_jobs'])} | "
+            f"{jobs(r['tf2_jobs'])} | {r['load'][0]:.2f}/{r['load'][1]:.2f} | {r['verdict']} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="+", help="irv2:SIZE or a zoo net's name (examples/slim_zoo/zoo.py)")
+    parser.add_argument("--header", action="store_true", help="print the machine line and the table's header first")
+    args = parser.parse_args(argv)
+    if args.header:
+        sys.path.insert(0, HERE)
+        from zoo_floor import machine_line
+
+        print(machine_line())
+        print(HEADER)
+    for spec in args.models:
+        print(row(measure(spec)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

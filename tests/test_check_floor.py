@@ -1,0 +1,60 @@
+"""benchmarks/check_floor.py: a check's time against its floor (issue 38).
+
+The benchmark is not a test (it times whole checks of large models); these
+tests check what would make its figures wrong: the floor's TF1 graph holds
+each variable once (the training pass reuses the inference pass's), the TF2
+jobs are one per layer the plan builds, a row's ratios are the check over
+each floor, and a child that fails stops the benchmark with its error
+instead of leaving a row out.
+"""
+
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+import equivtool
+from benchmarks import check_floor
+from tests.test_zoo import X, tiny_arg_scope, tiny_net
+
+
+def _shim():
+    return equivtool.slim_shim(tiny_net, tiny_arg_scope())
+
+
+def test_the_floor_graph_builds_each_variable_once(monkeypatch):
+    graphs = []
+    real = tf.Graph
+
+    def recording():
+        graphs.append(real())
+        return graphs[-1]
+    monkeypatch.setattr(tf, "Graph", recording)
+    seconds = check_floor.tf1_one_graph(_shim().tf1_fn, X)
+    assert seconds > 0 and len(graphs) == 1
+    with graphs[0].as_default():
+        names = [v.op.name for v in tf.compat.v1.global_variables()]
+    assert len(names) == len(set(names)) == 4, names  # conv1 and logits, weights and biases: once
+
+
+def test_the_plan_times_four_tf1_jobs_and_three_tf2_layers():
+    tf1 = check_floor.tf1_plan(_shim().tf1_fn, X)
+    tf2 = check_floor.tf2_layer_jobs(_shim, X, layers=3)
+    assert len(tf1) == 4 and len(tf2) == 3 and all(t > 0 for t in tf1 + tf2)
+
+
+def test_a_row_states_the_check_over_each_floor():
+    row = check_floor.row({"model": "net", "check": 30.0, "floor": 10.0, "plan_floor": 20.0,
+                           "tf1_jobs": [1.0, 2.0, 3.0, 4.0], "tf2_jobs": [1.0, 1.0, 1.0],
+                           "load": (1.0, 1.5), "verdict": "Verdict: EQUIVALENT (8 passed)"})
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:6] == ["net", "30.0", "10.0", "3.00x", "20.0", "1.50x"]
+    assert cells[6] == "1.0 + 2.0 + 3.0 + 4.0" and cells[-1] == "Verdict: EQUIVALENT (8 passed)"
+
+
+def test_a_failing_child_stops_the_benchmark_with_its_error():
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('no such model')"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(RuntimeError, match="the check of x failed .exit 1.:\nno such model"):
+        check_floor._result(proc, "the check of x")
