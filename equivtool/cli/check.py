@@ -7,7 +7,8 @@ import shlex
 import time
 
 from equivtool.cli.common import (MAX_SEED, EXIT_DIFFERENT, EXIT_OK, UsageError, check_no_arguments,
-                                  check_output_path, check_seed, importable_cwd, inputs_of, load_target, split_names)
+                                  check_output_path, check_seed, importable_cwd, inputs_of, load_object, load_target,
+                                  split_names)
 
 
 def run(args) -> int:
@@ -22,6 +23,12 @@ def run(args) -> int:
     check_output_path(args.html, "--html")
     outputs = [p for text in args.outputs for p in text.split(",") if p] if args.outputs else None
     inputs, shape = inputs_of(args, seed)
+    if args.map and args.rename:
+        raise UsageError("--map and --rename: give one (--map proposes the mapping by role; --rename names rules "
+                         "or a VariableMapping of your own)")
+    if (args.map or args.rename) and args.tf1_python:
+        raise UsageError(f"{'--map' if args.map else '--rename'}: not with --tf1-python (a mapping is made and "
+                         "applied in this interpreter's TF1 build); run the check in process to map variables")
     tolerance = None
     if args.atol or args.rtol:
         from equivtool.comparison.tolerance import tolerance_spec
@@ -37,8 +44,11 @@ def run(args) -> int:
         tf2_factory = load_target(args.tf2_factory, "TF2_FACTORY")
         check_no_arguments(tf2_factory, args.tf2_factory, "TF2_FACTORY",
                             "def make_layer(): return MyLayer(units=...)")
+        rename = load_object(args.rename, "--rename") if args.rename else None
         start = time.perf_counter()
         print(f"equivtool check {args.tf1_fn} vs {args.tf2_factory}, input {shape}", flush=True)
+        if args.map:
+            rename = _proposed_mapping(tf1_fn, tf2_factory, inputs)
         try:
             report = check_equivalence(
                 tf1_fn, tf2_factory, inputs, tolerance=tolerance, steps=steps, modes=modes,
@@ -46,7 +56,7 @@ def run(args) -> int:
                 graph_rewrites=args.graph_rewrites, seed=seed, progress=print_progress(start),
                 localize="all" if args.localize_all else args.localize,
                 workers=args.workers, outputs=outputs, strict_tolerances=args.strict_tolerances,
-                strict_intermediates=args.strict_intermediates,
+                strict_intermediates=args.strict_intermediates, rename=rename,
                 meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory},
                 **({"tf1_python": args.tf1_python, "tf1_path": args.tf1_path or ()} if args.tf1_python else {}))
         except (TypeError, ValueError) as exc:
@@ -58,6 +68,25 @@ def run(args) -> int:
         print(f"\nTo find the first op whose output differs, re-run localized:\n  {rerun}")
     write_reports(report, args.json, args.html)
     return EXIT_OK if report.passed else EXIT_DIFFERENT
+
+
+def _proposed_mapping(tf1_fn, tf2_factory, inputs):
+    """``--map``: :func:`equivtool.map_variables`' mapping, said in one line; an
+    incomplete one is refused with the ``resolve()`` call that completes it."""
+    from equivtool import map_variables
+
+    try:
+        mapping = map_variables(tf1_fn, tf2_factory, inputs)
+        mapping.require_complete("--map")
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc).replace("pass the completed mapping as --map=",
+                                          "pass the completed mapping with --rename MODULE:OBJ")) from None
+    renamed = sum(tf1 != tf2 for tf1, tf2 in mapping.pairs.items())
+    extra = [f"{len(mapping.transforms)} with a declared transform"] if mapping.transforms else []
+    extra += [f"{len(mapping.by_order)} paired by creation order"] if mapping.by_order else []
+    print(f"--map: {len(mapping.pairs)} variables paired by role and structure ({renamed} renamed"
+          + "".join(f", {x}" for x in extra) + "); print(equivtool.map_variables(...)) shows the rules", flush=True)
+    return mapping
 
 
 def localize_command(args, report) -> str:
@@ -72,6 +101,10 @@ def localize_command(args, report) -> str:
     steps = ",".join(dict.fromkeys(name.split("/", 1)[0] for name in failed))
     words = ["equivtool", "check", args.tf1_fn, args.tf2_factory, *_input_words(args),
              "--steps", steps, "--seed", str(args.seed)]
+    if getattr(args, "map", False):
+        words.append("--map")
+    if getattr(args, "rename", None):
+        words += ["--rename", args.rename]
     modes = sorted({name.split("/")[1] for name in failed if name.startswith("random/")})
     if modes:
         words += ["--mode", ",".join(modes)]
@@ -113,6 +146,12 @@ def add_parser(subparsers) -> None:
     check.add_argument("--steps", default=None, help="comma-separated steps (default: all but optimizer/checkpoint)")
     check.add_argument("--mode", default=None, help="comma-separated random-tool modes")
     check.add_argument("--tf-function", action="store_true", help="call the TF2 layer inside tf.function")
+    check.add_argument("--map", action="store_true",
+                       help="pair the variables by role and structure (equivtool.map_variables), for a native "
+                            "rewrite whose variable names differ; an incomplete mapping is refused with the "
+                            "resolve() call that completes it")
+    check.add_argument("--rename", default=None, metavar="MODULE:OBJ",
+                       help="rename rules (TF2 name -> TF1 name) or a VariableMapping, as rename= takes them")
     check.add_argument("--graph-rewrites", choices=("as_written", "tensorflow_default"), default="as_written",
                        help="as_written (default): Grappler's numerics-changing passes off on both sides, "
                             "so the verdict does not depend on the CPU; tensorflow_default: prove the "

@@ -8,7 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 
-from equivtool.variables.mapping import MappingRenamer, renumbering_hint
+from equivtool.variables.mapping import MappingRenamer, native_rewrite_hint, renumbering_hint
 from equivtool.report import StepResult
 from equivtool.engine.sides.tf1_side import variable_key
 from equivtool.engine.registry import title
@@ -86,7 +86,9 @@ def _parity_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     owed = {key: trainable or tf2["keys"].get(key, False) for key, trainable in tf1["keys"].items()}
     owed.update({key: trainable for key, trainable in tf2["keys"].items() if key not in owed})
     # A VariableMapping's names missed because Keras numbered the layer otherwise: said first.
-    hint = None if result.ok else renumbering_hint(list(result.extra), e.options.renamer)
+    hint = None if result.ok else (renumbering_hint(list(result.extra), e.options.renamer)
+                                   or native_rewrite_hint(list(result.missing), list(result.extra),
+                                                          len(result.matched)))
     return StepResult("parity", title("parity"), status, 0.0,
                       message="" if result.ok else (f"{hint}\n" if hint else "") + str(result),
                       data={"tf1_variables": len(expected), "tf2_variables": len(actual),
