@@ -15,7 +15,7 @@ from equivtool.cli.common import EXIT_DIFFERENT, EXIT_OK, EXIT_USAGE, check_outp
 
 def add_parser(subparsers) -> None:
     compare = subparsers.add_parser(
-        "compare", help="compare two exported models (SavedModel, frozen .pb, tf-keras file, golden record)",
+        "compare", help="compare two exported models (SavedModel, frozen .pb, .keras or .h5 file of either Keras, golden record)",
         description="Compare two exported models output by output (and, with --localize, node by node). "
                     "OLD and NEW are each a SavedModel folder (TF1 or TF2), a frozen graph .pb, a tf-keras "
                     ".h5/.keras file, or a golden record .npz.",
