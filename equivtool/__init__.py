@@ -54,6 +54,7 @@ _EXPORTS = {
     # the native TF2 end state: mapping, checkpoint conversion
     "VariableMapping": "variables.mapping",
     "map_variables": "variables.mapping",
+    "map_checkpoint": "checkpoints.checkpoint_map",
     "convert_checkpoint": "checkpoints.convert",
     "SlotLayout": "variables.slots",
     "ADAM_WEIGHT_DECAY": "variables.slots",

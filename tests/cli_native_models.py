@@ -43,3 +43,8 @@ def with_an_extra_layer():
 
 #: rename rules written by hand (TF2 name -> TF1 name), as ``--rename`` takes them
 RULES = [(r"^net/", "")]
+
+
+def adam():
+    """The Keras 3 optimizer a converted TF1 Adam run's slots go into (TF1's epsilon)."""
+    return keras.optimizers.Adam(0.01, epsilon=1e-8)

@@ -72,3 +72,102 @@ def test_the_hint_is_given_only_when_most_names_miss():
     assert native_rewrite_hint(["b/kernel"], ["b/kernel_1"], 6) is None
     assert native_rewrite_hint([], ["extra/kernel"], 0) is None
     assert native_rewrite_hint(["a/kernel"], [], 0) is None
+
+
+# -- convert-checkpoint --map and map_checkpoint ---------------------------------
+
+def _tf1_checkpoint(folder, optimizer=True) -> str:
+    """cli_native_models.tf1 trained 2 Adam steps (or saved untrained, without slots)."""
+    import numpy as np
+    import tensorflow as tf
+    import cli_native_models
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [16, 5])
+        loss = tf.reduce_mean(tf.square(cli_native_models.tf1(x, training=True)))
+        with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+            train = v1.train.AdamOptimizer(0.01).minimize(loss) if optimizer else tf.no_op()
+        saver = v1.train.Saver()
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            for _ in range(2):
+                session.run(train, {x: np.random.RandomState(0).randn(16, 5)})
+            return saver.save(session, str(folder / "model"))
+
+
+@pytest.fixture(scope="module")
+def adam_checkpoint(tmp_path_factory):
+    return _tf1_checkpoint(tmp_path_factory.mktemp("adam"))
+
+
+def test_map_checkpoint_pairs_a_native_rewrite_from_the_checkpoint_alone(adam_checkpoint):
+    import numpy as np
+    import cli_native_models
+    from equivtool import map_checkpoint
+    from equivtool.checkpoints.checkpoint_map import checkpoint_variables
+
+    found = {v.name: v.trainable for v in checkpoint_variables(adam_checkpoint)}
+    assert found == {"bn/beta": True, "bn/gamma": True, "bn/moving_mean": False, "bn/moving_variance": False,
+                     "fc1/bias": True, "fc1/kernel": True, "out/bias": True, "out/kernel": True}  # no slots
+    mapping = map_checkpoint(adam_checkpoint, cli_native_models.faithful, np.zeros((16, 5), np.float32))
+    assert mapping.complete and mapping.pairs["bn/moving_mean"] == "net/bn/moving_mean"
+    assert mapping.pairs["fc1/kernel"] == "net/fc1/kernel" and len(mapping.pairs) == 8
+
+
+def test_a_checkpoint_saved_without_its_optimizer_maps_by_role(tmp_path):
+    import numpy as np
+    import cli_native_models
+    from equivtool import map_checkpoint
+
+    mapping = map_checkpoint(_tf1_checkpoint(tmp_path, optimizer=False), cli_native_models.faithful,
+                             np.zeros((16, 5), np.float32))
+    assert mapping.complete and mapping.pairs["bn/moving_variance"] == "net/bn/moving_variance"
+
+
+def test_map_checkpoint_refuses_a_tf2_checkpoint(tmp_path):
+    import numpy as np
+    import tensorflow as tf
+    import cli_native_models
+    from equivtool import map_checkpoint
+
+    prefix = tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(tmp_path / "tf2"))
+    with pytest.raises(ValueError, match="is a TF2 object-based checkpoint"):
+        map_checkpoint(prefix, cli_native_models.faithful, np.zeros((16, 5), np.float32))
+
+
+def test_convert_checkpoint_map_writes_the_tf1_values_under_the_rewrite_s_names(adam_checkpoint, tmp_path):
+    import numpy as np
+    import tensorflow as tf
+    import cli_native_models
+
+    out = tmp_path / "converted" / "model"
+    result = run_cli("convert-checkpoint", adam_checkpoint, f"{MODELS}:faithful", str(out), "--input-shape", "16,5",
+                     "--optimizer", f"{MODELS}:adam", "--map")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--map: 8 variables paired by role and structure (8 renamed)" in result.stdout
+    model, optimizer = cli_native_models.faithful(), cli_native_models.adam()
+    model(np.zeros((16, 5), np.float32))
+    tf.train.Checkpoint(model=model, optimizer=optimizer).read(str(out)).expect_partial()
+    reader = tf.train.load_checkpoint(adam_checkpoint)
+    assert np.array_equal(model.bn.moving_variance.numpy(), reader.get_tensor("bn/moving_variance"))
+    assert np.array_equal(model.fc1.kernel.numpy(), reader.get_tensor("fc1/kernel"))
+    assert not np.array_equal(reader.get_tensor("fc1/kernel"), 0)
+
+
+def test_convert_checkpoint_without_a_mapping_says_names_differ_once_per_variable(adam_checkpoint, tmp_path):
+    result = run_cli("convert-checkpoint", adam_checkpoint, f"{MODELS}:faithful", str(tmp_path / "m"),
+                     "--input-shape", "16,5")
+    assert result.returncode == 2
+    assert "names differ: 8 TF1 and 8 TF2 variables" in result.stderr and "convert-checkpoint ... --map" in result.stderr
+    assert "bn/beta/Adam" not in result.stderr and "12 optimizer slots of those TF1 variables" in result.stderr
+    assert not (tmp_path / "m.index").exists()
+
+
+def test_convert_checkpoint_map_refuses_an_incomplete_mapping_before_writing(adam_checkpoint, tmp_path):
+    result = run_cli("convert-checkpoint", adam_checkpoint, f"{MODELS}:with_an_extra_layer", str(tmp_path / "m"),
+                     "--input-shape", "16,5", "--map")
+    assert result.returncode == 2
+    assert "--map: the variable mapping is incomplete" in result.stderr and "net/extra/kernel" in result.stderr
+    assert not list(tmp_path.iterdir())

@@ -39,7 +39,8 @@ from equivtool._base.errors import short
 from equivtool.checkpoints import _keras_file, _paths
 from equivtool.variables import slots as _slots
 from equivtool.variables.mapping import (MappingRenamer, as_rename, check_inputs, fresh_layer_numbering,
-                                           make_layer, renumbering_hint, tf2_value)
+                                           make_layer, native_rewrite_hint, renumbering_hint,
+                                           tf2_value)
 from equivtool.engine import signals as _signals
 from equivtool.engine.sides.tf1_side import checkpoint_exists
 from equivtool.variables import make_renamer
@@ -266,7 +267,7 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
         else:
             model.append((variable, key))
     used = {key for _, key in model}
-    slot_suffixes, non_slot, unmatched = {}, {}, []
+    slot_suffixes, non_slot, unmatched, orphan_slots = {}, {}, [], 0
     for key in sorted(shapes):
         if key in used or key in keys.values():
             continue
@@ -275,12 +276,20 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
             slot_suffixes.setdefault(parent, []).append(suffix)
         elif key in ("global_step", "beta1_power", "beta2_power"):
             non_slot[key] = _scalar(key, reader.get_tensor(key))
+        elif parent in shapes:  # a slot of a variable that is itself unmatched: named once, with it
+            orphan_slots += 1
         else:
             unmatched.append(key)
     problems += [f"TF1 variable {key!r} has no TF2 counterpart" for key in unmatched]
     if problems:
-        hint = renumbering_hint([n for n, k in keys.items() if k not in shapes], renamer)
+        missed = [n for n, k in keys.items() if k not in shapes]
+        hint = renumbering_hint(missed, renamer) or native_rewrite_hint(
+            unmatched, missed, len(model), remedy="mapping = equivtool.map_checkpoint(tf1_checkpoint, make_layer, "
+                                                  "inputs), then convert_checkpoint(..., rename=mapping) (on the "
+                                                  "command line: equivtool convert-checkpoint ... --map)")
         shown = problems[:_SHOWN] + ([f"... and {len(problems) - _SHOWN} more"] if len(problems) > _SHOWN else [])
+        if orphan_slots:
+            shown.append(f"(and {orphan_slots} optimizer slots of those TF1 variables, left out with them)")
         raise ValueError(f"{len(problems)} variables do not map (no file written); "
                          + (f"{hint}" if hint else "fix rename= or the model") + ":\n  " + "\n  ".join(shown))
 

@@ -24,8 +24,27 @@ def _inputs(args):
     return inputs_of(args, 0)[0]  # as `check` makes them, seed 0
 
 
+def _proposed_mapping(tf1_checkpoint, factory, inputs):
+    """``--map``: :func:`equivtool.map_checkpoint`'s mapping, said in one line;
+    an incomplete one is refused with the ``resolve()`` call that completes it."""
+    from equivtool.checkpoints.checkpoint_map import map_checkpoint
+
+    mapping = map_checkpoint(tf1_checkpoint, factory, inputs)
+    try:
+        mapping.require_complete("--map")
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("pass the completed mapping as --map=",
+                                          "pass the completed mapping with --rename MODULE:OBJ")) from None
+    renamed = sum(tf1 != tf2 for tf1, tf2 in mapping.pairs.items())
+    print(f"--map: {len(mapping.pairs)} variables paired by role and structure ({renamed} renamed)", flush=True)
+    return mapping
+
+
 def run(args) -> int:
     inputs = _inputs(args)  # usage errors before TensorFlow is imported
+    if args.map and args.rename:
+        raise UsageError("--map and --rename: give one (--map proposes the mapping by role; --rename names rules "
+                         "or a VariableMapping of your own)")
     from equivtool._platform.quiet import quiet_command
     quiet_command()
     from equivtool.checkpoints.convert import convert
@@ -36,6 +55,8 @@ def run(args) -> int:
         rename = load_object(args.rename, "--rename") if args.rename else None
         layout = load_object(args.slot_layout, "--slot-layout") if args.slot_layout else None
         try:
+            if args.map:
+                rename = _proposed_mapping(args.tf1_checkpoint, factory, inputs)
             conversion, _, _ = convert(args.tf1_checkpoint, factory, inputs, args.output, rename=rename,
                                        optimizer=optimizer, overwrite=args.overwrite, slot_layout=layout,
                                        format=args.format)
@@ -65,6 +86,9 @@ def add_parser(subparsers) -> None:
                         help="zero-argument factory of the tf-keras optimizer whose slots are filled")
     parser.add_argument("--rename", default=None, metavar="MODULE:OBJ",
                         help="rename rules (TF2 name -> TF1 name) or a VariableMapping")
+    parser.add_argument("--map", action="store_true",
+                        help="pair the checkpoint's variables with the layer's by role and structure "
+                             "(equivtool.map_checkpoint), for a native rewrite whose names differ")
     parser.add_argument("--slot-layout", default=None, metavar="MODULE:OBJ",
                         help="a declared TF1 optimizer layout (an equivtool.SlotLayout, e.g. "
                              "equivtool:ADAM_WEIGHT_DECAY for BERT's AdamWeightDecayOptimizer)")

@@ -393,15 +393,21 @@ def renumbering_hint(unmapped_tf2: "list[str]", renamer) -> str | None:
             "map_variables did) or give the layers names")
 
 
-def native_rewrite_hint(missing: "list[str]", extra: "list[str]", matched: int) -> str | None:
+#: How :func:`native_rewrite_hint` tells a check's caller to pair variables by role.
+MAP_FOR_CHECK = ("mapping = equivtool.map_variables(tf1_fn, make_layer, inputs), then "
+                 "check_equivalence(..., rename=mapping) (on the command line: equivtool check ... --map)")
+
+
+def native_rewrite_hint(missing: "list[str]", extra: "list[str]", matched: int,
+                        remedy: str = MAP_FOR_CHECK) -> str | None:
     """A sentence when most names found no counterpart on either side, the mark
-    of a native rewrite (its own layer names) checked without a mapping."""
+    of a native rewrite (its own layer names) checked without a mapping:
+    ``missing``: TF1 names without a TF2 counterpart, ``extra``: the reverse."""
     if not missing or not extra or matched >= min(len(missing), len(extra)):
         return None
     return (f"names differ: {len(missing)} TF1 and {len(extra)} TF2 variables have no counterpart by name "
             f"({missing[0]!r} against {extra[0]!r}), as in a native rewrite that names its layers its own way: "
-            "pair them by role and structure with mapping = equivtool.map_variables(tf1_fn, make_layer, inputs), "
-            "then check_equivalence(..., rename=mapping) (on the command line: equivtool check ... --map)")
+            f"pair them by role and structure with {remedy}")
 
 
 def resolve(mapping: VariableMapping, pairs: "Mapping[str, Any]") -> VariableMapping:

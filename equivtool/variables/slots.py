@@ -65,7 +65,7 @@ _ADAM_NOTES = (
     "m, v copied (TF1 m = Adam, v = Adam_1); iterations from beta1_power/beta2_power and global_step, "
     "checked against each other",
     "epsilon: both add it to sqrt(v) (epsilon hat, not the paper's Algorithm 1), but TF1's default is "
-    "1e-08 and tf-keras' 1e-07: give the tf-keras optimizer the TF1 run's value",
+    "1e-08 and Keras' (tf-keras and Keras 3) 1e-07: give the Keras optimizer the TF1 run's value",
     "amsgrad has no TF1 counterpart (refused)",
 )
 _MOMENTUM_NOTES = (
@@ -76,7 +76,7 @@ _MOMENTUM_NOTES = (
 )
 _RMSPROP_NOTES = (
     "velocity = rms (RMSProp), momentum = momentum slot, average_gradient = mg when centered: copied",
-    "epsilon: both add it inside the square root; TF1's default is 1e-10, tf-keras' 1e-07",
+    "epsilon: both add it inside the square root; TF1's default is 1e-10, Keras' (tf-keras and Keras 3) 1e-07",
     "initial accumulator: TF1 starts rms at 1.0, tf-keras velocity at 0.0: a fresh start differs, a "
     "converted one carries the TF1 value",
     "centered: TF1 centered=True has three slots (rms, mg, momentum): the tf-keras optimizer must be "
@@ -122,7 +122,7 @@ ADAM_WEIGHT_DECAY = SlotLayout(
      "exclusion list: AdamWeightDecayOptimizer skips variables whose names match exclude_from_weight_decay "
      "(BERT: 'LayerNorm', 'layer_norm', 'bias'); tf-keras AdamW decays every variable unless told: call "
      "optimizer.exclude_from_weight_decay(var_names=[...]) with the TF2 names' patterns",
-     "epsilon: AdamWeightDecayOptimizer's default is 1e-06, tf-keras' 1e-07: give the TF1 run's value"),
+     "epsilon: AdamWeightDecayOptimizer's default is 1e-06, Keras' 1e-07: give the TF1 run's value"),
 )
 
 _SUFFIX = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9]*)(?:_(?P<n>\d+))?$")
