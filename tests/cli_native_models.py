@@ -48,3 +48,26 @@ RULES = [(r"^net/", "")]
 def adam():
     """The Keras 3 optimizer a converted TF1 Adam run's slots go into (TF1's epsilon)."""
     return keras.optimizers.Adam(0.01, epsilon=1e-8)
+
+
+def tf1_sgd():
+    """The TF1 optimizer of the optimizer step (``--tf1-optimizer``)."""
+    return v1.train.GradientDescentOptimizer(0.1)
+
+
+def sgd():
+    return keras.optimizers.SGD(0.1)
+
+
+def sgd_slip():
+    """A learning rate 1% off: the planted optimizer slip."""
+    return keras.optimizers.SGD(0.101)
+
+
+def abs_loss(outputs, regularization_loss):
+    """A loss of one's own (``--loss``)."""
+    return tf.reduce_mean(tf.abs(outputs)) + regularization_loss
+
+
+def tf1_adam():
+    return v1.train.AdamOptimizer(0.01)

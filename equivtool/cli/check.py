@@ -3,6 +3,7 @@ from the command line, and the command that re-runs its failing steps localized.
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 
@@ -26,6 +27,16 @@ def run(args) -> int:
     if args.map and args.rename:
         raise UsageError("--map and --rename: give one (--map proposes the mapping by role; --rename names rules "
                          "or a VariableMapping of your own)")
+    if bool(args.tf1_optimizer) != bool(args.tf2_optimizer):
+        raise UsageError(f"{'--tf1-optimizer' if args.tf1_optimizer else '--tf2-optimizer'}: give both "
+                         "--tf1-optimizer MODULE:FN and --tf2-optimizer MODULE:FN (zero-argument factories of the "
+                         "two optimizers)")
+    if args.train_steps is not None and args.train_steps < 1:
+        raise UsageError(f"--train-steps: expected a whole number >= 1, got {args.train_steps}")
+    if args.checkpoint and args.checkpoint != "write" and not (
+            os.path.isdir(args.checkpoint) or os.path.exists(args.checkpoint + ".index")):
+        raise UsageError(f"--checkpoint: no TF1 checkpoint at {args.checkpoint!r}; expected the prefix Saver.save "
+                         "returned (next to PREFIX.index), its folder, or 'write'")
     if (args.map or args.rename) and args.tf1_python:
         raise UsageError(f"{'--map' if args.map else '--rename'}: not with --tf1-python (a mapping is made and "
                          "applied in this interpreter's TF1 build); run the check in process to map variables")
@@ -45,6 +56,7 @@ def run(args) -> int:
         check_no_arguments(tf2_factory, args.tf2_factory, "TF2_FACTORY",
                             "def make_layer(): return MyLayer(units=...)")
         rename = load_object(args.rename, "--rename") if args.rename else None
+        training = _training_options(args)
         start = time.perf_counter()
         print(f"equivtool check {args.tf1_fn} vs {args.tf2_factory}, input {shape}", flush=True)
         if args.map:
@@ -56,7 +68,7 @@ def run(args) -> int:
                 graph_rewrites=args.graph_rewrites, seed=seed, progress=print_progress(start),
                 localize="all" if args.localize_all else args.localize,
                 workers=args.workers, outputs=outputs, strict_tolerances=args.strict_tolerances,
-                strict_intermediates=args.strict_intermediates, rename=rename,
+                strict_intermediates=args.strict_intermediates, rename=rename, **training,
                 meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory},
                 **({"tf1_python": args.tf1_python, "tf1_path": args.tf1_path or ()} if args.tf1_python else {}))
         except (TypeError, ValueError) as exc:
@@ -68,6 +80,23 @@ def run(args) -> int:
         print(f"\nTo find the first op whose output differs, re-run localized:\n  {rerun}")
     write_reports(report, args.json, args.html)
     return EXIT_OK if report.passed else EXIT_DIFFERENT
+
+
+def _training_options(args) -> dict:
+    """``optimizers``, ``loss_fn``, ``train_steps`` and ``checkpoint`` from their
+    options; under ``--tf1-python`` the TF1 halves stay names, imported there."""
+    options = {}
+    old_side = bool(args.tf1_python)
+    if args.tf1_optimizer:
+        tf1 = args.tf1_optimizer if old_side else load_target(args.tf1_optimizer, "--tf1-optimizer")
+        options["optimizers"] = (tf1, load_target(args.tf2_optimizer, "--tf2-optimizer"))
+    if args.loss:
+        options["loss_fn"] = args.loss if old_side else load_target(args.loss, "--loss")
+    if args.train_steps is not None:
+        options["train_steps"] = args.train_steps
+    if args.checkpoint:
+        options["checkpoint"] = True if args.checkpoint == "write" else args.checkpoint
+    return options
 
 
 def _proposed_mapping(tf1_fn, tf2_factory, inputs):
@@ -146,6 +175,20 @@ def add_parser(subparsers) -> None:
     check.add_argument("--steps", default=None, help="comma-separated steps (default: all but optimizer/checkpoint)")
     check.add_argument("--mode", default=None, help="comma-separated random-tool modes")
     check.add_argument("--tf-function", action="store_true", help="call the TF2 layer inside tf.function")
+    check.add_argument("--tf1-optimizer", default=None, metavar="MODULE:FN",
+                       help="zero-argument factory of the TF1 optimizer; with --tf2-optimizer adds the "
+                            "optimizer step (and the resume step's optimizers)")
+    check.add_argument("--tf2-optimizer", default=None, metavar="MODULE:FN",
+                       help="zero-argument factory of the TF2 optimizer (the TF1 one's counterpart)")
+    check.add_argument("--train-steps", type=int, default=None, metavar="N",
+                       help="optimizer steps of the optimizer and resume steps (default 3)")
+    check.add_argument("--loss", default=None, metavar="MODULE:FN",
+                       help="loss_fn(outputs, regularization_loss) used on both sides (default: mean of squares "
+                            "of the primary output plus the regularization loss)")
+    check.add_argument("--checkpoint", default=None, metavar="PATH|write",
+                       help="a TF1 checkpoint loaded into both sides (adds the checkpoint step; with --steps ...,resume "
+                            "and the optimizers, training resumes from it), or 'write' to have the TF1 side "
+                            "write one")
     check.add_argument("--map", action="store_true",
                        help="pair the variables by role and structure (equivtool.map_variables), for a native "
                             "rewrite whose variable names differ; an incomplete mapping is refused with the "
