@@ -108,51 +108,41 @@ def _tf1_loss(tf, out):
     return loss + (tf.add_n(reg) if reg else 0.0)
 
 
+def _tf1_run(tf1_fn, inputs, passes) -> float:
+    """Seconds to build ``passes`` (``(training, gradients)`` pairs) in one graph, the
+    later ones reusing the first's variables, initialise, and run each once."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    started = time.perf_counter()
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.as_dtype(inputs.dtype), inputs.shape)
+        fetches = []
+        for i, (training, gradients) in enumerate(passes):
+            with v1.variable_scope(v1.get_variable_scope(), reuse=True if i else None):
+                out = tf1_fn(x, training=training)
+            wanted = [tf.nest.flatten(out)]
+            if gradients:
+                wanted.append([g for g in v1.gradients(_tf1_loss(tf, out), v1.trainable_variables())
+                               if g is not None])
+            fetches.append(wanted)
+        init = v1.global_variables_initializer()
+    with v1.Session(graph=graph) as session:
+        session.run(init)
+        for wanted in fetches:
+            session.run(wanted, {x: inputs})
+    return time.perf_counter() - started
+
+
 def tf1_one_graph(tf1_fn, inputs) -> float:
     """The pass floor's TF1 side: one graph, both passes, gradients; seconds."""
-    import tensorflow as tf
-
-    v1 = tf.compat.v1
-    started = time.perf_counter()
-    graph = tf.Graph()
-    with graph.as_default():
-        x = v1.placeholder(tf.as_dtype(inputs.dtype), inputs.shape)
-        inference = tf1_fn(x, training=False)
-        with v1.variable_scope(v1.get_variable_scope(), reuse=True):
-            training = tf1_fn(x, training=True)
-        grads = [g for g in v1.gradients(_tf1_loss(tf, training), v1.trainable_variables()) if g is not None]
-        init = v1.global_variables_initializer()
-    with v1.Session(graph=graph) as session:
-        session.run(init)
-        session.run(tf.nest.flatten(inference), {x: inputs})
-        session.run([tf.nest.flatten(training), grads], {x: inputs})
-    return time.perf_counter() - started
-
-
-def _tf1_job(tf1_fn, inputs, training: bool, gradients: bool) -> float:
-    import tensorflow as tf
-
-    v1 = tf.compat.v1
-    started = time.perf_counter()
-    graph = tf.Graph()
-    with graph.as_default():
-        x = v1.placeholder(tf.as_dtype(inputs.dtype), inputs.shape)
-        out = tf1_fn(x, training=training)
-        fetches = [tf.nest.flatten(out)]
-        if gradients:
-            fetches.append([g for g in v1.gradients(_tf1_loss(tf, out), v1.trainable_variables())
-                            if g is not None])
-        init = v1.global_variables_initializer()
-    with v1.Session(graph=graph) as session:
-        session.run(init)
-        session.run(fetches, {x: inputs})
-    return time.perf_counter() - started
+    return _tf1_run(tf1_fn, inputs, [(False, False), (True, True)])
 
 
 def tf1_plan(tf1_fn, inputs) -> list:
-    """The plan's four TF1 jobs, each timed alone (seconds)."""
-    return [_tf1_job(tf1_fn, inputs, False, False), _tf1_job(tf1_fn, inputs, True, True),
-            _tf1_job(tf1_fn, inputs, False, False), _tf1_job(tf1_fn, inputs, True, False)]
+    """The plan's four TF1 jobs, each a graph of its own, timed alone (seconds)."""
+    return [_tf1_run(tf1_fn, inputs, [job]) for job in ((False, False), (True, True), (False, False), (True, False))]
 
 
 def tf2_layer_jobs(make_layer, inputs, layers: int) -> list:

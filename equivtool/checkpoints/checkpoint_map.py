@@ -19,8 +19,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from equivtool.checkpoints.convert import _Reader, checkpoint_path
-from equivtool._base.errors import short
+from equivtool.checkpoints.convert import checkpoint_path, open_tf1_checkpoint
 from equivtool.variables import VariableInfo, VariableSet
 from equivtool.variables.mapping import VariableMapping, check_inputs, fresh_layer_numbering, make_layer, propose
 
@@ -36,14 +35,7 @@ def checkpoint_variables(tf1_checkpoint) -> VariableSet:
     """The model variables a TF1 checkpoint holds, in name order, with the
     trainability its slots imply (see the module docstring)."""
     path = checkpoint_path(tf1_checkpoint)
-    try:
-        reader = _Reader(tf.train.load_checkpoint(path), path)
-    except (tf.errors.OpError, ValueError) as exc:
-        raise ValueError(f"tf1_checkpoint: {path!r} cannot be read: {short(exc)}") from None
-    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-    if "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes:
-        raise ValueError(f"tf1_checkpoint: {path!r} is a TF2 object-based checkpoint; expected a TF1 "
-                         "name-based one (tf.compat.v1.train.Saver)")
+    _, shapes, dtypes = open_tf1_checkpoint(path)
     slots = {key for key in shapes if key.rpartition("/")[0] in shapes}
     with_slots = {key.rpartition("/")[0] for key in slots}
     model = [key for key in sorted(shapes) if key not in slots and key not in OPTIMIZER_COUNTERS]

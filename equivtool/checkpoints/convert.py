@@ -119,6 +119,20 @@ def _scalar(name: str, value) -> np.ndarray:
     return value.reshape(())
 
 
+def open_tf1_checkpoint(path: str) -> tuple:
+    """``(reader, {key: shape}, {key: dtype})`` of the TF1 name-based checkpoint at
+    ``path``, or ``ValueError`` (unreadable, or a TF2 object-based checkpoint)."""
+    try:
+        reader = _Reader(tf.train.load_checkpoint(path), path)
+    except (tf.errors.OpError, ValueError) as exc:
+        raise ValueError(f"tf1_checkpoint: {path!r} cannot be read: {short(exc)}") from None
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    if "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes:
+        raise ValueError(f"tf1_checkpoint: {path!r} is a TF2 object-based checkpoint; expected a TF1 "
+                         "name-based one (tf.compat.v1.train.Saver)")
+    return reader, shapes, dtypes
+
+
 def checkpoint_path(value, argument: str = "tf1_checkpoint") -> str:
     """The checkpoint prefix ``value`` names (a folder: its latest checkpoint),
     or ``ValueError`` saying what was expected."""
@@ -226,14 +240,7 @@ def _convert(tf1_checkpoint, tf2_layer, inputs, output, *, rename, optimizer, ov
     if optimizer is not None and not (callable(optimizer) or hasattr(optimizer, "apply_gradients")):
         raise TypeError(f"optimizer: expected a tf-keras optimizer, a Keras 3 optimizer or a zero-argument factory, "
                         f"got {type(optimizer).__name__}")
-    try:
-        reader = _Reader(tf.train.load_checkpoint(path), path)
-    except (tf.errors.OpError, ValueError) as exc:
-        raise ValueError(f"tf1_checkpoint: {path!r} cannot be read: {short(exc)}") from None
-    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-    if "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes:
-        raise ValueError(f"tf1_checkpoint: {path!r} is a TF2 object-based checkpoint; expected a TF1 "
-                         "name-based one (tf.compat.v1.train.Saver)")
+    reader, shapes, dtypes = open_tf1_checkpoint(path)
     if layer is None:
         # A VariableMapping's rules name the layers as map_variables saw them.
         with fresh_layer_numbering() if isinstance(renamer, MappingRenamer) else contextlib.nullcontext():
