@@ -545,8 +545,8 @@ def test_a_transposed_square_kernel_in_the_rewrite_is_caught(encoder_mapping):
 
 
 def test_a_tf1_momentum_run_of_the_encoder_resumes_in_keras3(encoder_mapping, tmp_path):
-    """(Momentum: Adam's division by sqrt(v) magnifies the rounding of the embedding's sparse
-    update, TF1's scatter-add against Keras' dense one, beyond the default tolerance.)"""
+    """(Momentum is linear in the gradient, so the repeated token ids agree; with Adam they do not:
+    see the repeated-rows tests below.)"""
     from tests.keras3_models import FEATURES, Encoder, tf1_encoder
     make_tf1 = lambda: v1.train.MomentumOptimizer(0.05, 0.9)  # noqa: E731
     path, _ = _train(3, str(tmp_path / "model"), make_tf1, tf1_fn=tf1_encoder, inputs=FEATURES)
@@ -584,3 +584,107 @@ def test_attention_blocks_pair_by_structure_only_when_every_part_agrees():
     odd = [(n, (8, 6) if n.endswith("self/value/kernel") and "layer_0" in n else s) for n, s in bert]
     pairs, _ = attention_pairs(infos(*odd), infos(*keras_block), set())
     assert pairs and not [n for n in pairs if "layer_0" in n]
+
+
+# --------------------------------------------------------------------------
+# Adam and a repeated token: TF1 squares a row's summed gradient, Keras 3 each occurrence
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def encoder_adam_run(tmp_path_factory):
+    from tests.keras3_models import FEATURES, tf1_encoder
+    path, _ = _train(3, str(tmp_path_factory.mktemp("encoder_adam") / "model"),
+                     lambda: v1.train.AdamOptimizer(0.01), tf1_fn=tf1_encoder, inputs=FEATURES)
+    return path
+
+
+def _encoder_adam_resume(mapping, checkpoint, make_tf2=lambda: keras.optimizers.Adam(0.01, epsilon=1e-8)):
+    from tests.keras3_models import FEATURES, Encoder, tf1_encoder
+    report = check_equivalence(tf1_encoder, Encoder, FEATURES, rename=mapping, checkpoint=checkpoint,
+                               optimizers=(lambda: v1.train.AdamOptimizer(0.01), make_tf2), steps=["resume"],
+                               train_steps=2)
+    return report, report.step("resume")
+
+
+def _square_notes(result):
+    return [note for note in result.notes if "appears more than once in the batch's sparse gradient" in note]
+
+
+def test_an_adam_run_of_the_encoder_differs_in_keras3_where_a_token_repeats_and_says_why(encoder_mapping,
+                                                                                          encoder_adam_run):
+    """Token ids 3 (three times) and 5 (twice) repeat in FEATURES: Keras 3's Adam adds
+    their squared gradients, TF1's squares their sum. Only those rows differ at step 1."""
+    report, result = _encoder_adam_resume(encoder_mapping, encoder_adam_run)
+    assert not report.passed and result.status == "failed"  # the note explains; it does not excuse
+    step_1 = {leaf.name for leaf in result.comparisons[0].leaves if not leaf.ok}
+    assert step_1 and step_1 <= {"step_1/variables/encoder/word_embeddings",
+                                 "step_1/slots/encoder/word_embeddings/Adam_1"}, step_1
+    (note,) = _square_notes(result)
+    assert note.startswith("encoder/word_embeddings: only rows [3"), note  # (5's difference may be small)
+    assert "repeated rows: [3, 5])" in note
+    assert "TF1's AdamOptimizer sums a row's occurrences" in note and "Keras 3's Adam squares each" in note
+    assert "tf.convert_to_tensor(gradient)" in note
+
+
+def test_the_same_adam_run_resumes_exactly_when_the_repeated_rows_are_summed_first(encoder_mapping,
+                                                                                   encoder_adam_run, monkeypatch):
+    """The cause, proven: the same Keras 3 Adam given summed (dense) gradients is equivalent."""
+    real_apply = keras.optimizers.Adam.apply
+
+    def summed_first(self, grads, trainable_variables=None):
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        return real_apply(self, grads, trainable_variables)
+    monkeypatch.setattr(keras.optimizers.Adam, "apply", summed_first)
+    report, result = _encoder_adam_resume(encoder_mapping, encoder_adam_run)
+    assert report.passed and not _square_notes(result), str(report)
+    names = {leaf.name for leaf in result.comparisons[-1].leaves}
+    assert "step_2/slots/encoder/word_embeddings/Adam_1" in names
+
+
+def test_an_epsilon_slip_on_the_encoder_gets_no_repeated_rows_note(encoder_mapping, encoder_adam_run):
+    """Planted fault: Keras' default epsilon (1e-7): every row and variable moves, not only the repeated rows."""
+    report, result = _encoder_adam_resume(encoder_mapping, encoder_adam_run,
+                                          lambda: keras.optimizers.Adam(0.01))
+    assert result.status == "failed" and not _square_notes(result)
+
+
+def test_the_optimizer_step_names_the_repeated_rows_too(encoder_mapping):
+    from tests.keras3_models import FEATURES, Encoder, tf1_encoder
+    report = check_equivalence(tf1_encoder, Encoder, FEATURES, rename=encoder_mapping, steps=["optimizer"],
+                               optimizers=(lambda: v1.train.AdamOptimizer(0.01),
+                                           lambda: keras.optimizers.Adam(0.01, epsilon=1e-8)))
+    result = report.step("optimizer")
+    assert result.status == "failed"
+    (note,) = _square_notes(result)
+    assert note.startswith("encoder/word_embeddings: only rows [3"), note
+    assert "repeated rows: [3, 5])" in note
+
+
+def test_the_repeated_rows_rule_needs_only_repeated_rows_to_differ():
+    from equivtool.comparison import Tolerance, compare
+    from equivtool.engine._sparse_squares import repeated_rows, sparse_square_notes, squaring_kind
+    assert repeated_rows(np.array([[5, 0, 3, 3], [9, 3, 5, 2]])) == [3, 5] and repeated_rows([1, 2]) == []
+    assert squaring_kind(keras.optimizers.AdamW(0.1)) == "AdamW"
+    assert squaring_kind(keras.optimizers.SGD(0.1, momentum=0.9)) is None  # linear in the gradient
+    assert squaring_kind(tf.keras.optimizers.Adam(0.1)) is None  # tf-keras sums repeated rows first
+    table = np.zeros((6, 2), np.float32)
+    moved = table.copy()
+    moved[3] = 1e-3
+
+    def notes(expected, actual, repeated={"emb": [3, 5]}, kind="Adam"):
+        expected, actual = [expected], [actual]
+        comparisons = [compare(e, a, Tolerance(), name=f"step_{i + 1}")
+                       for i, (e, a) in enumerate(zip(expected, actual))]
+        return sparse_square_notes(comparisons, expected, actual, repeated, kind, "AdamOptimizer")
+    ok = {"loss": np.float32(1), "variables": {"emb": table, "w": table}, "slots": {"emb/Adam_1": table}}
+    slot_only = {**ok, "slots": {"emb/Adam_1": moved}}
+    assert notes(ok, slot_only)  # a repeated row's velocity
+    other_row = table.copy()
+    other_row[1] = 1e-3
+    assert notes(ok, {**ok, "slots": {"emb/Adam_1": other_row}}) == []  # a row the batch holds once
+    assert notes(ok, {**slot_only, "variables": {"emb": table, "w": moved}}) == []  # another variable too
+    assert notes(ok, {**slot_only, "loss": np.float32(2)}) == []  # the loss too
+    assert notes(ok, slot_only, kind=None) == []  # an optimizer that sums first (or is linear)
+    assert notes(ok, slot_only, repeated={}) == []  # no repeated rows
+    assert notes(ok, ok) == []  # nothing differs
+    assert sparse_square_notes([], [], [], {"emb": [3]}, "Adam", "AdamOptimizer") == []  # nothing compared

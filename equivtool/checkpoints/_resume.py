@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from equivtool.engine import noise_floor
+from equivtool.engine import _sparse_squares, noise_floor
 from equivtool.engine.steps.common import SplitStep
 from equivtool._platform.tf_internals import save_slice_info
 from equivtool.checkpoints.convert import checkpoint_path, convert
@@ -136,6 +136,8 @@ def _resume_tf2(e, _) -> dict:
     for tf2_name, source, how in conversion.slots:
         keras_slot = tf2_name.split("/", 1)[0]
         sources[(keras_slot, source.rpartition("/")[0])] = (source, how)
+    with tool.scope():  # the rows a sparse gradient holds more than once (no variable changes)
+        side.forward(o.inputs, training=False, with_gradients=True)
     held = _slots.slot_variables(optimizer, side.layer.trainable_variables, tuple(sorted({s for s, _ in sources})))
     losses, captures = [], []
     for _ in range(o.train_steps):
@@ -152,6 +154,7 @@ def _resume_tf2(e, _) -> dict:
                          "betas": (float(getattr(optimizer, "beta_1", 0) or 0),
                                    float(getattr(optimizer, "beta_2", 0) or 0))})
     return {"losses": losses, "captures": captures, "optimizer": type(optimizer).__name__, "lr": lr,
+            "repeated": dict(side.repeated_rows), "squares": _sparse_squares.squaring_kind(optimizer),
             "conversion": str(conversion), "mapped": len(conversion.model), "converted": len(conversion.slots),
             "iterations": conversion.iterations, "notes": list(conversion.notes)}
 
@@ -171,7 +174,7 @@ def _resume_expected(tf1_loss, tf1_capture: dict, tf2_capture: dict, lr) -> dict
 
 def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
     o = e.options
-    comparisons = []
+    comparisons, expected_steps, actual_steps = [], [], []
     for step, (tf1_loss, tf1_capture, tf2_loss, tf2_capture) in enumerate(
             zip(tf1["losses"], tf1["captures"], tf2["losses"], tf2["captures"])):
         expected = _resume_expected(tf1_loss, tf1_capture, tf2_capture, tf2["lr"])
@@ -184,6 +187,8 @@ def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
             actual["optimizer"] = {"beta1_power": np.float32(beta_1 ** t), "beta2_power": np.float32(beta_2 ** t)}
         comparison = compare(expected, actual, o.tolerances.get("resume", step), name=f"step_{step + 1}")
         comparisons.append(comparison)
+        expected_steps.append(expected)
+        actual_steps.append(actual)
     floor_notes, floor_data = [], {}
     if tf1.get("floor_run") is not None:
         floor = noise_floor.judge_runs(
@@ -203,6 +208,8 @@ def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
     notes += floor_notes
     if failed_at is not None:
         notes.append(f"first step that exceeds tolerance: {failed_at}")
+        notes += _sparse_squares.sparse_square_notes(comparisons, expected_steps, actual_steps,
+                                                     tf2.get("repeated") or {}, tf2.get("squares"), tf1["optimizer"])
     losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
     first = (tf1["captures"] or [{}])[0].get("variables", {}), (tf2["captures"] or [{}])[0].get("variables", {})
     return StepResult.from_comparisons("resume", title("resume"), comparisons, notes=notes,
