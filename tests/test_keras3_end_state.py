@@ -688,3 +688,93 @@ def test_the_repeated_rows_rule_needs_only_repeated_rows_to_differ():
     assert notes(ok, slot_only, repeated={}) == []  # no repeated rows
     assert notes(ok, ok) == []  # nothing differs
     assert sparse_square_notes([], [], [], {"emb": [3]}, "Adam", "AdamOptimizer") == []  # nothing compared
+
+
+# --------------------------------------------------------------------------
+# Bessel's correction in the optimizer and resume steps: the same rule, the same note
+# --------------------------------------------------------------------------
+
+def _sgd_pair():
+    return (lambda: v1.train.MomentumOptimizer(0.01, 0.9), lambda: keras.optimizers.SGD(0.01, momentum=0.9))
+
+
+def _bessel_notes(result):
+    return [note for note in result.notes if "Bessel's correction" in note]
+
+
+@pytest.mark.parametrize("slip", [False, True], ids=["fused", "momentum-slip"])
+def test_the_optimizer_step_names_bessels_correction_and_not_a_momentum_slip(slip):
+    from tests.keras3_models import SMALL_BATCH, fused_slim_net
+    tf1 = (lambda x, t: fused_slim_net(x, t, decay=0.99)) if slip else fused_slim_net
+    report = check_equivalence(tf1, Net, SMALL_BATCH, rename=TO_TF1, modes=("constant",), steps=["optimizer"],
+                               optimizers=_sgd_pair(), train_steps=2)
+    result = report.step("optimizer")
+    assert not report.passed and result.status == "failed"  # the note explains; it does not excuse
+    failing = {leaf.name for leaf in result.comparisons[0].leaves if not leaf.ok}
+    assert "step_1/variables/net/conv1/BatchNorm/moving_variance" in failing, failing
+    if slip:
+        assert not _bessel_notes(result)
+    else:
+        (note,) = _bessel_notes(result)
+        assert note.startswith("net/conv1/BatchNorm/moving_variance: the TF1 moving variance was updated with the "
+                               "batch variance times n/(n-1) = 1.03226 (Bessel's correction, n = 32 values per "
+                               "channel: batch 2 x 16 positions; momentum 0.9 on both sides)"), note
+
+
+@pytest.mark.parametrize("slip", [False, True], ids=["fused", "momentum-slip"])
+def test_the_resume_step_names_bessels_correction_and_not_a_momentum_slip(slip, tmp_path):
+    from tests.keras3_models import SMALL_BATCH, fused_slim_net
+    tf1 = (lambda x, t: fused_slim_net(x, t, decay=0.99)) if slip else fused_slim_net
+    make_tf1, make_tf2 = _sgd_pair()
+    path, _ = _train(2, str(tmp_path / "model"), make_tf1, tf1_fn=tf1, inputs=SMALL_BATCH)
+    report = check_equivalence(tf1, Net, SMALL_BATCH, rename=TO_TF1, checkpoint=path, steps=["resume"],
+                               optimizers=(make_tf1, make_tf2), train_steps=2)
+    result = report.step("resume")
+    assert not report.passed and result.status == "failed"
+    failing = {leaf.name for leaf in result.comparisons[0].leaves if not leaf.ok}
+    assert "step_1/variables/net/conv1/BatchNorm/moving_variance" in failing, failing
+    if slip:
+        assert not _bessel_notes(result)
+    else:
+        (note,) = _bessel_notes(result)
+        assert note.startswith("net/conv1/BatchNorm/moving_variance: the TF1 moving variance was updated with the "
+                               "batch variance times n/(n-1) = 1.03226 (Bessel's correction, n = 32"), note
+
+
+def test_the_first_step_rule_needs_a_first_step_and_its_start():
+    from equivtool.engine._bessel import first_step_notes, moving_of
+    rng = np.random.RandomState(1)
+    old, batch_var, k, n = np.ones(6), rng.uniform(0.5, 2.0, 6), 0.1, 32
+    tf2 = {"bn/moving_variance": ((1 - k) * old + k * batch_var).astype(np.float32)}
+    tf1 = {"bn/moving_variance": ((1 - k) * old + k * batch_var * n / (n - 1)).astype(np.float32)}
+    start = moving_of({"bn/moving_variance": old, "bn/moving_mean": old, "w": old})
+    assert list(start) == ["bn/moving_variance"]
+    assert first_step_notes(start, start, [tf1, tf2], [tf2, tf2], np.zeros((2, 3)))  # the first step is fitted
+    assert first_step_notes(start, start, [tf2, tf1], [tf2, tf2], np.zeros((2, 3))) == []  # not a later one
+    assert first_step_notes(start, start, [], [], np.zeros((2, 3))) == []  # nothing compared
+    assert first_step_notes({}, start, [tf1], [tf2], np.zeros((2, 3))) == []  # no start
+
+
+def test_the_rule_after_one_update_needs_both_updates_to_be_bessels():
+    """The optimizer step starts after the pair's training pass: one update already apart."""
+    from equivtool.engine._bessel import _explained_after_one, bessel_notes
+    rng = np.random.RandomState(2)
+    s, b, k, n = rng.uniform(0.5, 1.5, 6), rng.uniform(0.5, 2.0, 6), 0.1, 32
+    c = n / (n - 1)
+    o1, o2 = (1 - k) * s + k * c * b, (1 - k) * s + k * b  # the training pass
+    p, q = (1 - k) * o1 + k * c * b, (1 - k) * o2 + k * b  # the first step, the same batch variance
+    f32 = [v.astype(np.float32) for v in (o1, o2, p, q)]
+    found = _explained_after_one(*f32, batch=2)
+    assert found[0] == 32 and found[2] == pytest.approx(0.9, abs=1e-4)
+    k2 = 0.01  # a momentum slip: both biased, 0.99 against 0.9
+    slip = [(1 - k2) * s + k2 * b, o2, (1 - k2) * ((1 - k2) * s + k2 * b) + k2 * b, q]
+    assert _explained_after_one(*[v.astype(np.float32) for v in slip], batch=2) is None
+    assert _explained_after_one(f32[0], f32[1], f32[2] + np.float32(1e-4) * rng.randn(6).astype(np.float32),
+                                f32[3], batch=2) is None  # noise on one side
+    assert _explained_after_one(f32[1], f32[1], f32[3], f32[3], batch=2) is None  # nothing differs
+    assert _explained_after_one(*f32, batch=5) is None  # 32 is not a multiple of 5
+    key = "bn/moving_variance"
+    # unequal starts are fitted only when the caller says they are one update apart
+    assert bessel_notes({key: f32[0]}, {key: f32[1]}, {key: f32[2]}, {key: f32[3]}, np.zeros((2, 3))) == []
+    assert bessel_notes({key: f32[0]}, {key: f32[1]}, {key: f32[2]}, {key: f32[3]}, np.zeros((2, 3)),
+                        after_one_update=True)
