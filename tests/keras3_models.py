@@ -137,3 +137,27 @@ class Encoder(keras.Model):
         mask = tf.cast(features["input_mask"], tf.bool)[:, None, :]
         x = self.norm(x + self.attention(x, x, attention_mask=mask, training=training))
         return self.classifier(self.intermediate(x)[:, 0])
+
+
+# A tf-keras end state: a .keras file that tf_keras.models.load_model reads, optimizer included.
+TF_KERAS_TO_TF1 = {r"^logits/": "net/logits/", r"/kernel$": "/weights", r"/bias$": "/biases"}
+
+
+def tf1_dense_net(x, training):
+    with tf.compat.v1.variable_scope("net"):
+        return slim.fully_connected(slim.flatten(x), 4, activation_fn=None, scope="logits")
+
+
+def tf_keras_dense_net():
+    """``tf1_dense_net`` rewritten in tf-keras (``tf.keras`` under equivtool)."""
+    return tf.keras.Sequential([tf.keras.Input((5, 5, 2)), tf.keras.layers.Flatten(),
+                                tf.keras.layers.Dense(4, name="logits")], name="net")
+
+
+def tf_keras_adam():
+    return tf.keras.optimizers.Adam(0.01, epsilon=1e-8)
+
+
+def bare_dense():
+    """A bare Keras 3 layer: no model, so no compiled optimizer to save."""
+    return keras.layers.Dense(4, name="logits")

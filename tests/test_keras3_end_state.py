@@ -135,7 +135,11 @@ def test_bad_keras_outputs_and_sides_are_one_line_and_write_nothing(adam_run, tm
             (tmp_path / "model.ckpt", {}, r"^output: .*expected a file name ending in \.keras"),
             (tmp_path / "m.keras", {"format": "h5"}, r"^format: expected one of 'checkpoint', 'keras', got 'h5'$"),
             (tmp_path / "m.keras", {"tf2": "tests.keras3_models:tf_keras_net"},
-             r"^format='keras': the TF2 side is a tf_keras.*needs a Keras 3 keras.Model"),
+             r"^format='keras': the optimizer is a keras\S*\.Adam; a tf-keras model saves a tf.keras.optimizers "
+             r"optimizer$"),
+            (tmp_path / "m.keras", {"tf2": "tests.keras3_models:bare_dense"},
+             r"^format='keras': the TF2 side is a keras\S*Dense; .*needs a Keras 3 keras.Model or a tf-keras "
+             r"tf.keras.Model \(a bare layer: write format='checkpoint'\)$"),
             (tmp_path / "m.keras", {"optimizer": lambda: tf.keras.optimizers.Adam(0.01)},
              r"^format='keras': the optimizer is a tf_keras")]:
         kwargs = dict(kwargs)
@@ -213,11 +217,102 @@ def test_the_cli_writes_a_keras_file(adam_run, tmp_path, capsys):
             "--rename", "tests.keras3_models:TO_TF1", "--optimizer", "tests.keras3_models:adam", "--format", "keras"]
     assert cli.main(argv) == cli.EXIT_OK
     printed = capsys.readouterr().out
-    assert printed.startswith(f"Keras 3 file {out}: 8 model variables, 12 slots, iterations=5")
+    assert printed.startswith(f".keras file {out}: 8 model variables, 12 slots, iterations=5")
     assert int(keras.saving.load_model(out).optimizer.iterations.numpy()) == 5
     assert cli.main(argv) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert "output:" in err and "exists; pass overwrite=True (--overwrite)" in err and len(err.splitlines()) == 1
+
+
+# --------------------------------------------------------------------------
+# format="keras" for a tf-keras model: tf-keras' own .keras file, optimizer included
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dense_adam_run(tmp_path_factory):
+    from tests.keras3_models import tf1_dense_net
+    return _train(4, str(tmp_path_factory.mktemp("dense_adam") / "model"), lambda: v1.train.AdamOptimizer(0.01),
+                  more=3, tf1_fn=tf1_dense_net)
+
+
+def _tf_keras_steps(model, optimizer, steps):
+    """``steps`` training steps of the tf-keras ``model``; each step's weights by TF1 name."""
+    out = []
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(X, training=True)))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        kernel, bias = model.get_layer("logits").get_weights()
+        out.append({"net/logits/weights": kernel, "net/logits/biases": bias})
+    return out
+
+
+def _tf_keras_file(path, out, **kwargs):
+    from tests.keras3_models import TF_KERAS_TO_TF1, tf_keras_adam, tf_keras_dense_net
+    return convert_checkpoint(path, tf_keras_dense_net, X, str(out), rename=TF_KERAS_TO_TF1,
+                              optimizer=tf_keras_adam, format="keras", **kwargs)
+
+
+def test_a_tf_keras_model_converts_to_a_keras_file_that_tf_keras_loads_and_resumes(dense_adam_run, tmp_path):
+    import tf_keras
+    path, later = dense_adam_run
+    out = tmp_path / "converted.keras"
+    assert _tf_keras_file(path, out) == str(out)
+    assert zipfile.is_zipfile(out) and os.listdir(tmp_path) == ["converted.keras"]  # nothing else left
+    model = tf_keras.models.load_model(str(out))
+    assert isinstance(model, tf_keras.Model) and type(model.optimizer).__name__ == "Adam"
+    assert int(model.optimizer.iterations.numpy()) == 4
+    reader = tf.train.load_checkpoint(path)
+    np.testing.assert_array_equal(model.get_layer("logits").get_weights()[0], reader.get_tensor("net/logits/weights"))
+    resumed = _tf_keras_steps(model, model.optimizer, len(later))
+    assert _worst(later, resumed) < 1e-5
+
+
+def test_a_tf_keras_keras_file_resumed_without_its_optimizer_state_differs(dense_adam_run, tmp_path):
+    """Planted fault: the weights converted, the optimizer fresh (no m, v, step count)."""
+    import tf_keras
+    from tests.keras3_models import tf_keras_adam
+    path, later = dense_adam_run
+    _tf_keras_file(path, tmp_path / "converted.keras")
+    model = tf_keras.models.load_model(str(tmp_path / "converted.keras"))
+    assert _worst(later, _tf_keras_steps(model, tf_keras_adam(), len(later))) > 1e-3
+
+
+def test_a_tf_keras_keras_file_follows_the_same_write_rules(dense_adam_run, tmp_path):
+    path, _ = dense_adam_run
+    out = tmp_path / "model.keras"
+    out.write_bytes(b"the user's file")
+    with pytest.raises(ValueError, match=r"^output: .*model.keras' exists; pass overwrite=True \(--overwrite\)"):
+        _tf_keras_file(path, out)
+    assert out.read_bytes() == b"the user's file"
+    link = tmp_path / "link.keras"
+    link.symlink_to(tmp_path / "elsewhere.keras")
+    with pytest.raises(ValueError, match="is a symlink; refusing to write through it"):
+        _tf_keras_file(path, link, overwrite=True)
+    _tf_keras_file(path, out, overwrite=True)
+    assert zipfile.is_zipfile(out) and sorted(os.listdir(tmp_path)) == ["link.keras", "model.keras"]
+
+
+def test_a_tf_keras_model_with_a_keras3_optimizer_is_refused_in_one_line(dense_adam_run, tmp_path):
+    from tests.keras3_models import TF_KERAS_TO_TF1, tf_keras_dense_net
+    path, _ = dense_adam_run
+    with pytest.raises(ValueError, match=r"^format='keras': the optimizer is a keras\S*\.Adam; a tf-keras model "
+                                         r"saves a tf.keras.optimizers optimizer$"):
+        convert_checkpoint(path, tf_keras_dense_net, X, str(tmp_path / "m.keras"), rename=TF_KERAS_TO_TF1,
+                           optimizer=adam, format="keras")
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_cli_writes_a_tf_keras_keras_file(dense_adam_run, tmp_path, capsys):
+    import tf_keras
+    path, _ = dense_adam_run
+    out = str(tmp_path / "model.keras")
+    argv = ["convert-checkpoint", path, "tests.keras3_models:tf_keras_dense_net", out, "--input-shape", "4,5,5,2",
+            "--rename", "tests.keras3_models:TF_KERAS_TO_TF1", "--optimizer", "tests.keras3_models:tf_keras_adam",
+            "--format", "keras"]
+    assert cli.main(argv) == cli.EXIT_OK
+    assert capsys.readouterr().out.startswith(f".keras file {out}: 2 model variables, 4 slots, iterations=4")
+    assert int(tf_keras.models.load_model(out).optimizer.iterations.numpy()) == 4
 
 
 # --------------------------------------------------------------------------
