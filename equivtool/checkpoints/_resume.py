@@ -137,8 +137,10 @@ def _resume_tf2(e, _) -> dict:
     for tf2_name, source, how in conversion.slots:
         keras_slot = tf2_name.split("/", 1)[0]
         sources[(keras_slot, source.rpartition("/")[0])] = (source, how)
-    with tool.scope():  # the rows a sparse gradient holds more than once (no variable changes)
-        side.forward(o.inputs, training=False, with_gradients=True)
+    squares = _sparse_squares.squaring_kind(optimizer)
+    if squares:
+        with tool.scope():  # the rows a sparse gradient holds more than once (no variable changes)
+            side.forward(o.inputs, training=False, with_gradients=True)
     held = _slots.slot_variables(optimizer, side.layer.trainable_variables, tuple(sorted({s for s, _ in sources})))
     losses, captures, moving = [], [], _bessel.moving_of(side.read_variables())
     for _ in range(o.train_steps):
@@ -155,7 +157,7 @@ def _resume_tf2(e, _) -> dict:
                          "betas": (float(getattr(optimizer, "beta_1", 0) or 0),
                                    float(getattr(optimizer, "beta_2", 0) or 0))})
     return {"losses": losses, "captures": captures, "optimizer": type(optimizer).__name__, "lr": lr,
-            "repeated": dict(side.repeated_rows), "squares": _sparse_squares.squaring_kind(optimizer),
+            "repeated": dict(side.repeated_rows), "squares": squares,
             "moving_start": moving,
             "conversion": str(conversion), "mapped": len(conversion.model), "converted": len(conversion.slots),
             "iterations": conversion.iterations, "notes": list(conversion.notes)}

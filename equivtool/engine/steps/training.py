@@ -152,12 +152,13 @@ def _optimizer_tf2(e: "Engine", _) -> dict:
     half.gradient_pass()
     losses, values = [], []
     with half.preserved():
-        if not o.want_gradients and not half.distributed:  # the rows a sparse gradient repeats
+        optimizer = half.side.make_optimizer(make_tf2)
+        squares = _sparse_squares.squaring_kind(optimizer)
+        if squares and not o.want_gradients and not half.distributed:  # the rows a sparse gradient repeats
             sparse = half.side.sparse_gradients  # (as the gradients step left them: its note's input)
             with half.tool.scope():
                 half.side.forward(o.inputs, training=False, with_gradients=True)
             half.side.sparse_gradients = sparse
-        optimizer = half.side.make_optimizer(make_tf2)
         moving = _bessel.moving_of(half.side.read_variables())
         for _ in range(o.train_steps):
             with half.tool.scope():
@@ -165,7 +166,7 @@ def _optimizer_tf2(e: "Engine", _) -> dict:
             values.append(half.side.read_variables())
     return {"losses": losses, "variables": values, "optimizer": type(optimizer).__name__,
             "sparse": list(half.side.sparse_gradients), "repeated": dict(half.side.repeated_rows),
-            "squares": _sparse_squares.squaring_kind(optimizer), "moving_start": moving}
+            "squares": squares, "moving_start": moving}
 
 
 def _optimizer_expected(loss, values: Mapping, tf2_values: Mapping) -> dict:
