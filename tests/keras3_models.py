@@ -91,7 +91,8 @@ FEATURES = {"input_ids": np.random.RandomState(0).randint(0, VOCAB, (2, LENGTH))
             "input_mask": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], "int32")}
 
 
-def tf1_encoder(features, training):
+def tf1_encoder(features, training, heads_last=False):
+    """``heads_last``: the projected width split as ``i * heads + head`` (not BERT's ``head * head_size + i``)."""
     v1 = tf.compat.v1
     ids, mask = features["input_ids"], features["input_mask"]
     with v1.variable_scope("encoder"):
@@ -100,6 +101,8 @@ def tf1_encoder(features, training):
         x = tf.gather(table, ids)
 
         def heads(t):  # [batch, length, heads * head_size] -> [batch, heads, length, head_size]
+            if heads_last:
+                return tf.transpose(tf.reshape(t, [-1, LENGTH, HEAD_SIZE, HEADS]), [0, 3, 1, 2])
             return tf.transpose(tf.reshape(t, [-1, LENGTH, HEADS, HEAD_SIZE]), [0, 2, 1, 3])
         with v1.variable_scope("attention"):
             query = heads(v1.layers.dense(x, HIDDEN, name="query")) * np.float32(1.0 / np.sqrt(HEAD_SIZE))
@@ -108,7 +111,8 @@ def tf1_encoder(features, training):
             scores = tf.matmul(query, key, transpose_b=True)
             scores += (1.0 - tf.cast(mask[:, None, None, :], tf.float32)) * np.float32(-1e9)
             context = tf.matmul(tf.nn.softmax(scores), value)
-            context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, LENGTH, HIDDEN])
+            context = tf.reshape(tf.transpose(context, [0, 2, 3, 1] if heads_last else [0, 2, 1, 3]),
+                                 [-1, LENGTH, HIDDEN])
             attended = v1.layers.dense(context, HIDDEN, name="output")
         x = slim.layer_norm(x + attended, begin_norm_axis=-1, begin_params_axis=-1, scope="layer_norm")
         x = v1.layers.dense(x, HIDDEN, activation=tf.nn.relu, name="intermediate")
@@ -137,3 +141,27 @@ class Encoder(keras.Model):
         mask = tf.cast(features["input_mask"], tf.bool)[:, None, :]
         x = self.norm(x + self.attention(x, x, attention_mask=mask, training=training))
         return self.classifier(self.intermediate(x)[:, 0])
+
+
+# A tf-keras end state: a .keras file that tf_keras.models.load_model reads, optimizer included.
+TF_KERAS_TO_TF1 = {r"^logits/": "net/logits/", r"/kernel$": "/weights", r"/bias$": "/biases"}
+
+
+def tf1_dense_net(x, training):
+    with tf.compat.v1.variable_scope("net"):
+        return slim.fully_connected(slim.flatten(x), 4, activation_fn=None, scope="logits")
+
+
+def tf_keras_dense_net():
+    """``tf1_dense_net`` rewritten in tf-keras (``tf.keras`` under equivtool)."""
+    return tf.keras.Sequential([tf.keras.Input((5, 5, 2)), tf.keras.layers.Flatten(),
+                                tf.keras.layers.Dense(4, name="logits")], name="net")
+
+
+def tf_keras_adam():
+    return tf.keras.optimizers.Adam(0.01, epsilon=1e-8)
+
+
+def bare_dense():
+    """A bare Keras 3 layer: no model, so no compiled optimizer to save."""
+    return keras.layers.Dense(4, name="logits")

@@ -1,10 +1,12 @@
-"""A converted model and its optimizer written as a Keras 3 ``.keras`` file.
+"""A converted model and its optimizer written as a ``.keras`` file (Keras 3 or tf-keras).
 
 ``convert_checkpoint(..., format="keras")`` (``convert-checkpoint --format
-keras``) ends where a Keras 3 user starts: ``keras.saving.load_model(path)``
-gives the model with the TF1 weights and ``model.optimizer`` with the TF1
-slots and step count. Keras 3 saves an optimizer in a ``.keras`` file only as
-the model's compiled optimizer, so the converted optimizer is attached with
+keras``) ends where a Keras user starts: ``keras.saving.load_model(path)``
+(Keras 3) or ``tf_keras.models.load_model(path)`` (tf-keras, whose native
+``.keras`` format is the same zip of config and weights) gives the model
+with the TF1 weights and ``model.optimizer`` with the TF1 slots and step
+count. Either Keras saves an optimizer in a ``.keras`` file only as the
+model's compiled optimizer, so the converted optimizer is attached with
 ``model.compile(optimizer=...)`` (which keeps its variables) before saving.
 
 The file is written as every equivtool output is: checked before any work
@@ -30,7 +32,7 @@ from equivtool.variables.flavour import is_keras3
 
 __all__ = ["FORMATS", "check_format", "check_keras_output", "check_keras_model", "write_keras"]
 
-#: What ``format=`` accepts: a TF2 object-based checkpoint (a prefix), or a Keras 3 ``.keras`` file.
+#: What ``format=`` accepts: a TF2 object-based checkpoint (a prefix), or a ``.keras`` file (Keras 3 or tf-keras).
 FORMATS = ("checkpoint", "keras")
 
 
@@ -58,17 +60,29 @@ def check_keras_output(output, overwrite: bool) -> str:
     return path
 
 
+def _model_class(layer):
+    """``keras.Model`` for a Keras 3 ``layer``, else tf-keras' ``Model``."""
+    if is_keras3(layer):
+        import keras  # the layer is a Keras 3 object: Keras 3 is imported
+        return keras.Model
+    import tensorflow as tf  # under equivtool, tf.keras is tf-keras
+    return tf.keras.Model
+
+
 def check_keras_model(layer, optimizer) -> None:
-    """Refuse (one line) what a Keras 3 ``.keras`` file cannot hold: a TF2 side
-    that is not a Keras 3 ``keras.Model``, or a non-Keras 3 optimizer."""
-    import keras  # a Keras 3 model was made, or this refusal is the answer
-    if not (is_keras3(layer) and isinstance(layer, keras.Model)):
+    """Refuse (one line) what a ``.keras`` file cannot hold: a TF2 side that is
+    not a ``Model`` (a bare layer), or an optimizer of the other Keras. Keras 3
+    and tf-keras (2.13+, its native ``.keras`` format) each save their own
+    model with its compiled optimizer, slots and ``iterations`` included."""
+    if not isinstance(layer, _model_class(layer)):
         raise ValueError(f"format='keras': the TF2 side is a {type(layer).__module__}.{type(layer).__name__}; "
-                         "a .keras file with the optimizer needs a Keras 3 keras.Model (a tf-keras model or "
-                         "a bare layer: write format='checkpoint')")
-    if optimizer is not None and not is_keras3(optimizer):
+                         "a .keras file with the optimizer needs a Keras 3 keras.Model or a tf-keras "
+                         "tf.keras.Model (a bare layer: write format='checkpoint')")
+    if optimizer is not None and is_keras3(optimizer) != is_keras3(layer):
+        model_keras, other = (("Keras 3", "keras.optimizers") if is_keras3(layer)
+                              else ("tf-keras", "tf.keras.optimizers"))
         raise ValueError(f"format='keras': the optimizer is a {type(optimizer).__module__}."
-                         f"{type(optimizer).__name__}; a Keras 3 model saves a keras.optimizers optimizer")
+                         f"{type(optimizer).__name__}; a {model_keras} model saves a {other} optimizer")
 
 
 def write_keras(model, optimizer, output: str) -> str:
@@ -80,14 +94,15 @@ def write_keras(model, optimizer, output: str) -> str:
     try:
         scratch.remove_stale(folder, "keras", hidden=True)  # temporary files of killed runs
         if optimizer is not None:
-            model.compile(optimizer=optimizer)  # Keras 3 saves the compiled optimizer, and only that one
+            model.compile(optimizer=optimizer)  # Keras saves the compiled optimizer, and only that one
         descriptor, temporary = tempfile.mkstemp(prefix=scratch.prefix("keras", hidden=True), suffix=".keras",
                                                  dir=folder)
         os.close(descriptor)
         try:
             model.save(temporary)
         except Exception as exc:  # noqa: BLE001 - Keras raises many kinds (an unserializable layer ...)
-            raise ValueError(f"output: Keras 3 could not save the converted model to a .keras file: "
+            raise ValueError(f"output: {'Keras 3' if is_keras3(model) else 'tf-keras'} could not save the "
+                             "converted model to a .keras file: "
                              f"{short(exc)}") from None
         with _signals.shielded():  # a SIGTERM now waits until the rename is done
             if os.path.islink(output):

@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from equivtool.engine import noise_floor
+from equivtool.engine import _bessel, _sparse_squares, noise_floor
 from equivtool.engine.steps.common import SplitStep
 from equivtool._platform.tf_internals import save_slice_info
 from equivtool.checkpoints.convert import checkpoint_path, convert
@@ -96,6 +96,7 @@ def _resume_tf1(e) -> dict:
                           "slots": slot_capture,
                           "optimizer": {v.op.name: np.float32(x) for v, x in zip(non_slot, non_slot_values)}}
 
+        moving = _bessel.moving_of(_full_values(side.variables, side.fetch(side.variables), o.renamer))
         start = side.global_state() if o.noise_floor else None
         steps = [train_step() for _ in range(o.train_steps)]
         floor_run = None
@@ -104,7 +105,7 @@ def _resume_tf1(e) -> dict:
                 floor_run = [train_step() for _ in range(o.train_steps)]
         return {"losses": [loss for loss, _ in steps], "captures": [capture for _, capture in steps],
                 "optimizer": type(optimizer).__name__,
-                "floor_run": floor_run}
+                "floor_run": floor_run, "moving_start": moving}
     finally:
         side.close()
 
@@ -136,8 +137,12 @@ def _resume_tf2(e, _) -> dict:
     for tf2_name, source, how in conversion.slots:
         keras_slot = tf2_name.split("/", 1)[0]
         sources[(keras_slot, source.rpartition("/")[0])] = (source, how)
+    squares = _sparse_squares.squaring_kind(optimizer)
+    if squares:
+        with tool.scope():  # the rows a sparse gradient holds more than once (no variable changes)
+            side.forward(o.inputs, training=False, with_gradients=True)
     held = _slots.slot_variables(optimizer, side.layer.trainable_variables, tuple(sorted({s for s, _ in sources})))
-    losses, captures = [], []
+    losses, captures, moving = [], [], _bessel.moving_of(side.read_variables())
     for _ in range(o.train_steps):
         with tool.scope():
             losses.append(side.train_step(o.inputs, optimizer, training=True))
@@ -152,6 +157,8 @@ def _resume_tf2(e, _) -> dict:
                          "betas": (float(getattr(optimizer, "beta_1", 0) or 0),
                                    float(getattr(optimizer, "beta_2", 0) or 0))})
     return {"losses": losses, "captures": captures, "optimizer": type(optimizer).__name__, "lr": lr,
+            "repeated": dict(side.repeated_rows), "squares": squares,
+            "moving_start": moving,
             "conversion": str(conversion), "mapped": len(conversion.model), "converted": len(conversion.slots),
             "iterations": conversion.iterations, "notes": list(conversion.notes)}
 
@@ -171,7 +178,7 @@ def _resume_expected(tf1_loss, tf1_capture: dict, tf2_capture: dict, lr) -> dict
 
 def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
     o = e.options
-    comparisons = []
+    comparisons, expected_steps, actual_steps = [], [], []
     for step, (tf1_loss, tf1_capture, tf2_loss, tf2_capture) in enumerate(
             zip(tf1["losses"], tf1["captures"], tf2["losses"], tf2["captures"])):
         expected = _resume_expected(tf1_loss, tf1_capture, tf2_capture, tf2["lr"])
@@ -184,6 +191,8 @@ def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
             actual["optimizer"] = {"beta1_power": np.float32(beta_1 ** t), "beta2_power": np.float32(beta_2 ** t)}
         comparison = compare(expected, actual, o.tolerances.get("resume", step), name=f"step_{step + 1}")
         comparisons.append(comparison)
+        expected_steps.append(expected)
+        actual_steps.append(actual)
     floor_notes, floor_data = [], {}
     if tf1.get("floor_run") is not None:
         floor = noise_floor.judge_runs(
@@ -203,6 +212,11 @@ def _resume_judge(e, tf1: dict, tf2: dict) -> StepResult:
     notes += floor_notes
     if failed_at is not None:
         notes.append(f"first step that exceeds tolerance: {failed_at}")
+        notes += _sparse_squares.sparse_square_notes(comparisons, expected_steps, actual_steps,
+                                                     tf2.get("repeated") or {}, tf2.get("squares"), tf1["optimizer"])
+        notes += _bessel.first_step_notes(tf1.get("moving_start"), tf2.get("moving_start"),
+                                          [c["variables"] for c in tf1["captures"]],
+                                          [c["variables"] for c in tf2["captures"]], o.inputs)
     losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
     first = (tf1["captures"] or [{}])[0].get("variables", {}), (tf2["captures"] or [{}])[0].get("variables", {})
     return StepResult.from_comparisons("resume", title("resume"), comparisons, notes=notes,

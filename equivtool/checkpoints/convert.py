@@ -72,7 +72,7 @@ class Conversion:
     notes: tuple = ()
 
     def __str__(self) -> str:
-        what = "Keras 3 file" if self.path.endswith(".keras") else "TF2 checkpoint"
+        what = ".keras file" if self.path.endswith(".keras") else "TF2 checkpoint"
         lines = [f"{what} {self.path}: {len(self.model)} model variables, {len(self.slots)} slots"
                  + (f", iterations={self.iterations}" if self.iterations is not None else "")
                  + (f" ({self.optimizer})" if self.optimizer else "")]
@@ -579,11 +579,13 @@ def convert_checkpoint(tf1_checkpoint: str | os.PathLike, tf2_layer: Callable, i
         ``<var>/adam_m`` and ``<var>/adam_v`` to an ``AdamW``'s or ``Adam``'s
         m and v); its notes (how the updates differ) are in the conversion.
       format: ``"checkpoint"`` (a TF2 object-based checkpoint) or ``"keras"``:
-        a Keras 3 ``.keras`` file holding the model and, as its compiled
-        optimizer, the converted optimizer (``tf2_layer`` must make a Keras 3
-        ``keras.Model`` whose class Keras can deserialize); load it with
-        ``keras.saving.load_model(path)``. Written atomically (a temporary file
-        beside it, renamed; removed on every exit).
+        a ``.keras`` file holding the model and, as its compiled optimizer,
+        the converted optimizer (``tf2_layer`` must make a Keras 3
+        ``keras.Model`` or a tf-keras ``tf.keras.Model`` whose class that
+        Keras can deserialize, with an optimizer of the same Keras); load it
+        with ``keras.saving.load_model(path)`` or
+        ``tf_keras.models.load_model(path)``. Written atomically (a temporary
+        file beside it, renamed; removed on every exit).
 
     Returns the prefix (or ``.keras`` file) written; restore it with
     ``tf.train.Checkpoint(model=layer, optimizer=optimizer).restore(prefix)``

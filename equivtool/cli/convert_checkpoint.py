@@ -93,7 +93,7 @@ def add_parser(subparsers) -> None:
                         help="a declared TF1 optimizer layout (an equivtool.SlotLayout, e.g. "
                              "equivtool:ADAM_WEIGHT_DECAY for BERT's AdamWeightDecayOptimizer)")
     parser.add_argument("--format", default="checkpoint", choices=("checkpoint", "keras"),
-                        help="checkpoint: a TF2 checkpoint prefix (default); keras: a Keras 3 .keras file with "
-                             "the model and its optimizer (OUTPUT ends in .keras)")
+                        help="checkpoint: a TF2 checkpoint prefix (default); keras: a .keras file (Keras 3 or "
+                             "tf-keras) with the model and its optimizer (OUTPUT ends in .keras)")
     parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint (or .keras file) at OUTPUT")
     parser.set_defaults(run=run, starts_tensorflow=True)

@@ -80,6 +80,9 @@ class VariableSet:
 
     variables: tuple
     source: str = ""
+    #: ``((kernel name, (a, b)), ...)``: a TF1 graph's kernels whose output it reshapes to
+    #: ``[..., a, b]`` (how it splits attention heads: :func:`equivtool.variables.attention.head_splits`).
+    head_splits: tuple = ()
 
     def __len__(self) -> int:
         return len(self.variables)

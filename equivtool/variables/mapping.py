@@ -29,7 +29,9 @@ variable, in this order, and never guesses silently:
 6. multi-head attention blocks (TF1 ``query``/``key``/``value``/``output``
    dense layers against ``MultiHeadAttention``'s ``EinsumDense`` ones) are
    paired by that structure before shapes are grouped, with ``"reshape"``
-   where the shapes differ (``equivtool.checkpoints._attention``).
+   where the shapes differ (``equivtool.checkpoints._attention``); a block
+   whose TF1 graph splits the heads otherwise is refused
+   (:func:`equivtool.variables.attention.split_refusals`).
 
 A pair may carry a declared transform (:meth:`VariableMapping.resolve`):
 ``"transpose"`` (the axes reversed: BERT's ``output_weights`` [classes,
@@ -521,6 +523,13 @@ def propose(tf1: VariableSet, tf2: VariableSet) -> VariableMapping:
     held = {n for a, b, _ in refused for n in a + b}
     attention, reshaped = _attention.attention_pairs(tf1_by_name, tf2_by_name,
                                                      set(pairs) | set(pairs.values()) | held)
+    split_refusals = _attention.split_refusals(attention, reshaped, tf1_by_name, tf2_by_name, dict(tf1.head_splits))
+    for tf1_names, _, _ in split_refusals:  # another head split: no declared transform expresses it
+        for name in tf1_names:
+            attention.pop(name, None)
+            reshaped.pop(name, None)
+    refused += split_refusals
+    held |= {n for a, b, _ in split_refusals for n in a + b}
     pairs.update(attention)
     by_order, ambiguous = [], []
     # By signature and role first; what is left, by signature alone (a
@@ -621,7 +630,8 @@ def tf1_graph_variables(tf1_fn: Callable, inputs, training: bool = False) -> Var
             if slice_info is not None:
                 name, shape = slice_info.full_name, tuple(slice_info.full_shape)
             infos.setdefault(name, VariableInfo(name, shape, info.dtype, id(variable) in trainable))
-    return VariableSet(tuple(infos.values()), source="tf1")
+        splits = _attention.head_splits(graph)
+    return VariableSet(tuple(infos.values()), source="tf1", head_splits=tuple(splits.items()))
 
 
 def make_layer(tf2_layer: Any, argument: str = "tf2_layer"):

@@ -16,6 +16,7 @@ from equivtool._platform import graph_rewrites as _graph_rewrites
 from equivtool._platform import tf_internals as _tf_internals
 from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, to_numpy
 from equivtool.engine.sides import CAPABILITIES, Side
+from equivtool.engine import _sparse_squares
 from equivtool.variables.mapping import tf1_value, tf2_value
 from equivtool.engine.sides.tf1_side import default_loss, variable_key
 from equivtool.variables.flavour import layer_variables, variable_name
@@ -52,6 +53,7 @@ class TF2Side(Side):
         self.strategy = strategy
         self._functions: dict = {}
         self.sparse_gradients: tuple = ()  # keys whose last gradient was tf.IndexedSlices
+        self.repeated_rows: dict = {}  # key -> rows that gradient held more than once (engine._sparse_squares)
 
     @classmethod
     def create(cls, make_layer: Callable, inputs, *, renamer: Callable[[str], str], loss_fn: Callable | None,
@@ -139,7 +141,7 @@ class TF2Side(Side):
             raise
         gradients_by_key = None
         if with_gradients:
-            gradients_by_key, sparse = {}, []
+            gradients_by_key, sparse, self.repeated_rows = {}, [], {}
             for v, g in zip(self.layer.trainable_variables, gradients):
                 if g is not None:
                     key = variable_key(variable_name(v), self.renamer)
@@ -147,6 +149,7 @@ class TF2Side(Side):
                     gradients_by_key[key] = tf1_value(self.renamer, key, gradient)
                     if was_sparse:
                         sparse.append(key)
+                        self.repeated_rows[key] = _sparse_squares.repeated_rows(g.indices)
             self.sparse_gradients = tuple(sparse)
             loss = float(loss.numpy())
         return to_numpy(outputs), float(regularization.numpy()), loss, gradients_by_key

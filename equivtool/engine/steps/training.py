@@ -13,7 +13,7 @@ import numpy as np
 from equivtool.report import StepResult
 from equivtool._base.tree import dense_gradient
 from equivtool.engine.sides.tf1_side import primary_output_path, variable_key
-from equivtool.engine import noise_floor
+from equivtool.engine import _bessel, _sparse_squares, noise_floor
 from equivtool.engine.registry import SkipStep, title
 from equivtool.variables.flavour import variable_name
 
@@ -119,6 +119,7 @@ def _optimizer_tf1(e: "Engine") -> dict:
     losses, values = [], []
     with half.preserved():
         training = half.side.build_training(make_tf1, not half.distributed)
+        moving = _bessel.moving_of(half.side.read_variables())
         start = half.side.global_state() if o.noise_floor else None
         for _ in range(o.train_steps):
             # Every step sees each random op's first draw on both sides: a
@@ -140,7 +141,7 @@ def _optimizer_tf1(e: "Engine") -> dict:
         tensors[f"step_{step + 1}/loss"] = training.loss
         tensors.update({f"step_{step + 1}/variables/{key}": g for key, g in gradient_of.items()})
     return {"losses": losses, "variables": values, "optimizer": type(training.optimizer).__name__,
-            "floor_run": floor_run,
+            "floor_run": floor_run, "moving_start": moving,
             "sparse": [k for k, g in gradient_of.items() if type(g).__name__ == "IndexedSlices"],
             "loops": loops, "flags": loop_flags(loops, tensors)}
 
@@ -152,12 +153,20 @@ def _optimizer_tf2(e: "Engine", _) -> dict:
     losses, values = [], []
     with half.preserved():
         optimizer = half.side.make_optimizer(make_tf2)
+        squares = _sparse_squares.squaring_kind(optimizer)
+        if squares and not o.want_gradients and not half.distributed:  # the rows a sparse gradient repeats
+            sparse = half.side.sparse_gradients  # (as the gradients step left them: its note's input)
+            with half.tool.scope():
+                half.side.forward(o.inputs, training=False, with_gradients=True)
+            half.side.sparse_gradients = sparse
+        moving = _bessel.moving_of(half.side.read_variables())
         for _ in range(o.train_steps):
             with half.tool.scope():
                 losses.append(half.side.train_step(o.inputs, optimizer, training=not half.distributed))
             values.append(half.side.read_variables())
     return {"losses": losses, "variables": values, "optimizer": type(optimizer).__name__,
-            "sparse": list(half.side.sparse_gradients)}
+            "sparse": list(half.side.sparse_gradients), "repeated": dict(half.side.repeated_rows),
+            "squares": squares, "moving_start": moving}
 
 
 def _optimizer_expected(loss, values: Mapping, tf2_values: Mapping) -> dict:
@@ -194,6 +203,12 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
         notes.append(DISTRIBUTED_NOTE)
     if failed_at is not None:
         notes.append(f"first step that exceeds tolerance: {failed_at}")
+        notes += _sparse_squares.sparse_square_notes(
+            comparisons, [_optimizer_expected(*p) for p in zip(tf1["losses"], tf1["variables"], tf2["variables"])],
+            [{"loss": np.float32(loss), "variables": values} for loss, values in zip(tf2["losses"], tf2["variables"])],
+            tf2.get("repeated") or {}, tf2.get("squares"), tf1["optimizer"])
+        notes += _bessel.first_step_notes(tf1.get("moving_start"), tf2.get("moving_start"), tf1["variables"],
+                                          tf2["variables"], o.inputs, after_one_update=not e.tf1_half.distributed)
     losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
     compared = [key for key in (tf1["variables"] or [{}])[0] if key in (tf2["variables"] or [{}])[0]]
     data = {"steps": o.train_steps, "first_failing_step": failed_at, "losses": losses,
