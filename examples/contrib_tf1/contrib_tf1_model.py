@@ -23,10 +23,20 @@ def _layers():
 
 def _rnn():
     """(the LSTM cell, static_rnn): tf.contrib.rnn in TensorFlow 1.x; tf.compat.v1.nn's in 2.x
-    (tf-keras's legacy cells: the same variables, rnn/lstm/kernel and bias)."""
+    (tf-keras's legacy cells: the same variables, rnn/lstm/kernel and bias).
+
+    TensorFlow 1.15's cell, given no initializer, draws its kernel from the variable
+    scope's default, the v1 glorot_uniform_initializer; tf-keras's legacy cell draws
+    Keras's GlorotUniform instead, other numbers from the same seed (the old side in
+    TensorFlow 1.15 shows it; tf.compat.v1 in TensorFlow 2 runs tf-keras's cell on
+    both sides and cannot). The rewrite names the initializer the old code used."""
     if tf.__version__.startswith("1."):
         return tf.contrib.rnn.LSTMCell, tf.contrib.rnn.static_rnn
-    return tf.compat.v1.nn.rnn_cell.LSTMCell, tf.compat.v1.nn.static_rnn
+
+    def lstm_cell(units, **kwargs):
+        return tf.compat.v1.nn.rnn_cell.LSTMCell(units, initializer=tf.compat.v1.glorot_uniform_initializer(),
+                                                 **kwargs)
+    return lstm_cell, tf.compat.v1.nn.static_rnn
 
 
 def _layer_norm(v1, net, epsilon):
