@@ -335,8 +335,7 @@ def test_arguments_are_checked_before_any_work(monkeypatch):
         _build(tf1_python=python, loss_fn="no_such_module:loss")
     with_loss = _build(tf1_python=python, loss_fn="contrib_tf1_model:loss")
     assert with_loss.loss_fn is model.loss and with_loss.tf1_loss == "contrib_tf1_model:loss"
-    with pytest.raises(ValueError, match="localize: not yet run in the TF1 interpreter"):
-        _build(tf1_python=python, localize=True)
+    assert _build(tf1_python=python, localize=True).localize  # localized there (tests/test_tf1_python_localize.py)
     assert _build(tf1_python=python, workers=2).in_process is None  # nothing to send: the TF2 side stays here
     with pytest.raises(TypeError, match="tf1_path: expected a list of folders"):
         _build(tf1_python=python, tf1_path="folder")

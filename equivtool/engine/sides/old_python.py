@@ -273,8 +273,7 @@ class OldTF1Side(Side):
     """The user's TF1 function in one graph and session of the old interpreter."""
 
     KIND = "TF1 graph in the TF1 interpreter"
-    CAPABILITIES = frozenset({FORWARD, VARIABLES, GRADIENTS, TRAINING, CHECKPOINTS})
-    REFUSALS = {INTERMEDIATES: "op capture (localization): " + _NOT_YET}
+    CAPABILITIES = frozenset({FORWARD, VARIABLES, GRADIENTS, TRAINING, CHECKPOINTS, INTERMEDIATES})
 
     _count = 0
 
@@ -305,6 +304,8 @@ class OldTF1Side(Side):
         self.keys: list = []
         self.specs: dict = {}
         self.trainable_keys: set = set()
+        self.forwards: list = []    # OldForward, by pass
+        self._graphs: dict = {}     # pass -> OldGraph (described for localization)
 
     def forward(self, training: bool, with_gradients: bool = False) -> OldForward:
         answer = self.program.request("forward", handle=self.handle, training=training, gradients=with_gradients)
@@ -314,8 +315,38 @@ class OldTF1Side(Side):
         self.keys = [variable_key(name, self.renamer) for name in self.names]
         self.specs = {v["name"]: v for v in variables}
         self.trainable_keys = {key for key, v in zip(self.keys, variables) if v["trainable"]}
-        return OldForward(answer["pass"], answer["outputs"], answer["gradients"], answer["sparse"],
-                          answer["loops"], answer["leaf_flags"], answer["loss_flag"], answer["gradient_flags"])
+        forward = OldForward(answer["pass"], answer["outputs"], answer["gradients"], answer["sparse"],
+                             answer["loops"], answer["leaf_flags"], answer["loss_flag"], answer["gradient_flags"])
+        self.forwards.append(forward)
+        return forward
+
+    def op_graph(self, outputs) -> tuple:
+        """``(graph, output tensors)`` of the pass whose outputs are ``outputs`` (the
+        structure a step holds, ``forward.outputs``), described there for localization
+        (:mod:`equivtool.engine.sides.old_graph`)."""
+        from equivtool.engine.sides.old_graph import OldGraph
+        found = [forward for forward in self.forwards if forward.outputs is outputs]
+        if len(found) != 1:
+            raise ValueError(f"outputs: expected the outputs of one forward pass of {self.handle}, "
+                             f"found {len(found)} passes with them")
+        index = found[0].index
+        if index not in self._graphs:
+            self._graphs[index] = OldGraph(self.program.request("describe", handle=self.handle,
+                                                                **{"pass": index}))
+        graph = self._graphs[index]
+        return graph, graph.roots()
+
+    def op_runner(self, outputs):
+        """``run(tensors) -> values`` of the pass whose outputs are ``outputs``: one
+        ``fetch`` there per call, the inputs fed (a new session there where the pass draws
+        random numbers, as :meth:`equivtool.engine.sides.tf1_side.TF1Side.op_runner`)."""
+        from equivtool.engine.sides.old_graph import op_runner
+        [forward] = [forward for forward in self.forwards if forward.outputs is outputs]
+
+        def fetch(names):
+            return self.program.receive(self.program.request("fetch", handle=self.handle, names=names,
+                                                             **{"pass": forward.index}))
+        return op_runner(fetch)
 
     def run(self, forward: OldForward, fetch=("outputs", "regularization"), update_ops: bool = False) -> dict:
         """``{"outputs": structure, "regularization": value, "loss": value, "gradients": {key: dense}}``
@@ -406,7 +437,7 @@ class OldTF1Half(_Half):
     def __init__(self, e: "Engine"):
         started = time.perf_counter()
         o = e.options
-        self.distributed, self.localize, self._starts = False, False, {}
+        self.distributed, self.localize, self._starts = False, o.localize, {}
         self.side = OldTF1Side(e, "constant", tool=f"pair{id(self)}")
         self.train_side = None
         self.inference = self.side.forward(training=False)
@@ -419,6 +450,7 @@ class OldTF1Half(_Half):
         if key not in self._results:
             if side is not self.side:
                 side.copy_variables_from(self.side)
+            self._remember_start(key, side)  # with localize: where its re-run starts
             self._results[key] = side.run(forward, fetch, update_ops=True)
             if side is not self.side:
                 self.side.copy_variables_from(side)
@@ -471,15 +503,21 @@ def _random_constant(e: "Engine", mode: str, training: bool) -> dict:
 
 
 def _random_fresh(e: "Engine", mode: str, training: bool) -> dict:
-    side = OldTF1Side(e, mode)
+    side, keep = OldTF1Side(e, mode), False
     try:
         forward = side.forward(training=training)
+        start = side.read_variables() if e.options.localize else None
         capture = _forward_capture(forward, side.run(forward, update_ops=True))
         if training:
             capture["variables"] = side.read_variables()
+        if start is not None:  # localization fetches from this pass after the TF2 pass (the judge closes it),
+            side.assign_variables(start)  # from the values it started with (moving statistics too)
+            capture["_local"] = (side, forward)
+            keep = True
         return capture
     finally:
-        side.close()
+        if not keep:
+            side.close()
 
 
 def _gradients(e: "Engine") -> dict:
