@@ -62,8 +62,10 @@ def _statuses(report) -> dict:
 
 @pytest.mark.parametrize("tf_function", [False, True])
 def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, temp_root, tf_function):
-    report = _check(tf1_python, tf_function=tf_function)
-    assert _statuses(report) == {name: "passed" for name in DEFAULT}, str(report)
+    import tensorflow as tf
+    report = _check(tf1_python, tf_function=tf_function, checkpoint=True,
+                    optimizers=("contrib_tf1_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)))
+    assert _statuses(report) == {name: "passed" for name in DEFAULT + ["optimizer", "checkpoint"]}, str(report)
     assert report.passed
     ran_under = report.meta["old_ran_under"]
     assert ran_under.startswith("TensorFlow 1.15.0, Python 3.") and ran_under.endswith(os.path.abspath(tf1_python))

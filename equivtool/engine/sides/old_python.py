@@ -12,7 +12,7 @@ engine's ``close`` runs on errors, Ctrl-C and SIGTERM:
 :mod:`equivtool.engine.signals`).
 
 What runs there: :class:`OldTF1Side` declares forward passes, variables,
-gradients, training and checkpoints, so ``parity``, ``fixed_weights`` (the
+gradients, training, checkpoints and intermediates (localization), so ``parity``, ``fixed_weights`` (the
 values computed here by the same rule and sent), both random modes (the
 program holds the random tool's TF1 half, with the same seed arithmetic),
 ``gradients`` (the default loss, or ``loss_fn`` named ``"module:function"``
@@ -22,8 +22,9 @@ them: the steps that only read, assign, save and restore variables and run
 the inference pass (``parity``, ``fixed_weights``, ``checkpoint``) run their
 own TF1 functions on :class:`OldTF1Half`, which answers what they ask of the
 in-process half; the others have a TF1 function here. A step not listed
-(``resume``) is skipped with the reason, and localization (op capture) is
-refused: never reported as passed.
+(``resume``) is skipped with the reason: never reported as passed. Localization
+asks the program to describe a pass's ops and fetches them by name
+(:meth:`OldTF1Side.op_graph`, :mod:`equivtool.engine.sides.old_graph`).
 """
 
 from __future__ import annotations
