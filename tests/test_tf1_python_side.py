@@ -90,10 +90,13 @@ def test_a_loss_named_module_function_is_imported_on_both_sides(tf1_python):
     here = check_equivalence(model.model, lambda: model.Shim(), INPUTS, steps=["gradients"], loss_fn=model.loss)
     assert _statuses(there) == {"gradients": "passed", "optimizer": "passed"}, str(there)
     assert there.step("gradients").data["loss_target"] is None  # the user's loss, not the default
-    # the loss there is the named one: the same value as in-process (the default's differs)
-    assert there.step("gradients").notes[0] == here.step("gradients").notes[0]
+    # the loss there is the named one: the value in-process (TF 1.15's LSTM and batch-norm
+    # kernels round the last digits otherwise), and not the default's
+    def tf1_loss(report):
+        return float(report.step("gradients").notes[0].split("TF1 ", 1)[1].split(",")[0])
+    np.testing.assert_allclose(tf1_loss(there), tf1_loss(here), rtol=1e-6)
     default = _check(tf1_python, steps=["gradients"])
-    assert default.step("gradients").notes[0].split(" (")[0] != there.step("gradients").notes[0]
+    assert not np.isclose(tf1_loss(default), tf1_loss(there), rtol=1e-3)
 
 
 @pytest.mark.parametrize("learning_rate, status", [(0.1, "passed"), (0.11, "failed")])
@@ -123,7 +126,7 @@ def test_a_checkpoint_written_there_loads_into_both_sides(tf1_python, epsilon, s
     report = _check(tf1_python, layer=lambda: model.Shim(epsilon=epsilon), steps=["checkpoint"], checkpoint=True)
     [step] = report.steps
     assert step.status == status, str(report)
-    assert step.data["loaded_variables"] == 6 and step.data["missing"] == 0
+    assert step.data["loaded_variables"] == 11 and step.data["missing"] == 0
     assert "checkpoint written by the TF1 side" in step.notes[0]
 
 
@@ -136,7 +139,7 @@ def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python
     assert _statuses(report) == {"parity": "passed", "checkpoint": "passed", "resume": "skipped"}, str(report)
     assert report.step("resume").message == "resume: not yet run in the TF1 interpreter (tf1_python)"
     assert refusal(old_python.OldTF1Side, get_step("resume").needs) is None  # refused by the side's step list
-    assert refusal(old_python.OldTF1Side, ["intermediates"]).startswith("op capture (localization): not yet")
+    assert refusal(old_python.OldTF1Side, ["intermediates"]) is None  # localization runs there too
     # the verdict counts it as skipped
     assert "1 skipped" in str(report.verdict)
     only_refused = _check(tf1_python, steps=["resume"], checkpoint=_tf1_checkpoint(tmp_path / "again"),
