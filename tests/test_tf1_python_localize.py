@@ -28,17 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "contrib_tf1")
 sys.path[:0] = [HERE, EXAMPLE]
 import contrib_tf1_model as model  # noqa: E402
+from test_tf1_python_side import tf1_python  # noqa: E402,F401 (a fixture: the interpreter, or a skip with the reason)
 
 INPUTS = np.random.RandomState(3).standard_normal((4, model.FEATURES)).astype(np.float32)
-
-
-@pytest.fixture(scope="module")
-def tf1_python():
-    path = os.environ.get("EQUIVTOOL_TF1_PYTHON")
-    if not path:
-        pytest.skip(os.environ.get("EQUIVTOOL_TF1_SKIP")
-                    or "no TensorFlow 1.15 interpreter: set EQUIVTOOL_TF1_PYTHON (equivtool tf1-env DIR makes one)")
-    return path
 
 
 def _localized(tf1_python, slip: dict, steps, **kwargs) -> dict:
@@ -86,6 +78,17 @@ def test_the_faithful_rewrite_localizes_nothing_and_compares_every_op(tf1_python
         # unaligned (both sides', the forward steps prove the draws); every other op is aligned
         assert set(localization.unaligned_tf1) <= {"small/dropout/dropout_1/random_uniform/RandomUniform "
                                                    "(RandomUniform)"}, (name, str(localization))
+
+
+def test_the_cli_offers_the_localized_rerun_in_the_tf1_interpreter():
+    import types
+    from equivtool.cli.check import localize_command
+    from equivtool.report import EquivalenceReport, StepResult
+    args = types.SimpleNamespace(localize=False, tf1_fn="m:tf1", tf2_factory="m:tf2", input_shape="4,6", seed=42,
+                                 tf_function=False, graph_rewrites="as_written", tf1_python="/env/bin/python",
+                                 tf1_path=["models", "more"])
+    command = localize_command(args, EquivalenceReport((StepResult("fixed_weights", "t", "failed", 0.0),)))
+    assert command.endswith("--tf1-python /env/bin/python --tf1-path models --tf1-path more --localize")
 
 
 # --------------------------------------------------------------------------
