@@ -310,7 +310,7 @@ class Side(object):
         self.passes = []
         self.initialized = False
         self.variables = []
-        self.describe_cache = {}
+        self.draws_random = {}  # pass -> whether it draws random numbers (fetch)
 
     def forward(self, training, gradients):
         def build():
@@ -537,10 +537,10 @@ class Side(object):
         run did; the step's session is left as it is."""
         self.initialize()
         tensors = [self.graph.get_tensor_by_name(name) for name in names]
-        found = self.describe_cache.get(index)
+        found = self.draws_random.get(index)
         if found is None:
             tensors_, updates = self._pass_roots(index)
-            found = self.describe_cache[index] = any(
+            found = self.draws_random[index] = any(
                 op.type in _STATEFUL_RANDOM_OPS for op in ancestors([t.op for t in tensors_] + updates))
         if not found:
             values = self.session.run(tensors, feed_dict=self.feed())
