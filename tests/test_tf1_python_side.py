@@ -62,8 +62,10 @@ def _statuses(report) -> dict:
 
 @pytest.mark.parametrize("tf_function", [False, True])
 def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, temp_root, tf_function):
-    report = _check(tf1_python, tf_function=tf_function)
-    assert _statuses(report) == {name: "passed" for name in DEFAULT}, str(report)
+    import tensorflow as tf
+    report = _check(tf1_python, tf_function=tf_function, checkpoint=True,
+                    optimizers=("contrib_tf1_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)))
+    assert _statuses(report) == {name: "passed" for name in DEFAULT + ["optimizer", "checkpoint"]}, str(report)
     assert report.passed
     ran_under = report.meta["old_ran_under"]
     assert ran_under.startswith("TensorFlow 1.15.0, Python 3.") and ran_under.endswith(os.path.abspath(tf1_python))
@@ -71,7 +73,7 @@ def test_the_contrib_model_is_equivalent_on_every_step_run_there(tf1_python, tem
     assert report.meta["old_interpreter"]["tensorflow"] == "1.15.0"
     assert report.meta["old_interpreter"]["cpu_build"] is True and report.meta["old_interpreter"]["contrib_imported"]
     steps = {step.name: step for step in report.steps}
-    assert steps["gradients"].data["variables"] == 6  # every trainable variable's gradient compared
+    assert steps["gradients"].data["variables"] == 9  # every trainable variable's gradient compared
     assert list(temp_root.glob("equivtool-*")) == []  # the program's folder is gone (autograph leaves its own)
 
 
@@ -88,10 +90,13 @@ def test_a_loss_named_module_function_is_imported_on_both_sides(tf1_python):
     here = check_equivalence(model.model, lambda: model.Shim(), INPUTS, steps=["gradients"], loss_fn=model.loss)
     assert _statuses(there) == {"gradients": "passed", "optimizer": "passed"}, str(there)
     assert there.step("gradients").data["loss_target"] is None  # the user's loss, not the default
-    # the loss there is the named one: the same value as in-process (the default's differs)
-    assert there.step("gradients").notes[0] == here.step("gradients").notes[0]
+    # the loss there is the named one: the value in-process (TF 1.15's LSTM and batch-norm
+    # kernels round the last digits otherwise), and not the default's
+    def tf1_loss(report):
+        return float(report.step("gradients").notes[0].split("TF1 ", 1)[1].split(",")[0])
+    np.testing.assert_allclose(tf1_loss(there), tf1_loss(here), rtol=1e-6)
     default = _check(tf1_python, steps=["gradients"])
-    assert default.step("gradients").notes[0].split(" (")[0] != there.step("gradients").notes[0]
+    assert not np.isclose(tf1_loss(default), tf1_loss(there), rtol=1e-3)
 
 
 @pytest.mark.parametrize("learning_rate, status", [(0.1, "passed"), (0.11, "failed")])
@@ -121,7 +126,7 @@ def test_a_checkpoint_written_there_loads_into_both_sides(tf1_python, epsilon, s
     report = _check(tf1_python, layer=lambda: model.Shim(epsilon=epsilon), steps=["checkpoint"], checkpoint=True)
     [step] = report.steps
     assert step.status == status, str(report)
-    assert step.data["loaded_variables"] == 6 and step.data["missing"] == 0
+    assert step.data["loaded_variables"] == 11 and step.data["missing"] == 0
     assert "checkpoint written by the TF1 side" in step.notes[0]
 
 
@@ -134,7 +139,7 @@ def test_steps_not_run_there_are_refused_with_the_reason_never_passed(tf1_python
     assert _statuses(report) == {"parity": "passed", "checkpoint": "passed", "resume": "skipped"}, str(report)
     assert report.step("resume").message == "resume: not yet run in the TF1 interpreter (tf1_python)"
     assert refusal(old_python.OldTF1Side, get_step("resume").needs) is None  # refused by the side's step list
-    assert refusal(old_python.OldTF1Side, ["intermediates"]).startswith("op capture (localization): not yet")
+    assert refusal(old_python.OldTF1Side, ["intermediates"]) is None  # localization runs there too
     # the verdict counts it as skipped
     assert "1 skipped" in str(report.verdict)
     only_refused = _check(tf1_python, steps=["resume"], checkpoint=_tf1_checkpoint(tmp_path / "again"),
@@ -335,8 +340,7 @@ def test_arguments_are_checked_before_any_work(monkeypatch):
         _build(tf1_python=python, loss_fn="no_such_module:loss")
     with_loss = _build(tf1_python=python, loss_fn="contrib_tf1_model:loss")
     assert with_loss.loss_fn is model.loss and with_loss.tf1_loss == "contrib_tf1_model:loss"
-    with pytest.raises(ValueError, match="localize: not yet run in the TF1 interpreter"):
-        _build(tf1_python=python, localize=True)
+    assert _build(tf1_python=python, localize=True).localize  # localized there (tests/test_tf1_python_localize.py)
     assert _build(tf1_python=python, workers=2).in_process is None  # nothing to send: the TF2 side stays here
     with pytest.raises(TypeError, match="tf1_path: expected a list of folders"):
         _build(tf1_python=python, tf1_path="folder")

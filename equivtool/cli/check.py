@@ -75,7 +75,7 @@ def run(args) -> int:
             raise UsageError(str(exc)) from None
     print()
     print(report)
-    rerun = "" if args.tf1_python else localize_command(args, report)  # (not yet localized in the TF1 interpreter)
+    rerun = localize_command(args, report)
     if rerun:
         print(f"\nTo find the first op whose output differs, re-run localized:\n  {rerun}")
     write_reports(report, args.json, args.html)
@@ -144,6 +144,9 @@ def localize_command(args, report) -> str:
     words += [word for text in getattr(args, "outputs", None) or () for word in ("--outputs", text)]
     for flag in ("atol", "rtol"):
         words += [word for text in getattr(args, flag, None) or () for word in (f"--{flag}", text)]
+    if getattr(args, "tf1_python", None):  # localized in the TF1 interpreter too
+        words += ["--tf1-python", args.tf1_python]
+        words += [word for folder in getattr(args, "tf1_path", None) or () for word in ("--tf1-path", folder)]
     words.append("--localize")
     return " ".join(shlex.quote(w) for w in words)
 

@@ -77,8 +77,10 @@ def localize_on_step(result, tf1_side, tf1_outputs, call_tf2, tolerance, *, stat
         from equivtool.localize.forward import localize_forward
         try:
             with (state() if state is not None else contextlib.nullcontext()):
-                found = localize_forward(tf1_side.graph, tf1_outputs, tf1_side.op_runner(tf1_outputs),
-                                         call_tf2, tolerance)
+                # a side in another interpreter has no tf.Graph here: its pass is described
+                graph, outputs = (tf1_side.op_graph(tf1_outputs) if hasattr(tf1_side, "op_graph")
+                                  else (tf1_side.graph, tf1_outputs))
+                found = localize_forward(graph, outputs, tf1_side.op_runner(tf1_outputs), call_tf2, tolerance)
         except Exception as exc:  # the step's verdict stands; say why nothing was localized
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             found = Localization("inconclusive", reason=f"localization failed: {detail[:300]}",

@@ -4,14 +4,16 @@
     python -m examples.contrib_tf1.parity --tf1-python PATH   (the same)
 
 ``contrib_tf1_model.model`` is written with ``tf.contrib.layers``
-(fully_connected, layer_norm, dropout). ``check_equivalence(tf1_python=PATH)``
+(fully_connected, batch_norm, layer_norm, dropout) and ``tf.contrib.rnn`` (an
+LSTM cell unrolled with static_rnn). ``check_equivalence(tf1_python=PATH)``
 imports it in the TensorFlow 1.15 interpreter at PATH (``equivtool tf1-env
 DIR`` makes one; default ``$EQUIVTOOL_TF1_PYTHON``) and runs its TF1 side
 there, as it ran, while the TF2 rewrite (the same code on tf-slim in a shim
 layer) runs here: every default step plus optimizer steps and a checkpoint,
 with both sides at once (``workers=2``). Then the rewrite's layer norm is
 written out with epsilon 1e-3 instead of contrib's 1e-12, and the check says
-NOT EQUIVALENT. Exit status 0 when both verdicts are the expected ones.
+NOT EQUIVALENT and localizes it to the layer norm's add of epsilon in the
+TensorFlow 1.15 graph. Exit status 0 when both verdicts are the expected ones.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
         return equivtool.check_equivalence(
             "contrib_tf1_model:model", lambda: model.Shim(epsilon=epsilon), inputs, tf1_python=args.tf1_python,
             tf1_path=[HERE], optimizers=("contrib_tf1_model:sgd", lambda: tf.keras.optimizers.SGD(0.1)),
-            checkpoint=True, workers=2)
+            checkpoint=True, workers=2, localize=epsilon is not None)  # localization runs in one process
 
     faithful = check(None)
     print(faithful)
@@ -54,6 +56,11 @@ def main(argv=None) -> int:
     print("\nThe rewrite with a planted slip: its layer norm's epsilon 1e-3 (contrib's is 1e-12)\n")
     slipped = check(1e-3)
     print(slipped.verdict)
+    steps = {step.name: step for step in slipped.steps}
+    localization = steps["fixed_weights"].data.get("localization")
+    if localization is not None:  # where the numbers part, found in the TF1 interpreter's graph
+        print(f"first divergent op: {localization.tf1_op} (TF 1.15) / {localization.tf2_op} (TF2), "
+              f"created at {localization.tf1_source}")
     return 0 if faithful.passed and not slipped.passed else 1
 
 

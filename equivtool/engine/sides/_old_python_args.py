@@ -75,8 +75,6 @@ def _import_here(name: str, folders: tuple):
 
 def refusal_reason(options: "Options") -> str | None:
     """Why these options cannot run with ``tf1_python`` yet (one line), or None."""
-    if options.localize:
-        return "localize: " + NOT_YET
     if options.strategy is not None:
         return "strategy: not supported with tf1_python"
     if options.aligned:

@@ -36,6 +36,13 @@
 #   load_global_state handle file names
 #   save handle path / restore handle path
 #                              a tf.train.Saver checkpoint of the variables: path
+#   describe handle pass       the pass's ops for localization (the ancestors of its outputs
+#                              and of its UPDATE_OPS, in creation order): ops [{name, type,
+#                              inputs, outputs [{dtype, shape}], fetchable, loop, frame}],
+#                              outputs (tensor names), updates (op names), random
+#   fetch handle pass names    the values of the named tensors (the inputs fed; a new session
+#                              with the current variables where the pass draws random numbers):
+#                              file, names
 #   close handle / quit
 # An error answers {"ok": false, "error": {type, message, frame, traceback}}.
 #
@@ -303,6 +310,7 @@ class Side(object):
         self.passes = []
         self.initialized = False
         self.variables = []
+        self.draws_random = {}  # pass -> whether it draws random numbers (fetch)
 
     def forward(self, training, gradients):
         def build():
@@ -488,6 +496,100 @@ class Side(object):
     def close(self):
         self.session.close()
 
+    # -- localization: the pass's ops described, and fetched by name -----------------
+
+    def _pass_roots(self, index):
+        built = self.passes[index]
+        tensors = [t for t in flatten(built["outputs"]) if hasattr(t, "op")]
+        return tensors, [getattr(u, "op", u) for u in built["updates"]]
+
+    def describe(self, index):
+        """The ops a localization compares: every op the pass's outputs and its UPDATE_OPS
+        (the moving averages batch norm updates) are computed from, in creation order."""
+        tensors, updates = self._pass_roots(index)
+        wanted = set()
+        stack = [t.op for t in tensors] + updates
+        while stack:  # inputs only, as equivtool's localization walks a graph
+            op = stack.pop()
+            if op not in wanted:
+                wanted.add(op)
+                stack.extend(t.op for t in op.inputs)
+        ops, passive = [], not_compared(self.graph, wanted)
+        for op in self.graph.get_operations():
+            if op not in wanted:
+                continue
+            # fetching an assignment would write; the others are values, not results (see not_compared)
+            assigns = op.type.startswith("Assign") or op.type.startswith("Scatter") or op in passive
+            ops.append({
+                "name": op.name, "type": op.type, "inputs": [t.name for t in op.inputs],
+                "outputs": [{"dtype": t.dtype.base_dtype.name,
+                             "shape": None if t.shape.ndims is None else t.shape.as_list()} for t in op.outputs],
+                "fetchable": [not assigns and self.graph.is_fetchable(t) for t in op.outputs],
+                "loop": op._get_control_flow_context() is not None,
+                "frame": op_frame(op)})
+        return {"ops": ops, "outputs": [t.name for t in tensors], "updates": [op.name for op in updates],
+                "random": any(op.type in _STATEFUL_RANDOM_OPS for op in wanted)}
+
+    def fetch(self, index, names):
+        """The named tensors' values with the inputs fed. Where the pass draws random
+        numbers (dropout in training mode) each fetch runs in a new session holding the
+        current variable values, so every fetch sees the first draws, as the step's own
+        run did; the step's session is left as it is."""
+        self.initialize()
+        tensors = [self.graph.get_tensor_by_name(name) for name in names]
+        found = self.draws_random.get(index)
+        if found is None:
+            tensors_, updates = self._pass_roots(index)
+            found = self.draws_random[index] = any(
+                op.type in _STATEFUL_RANDOM_OPS for op in ancestors([t.op for t in tensors_] + updates))
+        if not found:
+            values = self.session.run(tensors, feed_dict=self.feed())
+        else:
+            with self.graph.as_default():
+                everything = tf.global_variables()
+            current = self.session.run(everything)
+            session = tf.Session(graph=self.graph, config=self.config)
+            try:
+                session.run([v.initializer for v in everything],
+                            feed_dict=dict((v.initializer.inputs[1], value) for v, value in zip(everything, current)))
+                values = session.run(tensors, feed_dict=self.feed())
+            finally:
+                session.close()
+        return {"file": save_arrays(self.folder, "fetch", values), "names": list(names)}
+
+
+def not_compared(graph, ops):
+    """The ops among ops whose outputs are values rather than the pass's results, left
+    uncompared: a variable's value read through Identity ops (the variable steps prove
+    it, and a TF2 layer that creates its variables in the call runs initializer ops in
+    its place), and a random draw's own arithmetic (what is computed from draws and
+    constants alone; the draw itself is compared: TensorFlow 2 builds random_uniform over [0, 1)
+    without TensorFlow 1.15's `* (maxval - minval) + minval`; the forward steps prove
+    the draws the same)."""
+    reads, draws, drawn = set(), set(), set()
+    for op in graph.get_operations():  # creation order: an op's inputs come first
+        if op not in ops:
+            continue
+        sources = [t.op for t in op.inputs]
+        if op.type == "Identity" and sources and (
+                sources[0].type in ("VariableV2", "VarHandleOp", "ReadVariableOp") or sources[0] in reads):
+            reads.add(op)
+        elif op.type in _STATEFUL_RANDOM_OPS:
+            draws.add(op)  # compared: both versions draw the same raw numbers
+        elif sources and all(source in draws or source in drawn or source.type == "Const" for source in sources):
+            drawn.add(op)  # arithmetic on draws and constants only
+    return reads | drawn
+
+
+def op_frame(op):
+    """[path, line, function] of the innermost frame of op's creation outside TensorFlow and
+    this program (the user's line), or None."""
+    for frame in reversed(list(op.traceback)):
+        filename, lineno, name = frame[0], frame[1], frame[2]
+        if not any(part in filename.replace(os.sep, "/") for part in _LIBRARY):
+            return [filename, lineno, name]
+    return None
+
 
 # -- serving ----------------------------------------------------------------------
 
@@ -579,6 +681,10 @@ def handle(folder, request, sides, tools):
         return side.save(request["path"])
     if op == "restore":
         return side.restore(request["path"])
+    if op == "describe":
+        return side.describe(int(request["pass"]))
+    if op == "fetch":
+        return side.fetch(int(request["pass"]), request["names"])
     if op == "close":
         sides.pop(request["handle"]).close()
         return {}

@@ -12,7 +12,7 @@ engine's ``close`` runs on errors, Ctrl-C and SIGTERM:
 :mod:`equivtool.engine.signals`).
 
 What runs there: :class:`OldTF1Side` declares forward passes, variables,
-gradients, training and checkpoints, so ``parity``, ``fixed_weights`` (the
+gradients, training, checkpoints and intermediates (localization), so ``parity``, ``fixed_weights`` (the
 values computed here by the same rule and sent), both random modes (the
 program holds the random tool's TF1 half, with the same seed arithmetic),
 ``gradients`` (the default loss, or ``loss_fn`` named ``"module:function"``
@@ -22,8 +22,9 @@ them: the steps that only read, assign, save and restore variables and run
 the inference pass (``parity``, ``fixed_weights``, ``checkpoint``) run their
 own TF1 functions on :class:`OldTF1Half`, which answers what they ask of the
 in-process half; the others have a TF1 function here. A step not listed
-(``resume``) is skipped with the reason, and localization (op capture) is
-refused: never reported as passed.
+(``resume``) is skipped with the reason: never reported as passed. Localization
+asks the program to describe a pass's ops and fetches them by name
+(:meth:`OldTF1Side.op_graph`, :mod:`equivtool.engine.sides.old_graph`).
 """
 
 from __future__ import annotations
@@ -273,8 +274,7 @@ class OldTF1Side(Side):
     """The user's TF1 function in one graph and session of the old interpreter."""
 
     KIND = "TF1 graph in the TF1 interpreter"
-    CAPABILITIES = frozenset({FORWARD, VARIABLES, GRADIENTS, TRAINING, CHECKPOINTS})
-    REFUSALS = {INTERMEDIATES: "op capture (localization): " + _NOT_YET}
+    CAPABILITIES = frozenset({FORWARD, VARIABLES, GRADIENTS, TRAINING, CHECKPOINTS, INTERMEDIATES})
 
     _count = 0
 
@@ -305,6 +305,8 @@ class OldTF1Side(Side):
         self.keys: list = []
         self.specs: dict = {}
         self.trainable_keys: set = set()
+        self.forwards: list = []    # OldForward, by pass
+        self._graphs: dict = {}     # pass -> OldGraph (described for localization)
 
     def forward(self, training: bool, with_gradients: bool = False) -> OldForward:
         answer = self.program.request("forward", handle=self.handle, training=training, gradients=with_gradients)
@@ -314,8 +316,38 @@ class OldTF1Side(Side):
         self.keys = [variable_key(name, self.renamer) for name in self.names]
         self.specs = {v["name"]: v for v in variables}
         self.trainable_keys = {key for key, v in zip(self.keys, variables) if v["trainable"]}
-        return OldForward(answer["pass"], answer["outputs"], answer["gradients"], answer["sparse"],
-                          answer["loops"], answer["leaf_flags"], answer["loss_flag"], answer["gradient_flags"])
+        forward = OldForward(answer["pass"], answer["outputs"], answer["gradients"], answer["sparse"],
+                             answer["loops"], answer["leaf_flags"], answer["loss_flag"], answer["gradient_flags"])
+        self.forwards.append(forward)
+        return forward
+
+    def op_graph(self, outputs) -> tuple:
+        """``(graph, output tensors)`` of the pass whose outputs are ``outputs`` (the
+        structure a step holds, ``forward.outputs``), described there for localization
+        (:mod:`equivtool.engine.sides.old_graph`)."""
+        from equivtool.engine.sides.old_graph import OldGraph
+        found = [forward for forward in self.forwards if forward.outputs is outputs]
+        if len(found) != 1:
+            raise ValueError(f"outputs: expected the outputs of one forward pass of {self.handle}, "
+                             f"found {len(found)} passes with them")
+        index = found[0].index
+        if index not in self._graphs:
+            self._graphs[index] = OldGraph(self.program.request("describe", handle=self.handle,
+                                                                **{"pass": index}))
+        graph = self._graphs[index]
+        return graph, graph.roots()
+
+    def op_runner(self, outputs):
+        """``run(tensors) -> values`` of the pass whose outputs are ``outputs``: one
+        ``fetch`` there per call, the inputs fed (a new session there where the pass draws
+        random numbers, as :meth:`equivtool.engine.sides.tf1_side.TF1Side.op_runner`)."""
+        from equivtool.engine.sides.old_graph import op_runner
+        [forward] = [forward for forward in self.forwards if forward.outputs is outputs]
+
+        def fetch(names):
+            return self.program.receive(self.program.request("fetch", handle=self.handle, names=names,
+                                                             **{"pass": forward.index}))
+        return op_runner(fetch)
 
     def run(self, forward: OldForward, fetch=("outputs", "regularization"), update_ops: bool = False) -> dict:
         """``{"outputs": structure, "regularization": value, "loss": value, "gradients": {key: dense}}``
@@ -406,7 +438,7 @@ class OldTF1Half(_Half):
     def __init__(self, e: "Engine"):
         started = time.perf_counter()
         o = e.options
-        self.distributed, self.localize, self._starts = False, False, {}
+        self.distributed, self.localize, self._starts = False, o.localize, {}
         self.side = OldTF1Side(e, "constant", tool=f"pair{id(self)}")
         self.train_side = None
         self.inference = self.side.forward(training=False)
@@ -419,6 +451,7 @@ class OldTF1Half(_Half):
         if key not in self._results:
             if side is not self.side:
                 side.copy_variables_from(self.side)
+            self._remember_start(key, side)  # with localize: where its re-run starts
             self._results[key] = side.run(forward, fetch, update_ops=True)
             if side is not self.side:
                 self.side.copy_variables_from(side)
@@ -471,15 +504,21 @@ def _random_constant(e: "Engine", mode: str, training: bool) -> dict:
 
 
 def _random_fresh(e: "Engine", mode: str, training: bool) -> dict:
-    side = OldTF1Side(e, mode)
+    side, keep = OldTF1Side(e, mode), False
     try:
         forward = side.forward(training=training)
+        start = side.read_variables() if e.options.localize else None
         capture = _forward_capture(forward, side.run(forward, update_ops=True))
         if training:
             capture["variables"] = side.read_variables()
+        if start is not None:  # localization fetches from this pass after the TF2 pass (the judge closes it),
+            side.assign_variables(start)  # from the values it started with (moving statistics too)
+            capture["_local"] = (side, forward)
+            keep = True
         return capture
     finally:
-        side.close()
+        if not keep:
+            side.close()
 
 
 def _gradients(e: "Engine") -> dict:
