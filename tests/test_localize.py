@@ -169,7 +169,12 @@ def test_faithful_model_reports_no_divergence_and_the_same_verdicts_and_numbers(
         assert [leaf.max_abs for leaf in before.leaves] == [leaf.max_abs for leaf in after.leaves]
         found = _localization(localized, step)
         assert found.status == "no_divergence", (step, str(found))
-        assert found.compared == found.tf1_ops >= 9  # every TF1 op of the pass had a counterpart
+        # every TF1 op of the pass had a counterpart, but the moving averages' arithmetic of a training
+        # pass: TF1 builds it as ops (AssignMovingAvg/sub, mul), TF2's eager fused batch norm does it
+        # inside FusedBatchNormV3, so those stay unaligned (never blamed)
+        updates = [op for op in found.unaligned_tf1 if "/AssignMovingAvg" in op]
+        assert len(updates) == (6 if step.endswith("/training") else 0) == len(found.unaligned_tf1), step
+        assert found.compared == found.tf1_ops - len(updates) >= 9
         assert "localization" not in before.data
 
 

@@ -138,13 +138,25 @@ class TF1Op:
         self.matched = False
 
 
+def writes_a_variable(op_type: str) -> bool:
+    """An op that changes a variable when it runs (fetching it would write)."""
+    return op_type.startswith(("Assign", "Scatter", "ResourceScatter", "Apply", "ResourceApply"))
+
+
 def tf1_forward_ops(graph, outputs) -> tuple:
     """The compared ops among the ancestors of ``outputs``, in creation order,
     and the count of those inside v1 control flow (not fetchable)."""
-    wanted = ancestors(t.op for t in tf.nest.flatten(outputs) if hasattr(t, "op"))
+    roots = [t.op for t in tf.nest.flatten(outputs) if hasattr(t, "op")]
+    # A training pass's UPDATE_OPS (batch norm's moving averages) are applied where
+    # the TF2 call applies them: their inputs are compared too (a decay slip is
+    # found where the decay is used), the writes themselves never fetched.
+    # (A pass described by another interpreter names its updates among ``outputs``.)
+    updates = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS) if hasattr(graph, "get_collection") else ()
+    roots += [t.op for update in updates for t in getattr(getattr(update, "op", update), "inputs", ())]
+    wanted = ancestors(roots)
     result, in_loops = [], 0
     for op in graph.get_operations():  # creation order: a topological order
-        if op not in wanted or op.type in SKIPPED_TYPES:
+        if op not in wanted or op.type in SKIPPED_TYPES or writes_a_variable(op.type):
             continue
         if op.type == "Identity" and op.inputs and op.inputs[0].op.type in ("VariableV2", "VarHandleOp"):
             continue

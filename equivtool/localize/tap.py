@@ -37,6 +37,23 @@ def current_frames(skip: int = 2) -> list:
     return frames
 
 
+#: The frame every resource variable's initial value is computed under (the
+#: initializer of a shim's get_variable, a tf-keras or a Keras 3 layer's weight,
+#: an initial_value callable), whatever scope the layer names it in.
+_INITIAL_VALUE_FRAME = ("resource_variable_ops.py", "_init_from_args")
+
+
+def making_initial_value(frames) -> bool:
+    """Whether an eager op runs to make a variable's initial value: a fresh TF2
+    layer's first call (the ``num_random_ops`` steps make one) creates its
+    variables inside the tapped call. Those ops are not the forward pass, and
+    the TF1 side never fetches their counterparts (initializers are not the
+    outputs' ancestors): compared against forward ops they would be blamed
+    for differences that are not there."""
+    return any(os.path.basename(filename) == _INITIAL_VALUE_FRAME[0] and name == _INITIAL_VALUE_FRAME[1]
+               for filename, _, name in frames)
+
+
 class Tap:
     """The op callback, installed for one TF2 call and removed on every exit path."""
 
@@ -88,10 +105,13 @@ class Tap:
         scope_now = tf.get_current_name_scope()
         if "/Initializer" in scope_now:  # a variable's initial value (a layer's first call)
             return
+        frames = current_frames(3)
+        if making_initial_value(frames):
+            return
         self.eager_ops += 1
         name, scope = self._names(None, op_type, scope_now)
         values = [outputs[i].numpy() for i in indices]
-        self.lockstep.add(Record(name, scope, op_type, values, current_frames(3)))
+        self.lockstep.add(Record(name, scope, op_type, values, frames))
 
     def _graph(self, op_type, outputs, indices, op_name) -> None:
         self.graph_mode = True

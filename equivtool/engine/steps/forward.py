@@ -136,12 +136,14 @@ def _random_fresh_tf1(e: "Engine", mode: str, training: bool) -> dict:
     try:
         with tf1_aligned(o, tf1):
             forward = tf1.forward(training=training)
+        start = tf1.read_variables() if o.localize else None
         outputs, regularization = tf1.run((forward.outputs, forward.regularization),
                                           update_ops=forward.update_ops)
         capture = forward_capture(forward, outputs, regularization)
         if training:
             capture["variables"] = tf1.read_variables()
-        if o.localize:  # localization fetches from this graph after the TF2 pass
+        if start is not None:  # localization fetches from this graph after the TF2 pass (the judge closes
+            tf1.assign_variables(start)  # it), from the values the pass started with: moving statistics too
             capture["_local"] = (tf1, forward)
             keep = True
         return capture
