@@ -70,6 +70,9 @@ def _resume_tf1(e) -> dict:
     make_tf1, _ = _needs(e)
     o = e.options
     path = checkpoint_path(o.checkpoint, "checkpoint")
+    if o.tf1_python is not None:  # the TF1 side as it ran, in that interpreter
+        from equivtool.checkpoints._resume_old import resume_tf1
+        return resume_tf1(e, make_tf1, path)
     side = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
                    graph_rewrites=o.graph_rewrites,
                    random_tool=DeterministicRandomTestTool(seed=o.seed, mode="constant"))
