@@ -42,6 +42,7 @@ sys.path[:0] = [ROOT, ZOO_DIR, CONTRIB_DIR]
 
 import equivtool  # noqa: E402,F401 (before TensorFlow: the environment fix)
 from benchmarks.zoo_floor import load, machine_line  # noqa: E402
+from benchmarks.zoo_tf1_python import add_tf1_python, check_arguments  # noqa: E402
 
 CHECKS = ("contrib", "resnet_v1_50")
 GOAL = 1.2
@@ -119,18 +120,12 @@ def run_once(name: str, how: str, tf1_python: str) -> tuple:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/old_side_timing.py", description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", metavar="CHECK", help=f"default: {', '.join(CHECKS)}")
-    parser.add_argument("--tf1-python", default=os.environ.get("EQUIVTOOL_TF1_PYTHON"),
-                        help="the TensorFlow 1.15 interpreter (default: $EQUIVTOOL_TF1_PYTHON)")
+    add_tf1_python(parser)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each way, interleaved (default 1)")
     parser.add_argument("--workers-1", action="store_true", help="also time the old interpreter with workers=1")
     parser.add_argument("--header", action="store_true", help="print the machine line")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.names if name not in CHECKS]
-    if unknown:
-        parser.error(f"CHECK: unknown {unknown}; expected names among {', '.join(CHECKS)}")
-    if not args.tf1_python:
-        parser.error("--tf1-python: expected the path of a TensorFlow 1.15 interpreter "
-                     "(or set EQUIVTOOL_TF1_PYTHON; make one with: equivtool tf1-env DIR)")
+    check_arguments(parser, args, CHECKS, "CHECK")
     if args.repeat < 1:
         parser.error(f"--repeat: expected an int >= 1, got {args.repeat}")
     if args.header:

@@ -98,19 +98,29 @@ def check(name: str, tf1_python: str | None):
     return report, time.perf_counter() - started
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks/zoo_tf1_python.py", description=__doc__.split("\n")[0])
-    parser.add_argument("names", nargs="*", metavar="NET", help=f"default: all of {', '.join(NETS)}")
+def add_tf1_python(parser: argparse.ArgumentParser) -> None:
+    """``--tf1-python`` (default ``$EQUIVTOOL_TF1_PYTHON``); also benchmarks/old_side_timing.py's."""
     parser.add_argument("--tf1-python", default=os.environ.get("EQUIVTOOL_TF1_PYTHON"),
                         help="the TensorFlow 1.15 interpreter (default: $EQUIVTOOL_TF1_PYTHON)")
-    parser.add_argument("--header", action="store_true", help="print the machine line and the table header")
-    args = parser.parse_args(argv)
-    unknown = [name for name in args.names if name not in NETS]
+
+
+def check_arguments(parser: argparse.ArgumentParser, args, known, metavar: str) -> None:
+    """The names among ``known`` and an interpreter given, or the parser's one-line error."""
+    unknown = [name for name in args.names if name not in known]
     if unknown:
-        parser.error(f"NET: unknown {unknown}; expected names among {', '.join(NETS)}")
+        parser.error(f"{metavar}: unknown {unknown}; expected names among {', '.join(known)}")
     if not args.tf1_python:
         parser.error("--tf1-python: expected the path of a TensorFlow 1.15 interpreter "
                      "(or set EQUIVTOOL_TF1_PYTHON; make one with: equivtool tf1-env DIR)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks/zoo_tf1_python.py", description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", metavar="NET", help=f"default: all of {', '.join(NETS)}")
+    add_tf1_python(parser)
+    parser.add_argument("--header", action="store_true", help="print the machine line and the table header")
+    args = parser.parse_args(argv)
+    check_arguments(parser, args, NETS, "NET")
     if args.header:
         print(f"machine: {machine_line()}", flush=True)
         print(HEADER, flush=True)

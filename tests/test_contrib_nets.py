@@ -23,6 +23,9 @@ sys.path[:0] = [ZOO_DIR]
 import contrib_nets  # noqa: E402
 from examples.slim_zoo.zoo import ZOO  # noqa: E402
 
+sys.path[:0] = [HERE]
+from test_tf1_python_side import tf1_python  # noqa: E402,F401 (the interpreter's fixture: skips without one)
+
 
 def _variables(fn, size: int) -> list:
     graph = tf.Graph()
@@ -41,15 +44,6 @@ def test_each_net_builds_what_the_zoos_shim_builds(name):
 def test_a_different_net_does_not_build_the_same_variables():
     """The comparison above can fail: two nets' variables differ."""
     assert _variables(contrib_nets.alexnet_v2, 195) != _variables(ZOO["resnet_v1_50"].shim().tf1_fn, 195)
-
-
-@pytest.fixture(scope="module")
-def tf1_python():
-    path = os.environ.get("EQUIVTOOL_TF1_PYTHON")
-    if not path:
-        pytest.skip(os.environ.get("EQUIVTOOL_TF1_SKIP")
-                    or "no TensorFlow 1.15 interpreter: set EQUIVTOOL_TF1_PYTHON (equivtool tf1-env DIR makes one)")
-    return path
 
 
 @pytest.mark.parametrize("weight_decay, status", [(None, "passed"), (0.001, "failed")])
