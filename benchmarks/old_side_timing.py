@@ -31,7 +31,6 @@ import argparse
 import collections
 import contextlib
 import os
-import statistics
 import sys
 import time
 
@@ -104,16 +103,24 @@ def request_clock(times: dict, files: list):
 
 
 def run_once(name: str, how: str, tf1_python: str) -> tuple:
-    """One check: ``how`` is ``old`` (TF1 side in tf1_python, workers=2), ``old/1`` (workers=1)
-    or ``in-process`` (workers=2). Returns ``(seconds, report, times, files)``."""
-    import equivtool
+    """One check: ``how`` is ``old`` (TF1 side in tf1_python, workers=2), ``old/1`` (workers=1),
+    ``old/step-by-step`` (workers=2, both sides meeting at every step: the schedule before the
+    TF1 thread ran ahead) or ``in-process`` (workers=2). Returns ``(seconds, report, times, files)``."""
+    from equivtool.engine import old_workers
     old = how.startswith("old")
     workers = 1 if how == "old/1" else 2
     extra = dict(tf1_python=tf1_python) if old else {}
     times, files = collections.defaultdict(list), []
+    schedule = old_workers.run_parallel
+    if how == "old/step-by-step":
+        old_workers.run_parallel = lambda engine, workers: old_workers._run_step_by_step(engine)
     started = time.perf_counter()
     with request_clock(times, files) if old else contextlib.nullcontext():
-        report = equivtool.check_equivalence(workers=workers, meta={"model": name}, **arguments(name, old), **extra)
+        try:
+                report = equivtool.check_equivalence(workers=workers, meta={"model": name}, **arguments(name, old),
+                                                 **extra)
+        finally:
+            old_workers.run_parallel = schedule
     return time.perf_counter() - started, report, times, files
 
 
@@ -123,6 +130,8 @@ def main(argv=None) -> int:
     add_tf1_python(parser)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each way, interleaved (default 1)")
     parser.add_argument("--workers-1", action="store_true", help="also time the old interpreter with workers=1")
+    parser.add_argument("--step-by-step", action="store_true",
+                        help="also time the old interpreter with both sides meeting at every step")
     parser.add_argument("--header", action="store_true", help="print the machine line")
     args = parser.parse_args(argv)
     check_arguments(parser, args, CHECKS, "CHECK")
@@ -130,7 +139,8 @@ def main(argv=None) -> int:
         parser.error(f"--repeat: expected an int >= 1, got {args.repeat}")
     if args.header:
         print(f"machine: {machine_line()}; load average at start {load()}", flush=True)
-    ways = ["old", "in-process"] + (["old/1"] if args.workers_1 else [])
+    ways = ["old", "in-process"] + (["old/1"] if args.workers_1 else []) + (
+        ["old/step-by-step"] if args.step_by_step else [])
     within = True
     for name in args.names or list(CHECKS):
         seconds = collections.defaultdict(list)
@@ -152,7 +162,7 @@ def main(argv=None) -> int:
         best = {how: min(values) for how, values in seconds.items()}
         ratio = best["old"] / best["in-process"]
         within = within and ratio <= GOAL
-        extra = f" | {statistics.median(seconds['old/1']):.1f}" if "old/1" in seconds else ""
+        extra = "".join(f" | {how} {min(seconds[how]):.1f}" for how in ("old/1", "old/step-by-step") if how in seconds)
         print(f"| {name} | {best['old']:.1f} | {best['in-process']:.1f} | {ratio:.2f}x "
               f"({'within' if ratio <= GOAL else 'over'} {GOAL}x){extra} | {load()} |", flush=True)
     return 0 if within else 1

@@ -81,7 +81,6 @@ def rows(name: str, old, here) -> list:
 def check(name: str, tf1_python: str | None):
     """The zoo's check of ``name`` (every default step, one SGD step), the TF1 side in
     ``tf1_python`` (None: in-process); ``(report, seconds)``."""
-    import equivtool
     import tensorflow as tf
     import contrib_nets
     from examples.slim_zoo.zoo import ZOO

@@ -1,9 +1,12 @@
 """``check_equivalence(tf1_python=PATH, workers=2)``: the TF1 interpreter is the TF1 worker.
 
 Each step's TF1 side is the TF1 interpreter's work (:mod:`equivtool.engine.sides.old_python`),
-so it is sent from a thread of this process while the step's TF2 side runs here:
+so it is sent from a thread of this process while the TF2 sides run here:
 both sides compute at once, as with ``workers=2`` in-process, and nothing of
-the check crosses a process but the old side's requests.
+the check crosses a process but the old side's requests. The thread runs
+every step's TF1 side in run order without waiting for the TF2 side of each
+step (the in-process workers take jobs from one queue, and a per-step wait
+only adds idle time to the slower side; benchmarks/old_side_timing.py).
 """
 
 from __future__ import annotations
