@@ -55,21 +55,27 @@ def run_parallel(engine: "Engine", workers: int) -> list:
             start = time.perf_counter()
             if not step.shared:
                 _release(engine, "tf2")
-            if step.runner().tf2_needs_tf1:
-                tf1 = tf1_future.result()
-                tf2 = run_side(engine, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
-            else:
-                tf2 = run_side(engine, step, "tf2")
-                tf1 = tf1_future.result()
-            names.append(step.name)
-            result = judge(engine, step, tf1, tf2 if tf1[0] == "ok" else None, 0.0)
-            engine.record(dataclasses.replace(result, seconds=time.perf_counter() - start))
+            _finish(engine, step, tf1_future, start, names)
     finally:
         # Not waiting: on Ctrl-C or SIGTERM the engine's close stops the TF1
         # interpreter next, which ends a request the thread still waits on;
         # the TF1 sides not started yet never start.
         pool.shutdown(wait=False, cancel_futures=True)
     return [_job(engine, names, started)]
+
+
+def _finish(engine: "Engine", step, tf1_future, start: float, names: list) -> None:
+    """``step``'s TF2 side here (after the TF1 capture when it needs it), then its
+    judgement, recorded with the seconds since ``start``."""
+    if step.runner().tf2_needs_tf1:
+        tf1 = tf1_future.result()
+        tf2 = run_side(engine, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
+    else:
+        tf2 = run_side(engine, step, "tf2")
+        tf1 = tf1_future.result()
+    names.append(step.name)
+    result = judge(engine, step, tf1, tf2 if tf1[0] == "ok" else None, 0.0)
+    engine.record(dataclasses.replace(result, seconds=time.perf_counter() - start))
 
 
 def _release(engine: "Engine", side: str) -> None:
@@ -99,15 +105,7 @@ def _run_step_by_step(engine: "Engine") -> list:
                 engine.release_pair()  # (the TF1 thread is idle between steps)
             start = time.perf_counter()
             tf1_future = pool.submit(run_side, engine, step, "tf1")
-            if step.runner().tf2_needs_tf1:
-                tf1 = tf1_future.result()
-                tf2 = run_side(engine, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
-            else:
-                tf2 = run_side(engine, step, "tf2")
-                tf1 = tf1_future.result()
-            names.append(step.name)
-            result = judge(engine, step, tf1, tf2 if tf1[0] == "ok" else None, 0.0)
-            engine.record(dataclasses.replace(result, seconds=time.perf_counter() - start))
+            _finish(engine, step, tf1_future, start, names)
     finally:
         pool.shutdown(wait=False)
     return [_job(engine, names, started)]
