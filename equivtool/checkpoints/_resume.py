@@ -16,6 +16,10 @@ train_steps=K)``:
 
 Each step starts every random op at its first draw on both sides (a new TF1
 session, a new eager call or trace), as in the ``optimizer`` step.
+
+With ``tf1_python`` the TF1 side runs in that interpreter, as it ran
+(:mod:`equivtool.checkpoints._resume_old`), with the same capture; the TF2 side
+and the judgement are this module's.
 """
 
 from __future__ import annotations
