@@ -142,3 +142,10 @@ def test_resume_is_no_longer_refused_there():
     step = get_step("resume")
     assert old_python.OldTF1Side.step_side(step) is None  # the step's own, which hands its TF1 side over
     np.testing.assert_equal(sorted(old_python.STEP_SIDES)[-2:], ["resume", "variables_once"])
+
+
+def test_training_resumed_there_is_equivalent_with_the_tf2_side_in_tf_function(tf1_python, checkpoints):
+    report = _resume(tf1_python, checkpoints["adam"], "adam", tf_function=True)
+    step = report.step("resume")
+    assert step.status == "passed" and report.passed, str(report)
+    assert "step_3/slots/small/fc1/weights/Adam_1" in _leaves(step)
