@@ -149,3 +149,13 @@ def test_training_resumed_there_is_equivalent_with_the_tf2_side_in_tf_function(t
     step = report.step("resume")
     assert step.status == "passed" and report.passed, str(report)
     assert "step_3/slots/small/fc1/weights/Adam_1" in _leaves(step)
+
+
+def test_with_workers_the_interpreter_resumes_with_the_same_results(tf1_python, checkpoints):
+    one = _resume(tf1_python, checkpoints["adam"], "adam")
+    two = _resume(tf1_python, checkpoints["adam"], "adam", workers=2)
+    a, b = one.step("resume"), two.step("resume")
+    assert (a.status, b.status) == ("passed", "passed"), str(two)
+    assert two.meta["worker_jobs"][0]["steps"] == ["resume"]
+    assert {name: leaf.max_abs for name, leaf in _leaves(a).items()} == \
+        {name: leaf.max_abs for name, leaf in _leaves(b).items()}
