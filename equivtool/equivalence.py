@@ -223,7 +223,7 @@ def check_equivalence(
         is then a ``"module:function"`` name too, imported in both
         interpreters. Parity, fixed weights, both random modes, gradients,
         optimizer steps (``optimizers=("module:make_tf1_optimizer",
-        make_tf2_optimizer)``) and ``checkpoint`` run there; the steps it
+        make_tf2_optimizer)``), ``checkpoint`` and ``resume`` run there; the steps it
         cannot run yet are skipped with the reason. The report's header names
         the interpreter (``old_ran_under``). With ``workers=2`` the interpreter
         is the TF1 worker: both sides of each step run at once. See

@@ -20,3 +20,9 @@ def draws(inputs, training):
     normal = v1.get_variable("t", [UNITS], initializer=v1.truncated_normal_initializer(stddev=0.5))
     return {"w": weights + 0.0, "t": normal + 0.0, "uniform": v1.random_uniform([5]),
             "normal": v1.random_normal([2, 3]), "dropout": v1.nn.dropout(tf.ones([4, UNITS]), rate=0.5)}
+
+
+def adam():
+    """The TF1 Adam optimizer, named as "tf1_python_model:adam" (resume's tests)."""
+    _, v1 = _layers()
+    return v1.train.AdamOptimizer(0.01)

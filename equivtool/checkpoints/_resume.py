@@ -16,6 +16,10 @@ train_steps=K)``:
 
 Each step starts every random op at its first draw on both sides (a new TF1
 session, a new eager call or trace), as in the ``optimizer`` step.
+
+With ``tf1_python`` the TF1 side runs in that interpreter, as it ran
+(:mod:`equivtool.checkpoints._resume_old`), with the same capture; the TF2 side
+and the judgement are this module's.
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ def _resume_tf1(e) -> dict:
     make_tf1, _ = _needs(e)
     o = e.options
     path = checkpoint_path(o.checkpoint, "checkpoint")
+    if o.tf1_python is not None:  # the TF1 side as it ran, in that interpreter
+        from equivtool.checkpoints._resume_old import resume_tf1
+        return resume_tf1(e, make_tf1, path)
     side = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
                    graph_rewrites=o.graph_rewrites,
                    random_tool=DeterministicRandomTestTool(seed=o.seed, mode="constant"))

@@ -1,14 +1,18 @@
 """``check_equivalence(tf1_python=PATH, workers=2)``: the TF1 interpreter is the TF1 worker.
 
 Each step's TF1 side is the TF1 interpreter's work (:mod:`equivtool.engine.sides.old_python`),
-so it is sent from a thread of this process while the step's TF2 side runs here:
+so it is sent from a thread of this process while the TF2 sides run here:
 both sides compute at once, as with ``workers=2`` in-process, and nothing of
-the check crosses a process but the old side's requests.
+the check crosses a process but the old side's requests. The thread runs
+every step's TF1 side in run order without waiting for the TF2 side of each
+step (the in-process workers take jobs from one queue, and a per-step wait
+only adds idle time to the slower side; benchmarks/old_side_timing.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -26,7 +30,73 @@ def run_parallel(engine: "Engine", workers: int) -> list:
     is the TF1 interpreter's, while its TF2 side runs here (the TF2 side of a step
     that needs the TF1 capture waits for it): both sides run at once, as with
     ``workers=2``, and the results are those of ``workers=1``. Returns the job
-    (``{"side", "steps", "worker", "seconds"}``) for the report's header."""
+    (``{"side", "steps", "worker", "seconds"}``) for the report's header.
+
+    The TF1 thread runs ahead: every step's TF1 side is queued at once and runs in
+    run order, so neither side waits for the other at each step (only a TF2 side
+    that needs the TF1 capture, and the judgement, wait). Each thread drops its own
+    half of the shared pair before a step that builds its own models
+    (:func:`_release`), as ``Engine.release_pair`` drops both between steps. A layer
+    instance built before the check gives the TF2 half the TF1 half's values, so
+    with one the steps run one at a time, as before."""
+    if engine.user_layer is not None:
+        return _run_step_by_step(engine)
+    started, names = time.perf_counter(), []
+    order = list(_steps.run_order(engine.options.steps, engine.options.modes))
+    pool = ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter")
+
+    def tf1_side(step):
+        if not step.shared:
+            _release(engine, "tf1")
+        return run_side(engine, step, "tf1")
+    try:
+        futures = [(step, pool.submit(tf1_side, step)) for step in order]
+        for step, tf1_future in futures:
+            start = time.perf_counter()
+            if not step.shared:
+                _release(engine, "tf2")
+            _finish(engine, step, tf1_future, start, names)
+    finally:
+        # Not waiting: on Ctrl-C or SIGTERM the engine's close stops the TF1
+        # interpreter next, which ends a request the thread still waits on;
+        # the TF1 sides not started yet never start.
+        pool.shutdown(wait=False, cancel_futures=True)
+    return [_job(engine, names, started)]
+
+
+def _finish(engine: "Engine", step, tf1_future, start: float, names: list) -> None:
+    """``step``'s TF2 side here (after the TF1 capture when it needs it), then its
+    judgement, recorded with the seconds since ``start``."""
+    if step.runner().tf2_needs_tf1:
+        tf1 = tf1_future.result()
+        tf2 = run_side(engine, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
+    else:
+        tf2 = run_side(engine, step, "tf2")
+        tf1 = tf1_future.result()
+    names.append(step.name)
+    result = judge(engine, step, tf1, tf2 if tf1[0] == "ok" else None, 0.0)
+    engine.record(dataclasses.replace(result, seconds=time.perf_counter() - start))
+
+
+def _release(engine: "Engine", side: str) -> None:
+    """Drop ``side``'s half of the shared pair (the TF1 one's graphs closed there), as
+    ``Engine.release_pair`` does for both; each thread drops its own."""
+    half = engine._halves.pop(side, None)
+    if half is not None and not isinstance(half, str):
+        if side == "tf1":
+            half.close()
+        gc.collect()  # layers and graphs hold reference cycles
+
+
+def _job(engine: "Engine", names: list, started: float) -> dict:
+    found = engine.old_program
+    pid = found.process.pid if isinstance(found, OldProgram) and found.process is not None else None
+    return {"side": "tf1 (TF1 interpreter)", "steps": names, "worker": pid,
+            "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _run_step_by_step(engine: "Engine") -> list:
+    """Each step's two sides at once, the next step once both are in (a layer instance)."""
     started, names = time.perf_counter(), []
     pool = ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter")
     try:
@@ -35,20 +105,7 @@ def run_parallel(engine: "Engine", workers: int) -> list:
                 engine.release_pair()  # (the TF1 thread is idle between steps)
             start = time.perf_counter()
             tf1_future = pool.submit(run_side, engine, step, "tf1")
-            if step.runner().tf2_needs_tf1:
-                tf1 = tf1_future.result()
-                tf2 = run_side(engine, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
-            else:
-                tf2 = run_side(engine, step, "tf2")
-                tf1 = tf1_future.result()
-            names.append(step.name)
-            result = judge(engine, step, tf1, tf2 if tf1[0] == "ok" else None, 0.0)
-            engine.record(dataclasses.replace(result, seconds=time.perf_counter() - start))
+            _finish(engine, step, tf1_future, start, names)
     finally:
-        # Not waiting: on Ctrl-C or SIGTERM the engine's close stops the TF1
-        # interpreter next, which ends a request the thread still waits on.
         pool.shutdown(wait=False)
-    found = engine.old_program
-    pid = found.process.pid if isinstance(found, OldProgram) and found.process is not None else None
-    return [{"side": "tf1 (TF1 interpreter)", "steps": names, "worker": pid,
-             "seconds": round(time.perf_counter() - started, 3)}]
+    return [_job(engine, names, started)]

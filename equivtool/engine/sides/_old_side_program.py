@@ -43,6 +43,11 @@
 #   fetch handle pass names    the values of the named tensors (the inputs fed; a new session
 #                              with the current variables where the pass draws random numbers):
 #                              file, names
+#   restore_training handle train path
+#                              every variable of a train_build's graph (slots and beta
+#                              powers too) restored from a TF1 checkpoint: slots, non_slot
+#   resume_step handle train   one train_step, then the variables, the optimizer's slots
+#                              and beta powers (partitions stitched): loss, file, names
 #   close handle / quit
 # An error answers {"ok": false, "error": {type, message, frame, traceback}}.
 #
@@ -307,6 +312,7 @@ class Side(object):
         self.session = tf.Session(graph=self.graph, config=config)
         self.path = request.get("path") or []
         self.trainings = []
+        self.optimizers = []  # per training: the optimizer instance (restore_training reads its slots)
         self.passes = []
         self.initialized = False
         self.variables = []
@@ -439,6 +445,7 @@ class Side(object):
                 train_op = instance.minimize(loss, var_list=tf.trainable_variables())
             self.session.run(tf.variables_initializer([v for v in tf.global_variables() if v not in known]))
         self.trainings.append((loss, train_op))
+        self.optimizers.append(instance)
         return {"train": len(self.trainings) - 1, "optimizer": type(instance).__name__, "loops": info["loops"],
                 "loss_flag": depends_on(loss, info["loops"])}
 
@@ -492,6 +499,51 @@ class Side(object):
             self.saver().restore(self.session, path)
         self.initialized = True
         return {}
+
+    def restore_training(self, index, path):
+        """Every global variable of the graph (the model's, the training's optimizer's slots
+        and its own, such as Adam's beta powers) restored from the TF1 checkpoint at path;
+        a ValueError names what the checkpoint lacks. Keeps what resume_step fetches."""
+        optimizer = self.optimizers[index]
+        with self.graph.as_default():
+            everything = tf.global_variables()
+            stored = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+            absent = sorted(set(stored_name(v) for v in everything) - set(stored))
+            if absent:
+                raise ValueError("checkpoint: %r lacks %s, which the TF1 training graph (%s) has: was it "
+                                 "written by this model and optimizer?" % (path, absent, type(optimizer).__name__))
+            tf.train.Saver(var_list=everything).restore(self.session, path)
+            self.initialized = True
+            trainable = tf.trainable_variables()
+            slots = [(v, optimizer.get_slot(v, name)) for name in optimizer.get_slot_names() for v in trainable]
+            slots = [(v, slot) for v, slot in slots if slot is not None]
+            non_slot = [v for v in optimizer.variables() if v.op.name in ("beta1_power", "beta2_power")]
+        self.resumed = (slots, non_slot)
+        return {"slots": len(slots), "non_slot": [v.op.name for v in non_slot]}
+
+    def resume_step(self, index):
+        """One train_step, then the values resume compares: "variables/NAME",
+        "slots/NAME/SLOT" (SLOT: the slot variable's last name part, e.g. Adam_1) and
+        "optimizer/OP", a partitioned variable's parts stitched under its full name."""
+        loss = self.train_step(index)["loss"]
+        slots, non_slot = self.resumed
+        model, slot_values, non_slot_values = self.session.run(
+            (self.variables, [slot for _, slot in slots], non_slot))
+        names, arrays = [], []
+        for name, value in stitched(self.variables, model):
+            names.append("variables/" + name)
+            arrays.append(value)
+        by_suffix = {}
+        for (variable, slot), value in zip(slots, slot_values):
+            by_suffix.setdefault(slot.op.name.rsplit("/", 1)[-1], []).append((variable, value))
+        for suffix, pairs in by_suffix.items():
+            for name, value in stitched([v for v, _ in pairs], [x for _, x in pairs]):
+                names.append("slots/%s/%s" % (name.split(":")[0], suffix))
+                arrays.append(value)
+        for variable, value in zip(non_slot, non_slot_values):
+            names.append("optimizer/" + variable.op.name)
+            arrays.append(np.float32(value))
+        return {"loss": loss, "file": save_arrays(self.folder, "resume", arrays), "names": names}
 
     def close(self):
         self.session.close()
@@ -591,6 +643,29 @@ def op_frame(op):
     return None
 
 
+def stored_name(variable):
+    """The name a TF1 checkpoint stores variable under (a partition: its whole variable's)."""
+    info = getattr(variable, "_save_slice_info", None)
+    return info.full_name if info is not None else variable.op.name
+
+
+def stitched(variables, values):
+    """(name, value) per variable, a partitioned variable's parts put into one array under
+    its full name (as a checkpoint stores it); other names keep their ":0"."""
+    out, order = {}, []
+    for variable, value in zip(variables, values):
+        info = getattr(variable, "_save_slice_info", None)
+        if info is None:
+            out[variable.name] = value
+            order.append(variable.name)
+            continue
+        if info.full_name not in out:
+            out[info.full_name] = np.zeros(info.full_shape, value.dtype)
+            order.append(info.full_name)
+        out[info.full_name][tuple(slice(o, o + n) for o, n in zip(info.var_offset, info.var_shape))] = value
+    return [(name, out[name]) for name in order]
+
+
 # -- serving ----------------------------------------------------------------------
 
 def user_frame(tb):
@@ -685,6 +760,10 @@ def handle(folder, request, sides, tools):
         return side.describe(int(request["pass"]))
     if op == "fetch":
         return side.fetch(int(request["pass"]), request["names"])
+    if op == "restore_training":
+        return side.restore_training(int(request["train"]), request["path"])
+    if op == "resume_step":
+        return side.resume_step(int(request["train"]))
     if op == "close":
         sides.pop(request["handle"]).close()
         return {}

@@ -17,12 +17,15 @@ values computed here by the same rule and sent), both random modes (the
 program holds the random tool's TF1 half, with the same seed arithmetic),
 ``gradients`` (the default loss, or ``loss_fn`` named ``"module:function"``
 and imported on both sides), ``optimizer`` (the TF1 factory named
-``"module:function"``) and ``checkpoint`` run. :data:`STEP_SIDES` lists
-them: the steps that only read, assign, save and restore variables and run
-the inference pass (``parity``, ``fixed_weights``, ``checkpoint``) run their
-own TF1 functions on :class:`OldTF1Half`, which answers what they ask of the
-in-process half; the others have a TF1 function here. A step not listed
-(``resume``) is skipped with the reason: never reported as passed. Localization
+``"module:function"``), ``checkpoint`` and ``resume`` run. :data:`STEP_SIDES`
+lists them: the steps that only read, assign, save and restore variables and
+run the inference pass (``parity``, ``fixed_weights``, ``checkpoint``) run
+their own TF1 functions on :class:`OldTF1Half`, which answers what they ask of
+the in-process half; ``resume``'s own TF1 function hands its work to
+:mod:`equivtool.checkpoints._resume_old` (a feature, which the engine does not
+import), which drives :meth:`OldTF1Side.restore_training` and
+:meth:`OldTF1Side.resume_step`; the others have a TF1 function here. A step
+not listed is skipped with the reason: never reported as passed. Localization
 asks the program to describe a pass's ops and fetches them by name
 (:meth:`OldTF1Side.op_graph`, :mod:`equivtool.engine.sides.old_graph`).
 """
@@ -416,6 +419,30 @@ class OldTF1Side(Side):
         """Matching key -> the name a TF1 checkpoint stores the variable under."""
         return {key: self.specs[name]["op"] for name, key in zip(self.names, self.keys)}
 
+    def restore_training(self, training: dict, path) -> dict:
+        """Every variable of ``training``'s graph (the model's, the optimizer's slots and
+        beta powers) restored there from the TF1 checkpoint at ``path`` (one it lacks is
+        named): ``{"slots": count, "non_slot": [op names]}``."""
+        return self.program.request("restore_training", handle=self.handle, train=training["train"],
+                                    path=os.path.abspath(os.fspath(path)))
+
+    def resume_step(self, training: dict) -> tuple:
+        """One optimizer step there (after :meth:`restore_training`): ``(loss, capture)``, the
+        capture as :mod:`equivtool.checkpoints._resume` compares it: ``variables`` and
+        ``slots`` (``"<key>/Adam_1"``) by key, ``optimizer`` (beta powers) by op name."""
+        answer = self.program.request("resume_step", handle=self.handle, train=training["train"])
+        capture: dict = {"variables": {}, "slots": {}, "optimizer": {}}
+        for name, value in self.program.receive(answer).items():
+            part, _, rest = name.partition("/")
+            if part == "variables":
+                capture["variables"][variable_key(rest, self.renamer)] = value
+            elif part == "slots":
+                variable, _, slot = rest.rpartition("/")
+                capture["slots"][f"{variable_key(variable, self.renamer)}/{slot}"] = value
+            else:
+                capture["optimizer"][rest] = np.float32(value)
+        return answer["loss"], capture
+
     def copy_variables_from(self, other: "OldTF1Side") -> None:
         self.program.request("copy", handle=self.handle, source=other.handle)
 
@@ -583,6 +610,7 @@ STEP_SIDES = {
     "parity": None,
     "fixed_weights": None,
     "checkpoint": None,
+    "resume": None,  # the step's own, which hands its TF1 side to checkpoints._resume_old
     **{f"random/constant/{what}": _random_constant for what in ("inference", "training")},
     **{f"random/num_random_ops/{what}": _random_fresh for what in ("inference", "training")},
     "gradients": _gradients,
