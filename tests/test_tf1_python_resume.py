@@ -1,8 +1,8 @@
 """``resume`` with ``tf1_python``: training resumed from a TF1 checkpoint, its TF1 side in TensorFlow 1.15.
 
-The model is the example's (examples/contrib_tf1/contrib_tf1_model.py:
-contrib's fully_connected, layer_norm and dropout there, the same code on
-tf-slim in a shim layer here). The checkpoint, with the optimizer's slots, is
+The model is ``tests/tf1_python_model.py:dense_model`` (contrib's
+fully_connected, layer_norm and dropout there, the same code on tf-slim in a
+shim layer here; the example's batch norm left out, see its docstring). The checkpoint, with the optimizer's slots, is
 written here by the in-process TF1 graph after a few steps of the TF1
 optimizer; the old interpreter restores it with its slots and trains on,
 while the TF2 side converts it and trains on here. Needs
@@ -52,7 +52,7 @@ def checkpoints(tmp_path_factory) -> dict:
         graph = tf.Graph()
         with graph.as_default():
             v1.set_random_seed(7)
-            outputs = model.model(v1.placeholder_with_default(INPUTS, INPUTS.shape), True)
+            outputs = helpers.dense_model(v1.placeholder_with_default(INPUTS, INPUTS.shape), True)
             train = make().minimize(tf.reduce_mean(tf.square(outputs)))
             with v1.Session(graph=graph) as session:
                 session.run(v1.global_variables_initializer())
@@ -65,7 +65,7 @@ def checkpoints(tmp_path_factory) -> dict:
 
 def _resume(tf1_python, checkpoint, optimizer: str, learning_rate=None, **kwargs):
     there, _, rate = OPTIMIZERS[optimizer]
-    return check_equivalence("contrib_tf1_model:model", lambda: model.Shim(), INPUTS, tf1_python=tf1_python,
+    return check_equivalence("tf1_python_model:dense_model", helpers.DenseShim, INPUTS, tf1_python=tf1_python,
                              tf1_path=[HERE, EXAMPLE], steps=["resume"], checkpoint=checkpoint,
                              train_steps=STEPS, optimizers=(there, _keras(optimizer, learning_rate or rate)),
                              **kwargs)
@@ -116,7 +116,7 @@ def test_in_process_and_old_interpreter_resume_agree_within_the_floor(tf1_python
     import tensorflow as tf
     there = _resume(tf1_python, checkpoints[optimizer], optimizer)
     _, make, rate = OPTIMIZERS[optimizer]
-    here = check_equivalence(model.model, lambda: model.Shim(), INPUTS, steps=["resume"],
+    here = check_equivalence(helpers.dense_model, helpers.DenseShim, INPUTS, steps=["resume"],
                              checkpoint=checkpoints[optimizer], train_steps=STEPS,
                              optimizers=(make, _keras(optimizer, rate)))
     a, b = there.step("resume"), here.step("resume")

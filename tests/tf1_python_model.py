@@ -4,7 +4,7 @@
 # tool's TF1 half. Python 3.6 syntax, TensorFlow and NumPy only.
 import tensorflow as tf
 
-from contrib_tf1_model import FEATURES, UNITS, _layers
+from contrib_tf1_model import CLASSES, FEATURES, UNITS, _layers
 
 
 def failing_model(inputs, training):
@@ -26,3 +26,27 @@ def adam():
     """The TF1 Adam optimizer, named as "tf1_python_model:adam" (resume's tests)."""
     _, v1 = _layers()
     return v1.train.AdamOptimizer(0.01)
+
+
+def dense_model(inputs, training):
+    """fully_connected -> layer_norm -> dropout -> fully_connected, named as
+    "tf1_python_model:dense_model": the resume tests' model. Not the example's
+    (which has a batch norm after fc1): a bias that feeds a batch norm in training
+    mode has a zero gradient up to rounding, and Adam, which divides by the
+    gradient's size, steps it by the rounding noise's sign, so which of two
+    faithful runs passes its noise floor is a matter of chance (docs/noise-floor.md)."""
+    layers, v1 = _layers()
+    with v1.variable_scope("small"):
+        hidden = layers.fully_connected(inputs, UNITS, scope="fc1")
+        hidden = layers.layer_norm(hidden, scope="LayerNorm")
+        hidden = layers.dropout(hidden, keep_prob=0.5, is_training=training, scope="dropout")
+        return layers.fully_connected(hidden, CLASSES, activation_fn=None, scope="logits")
+
+
+if not tf.__version__.startswith("1."):
+    class DenseShim(tf.keras.layers.Layer):
+        """dense_model's TF2 rewrite: the same code in a shim layer."""
+
+        @tf.compat.v1.keras.utils.track_tf1_style_variables
+        def call(self, inputs, training=None):
+            return dense_model(inputs, bool(training))
