@@ -52,6 +52,7 @@ from equivtool.engine import noise_floor
 from equivtool.engine.outputs import split_outputs
 from equivtool.engine.pair import _Half
 from equivtool.engine.registry import SkipStep
+from equivtool.engine.steps.common import fresh_pass_capture
 from equivtool.engine.sides import CHECKPOINTS, FORWARD, GRADIENTS, INTERMEDIATES, TRAINING, VARIABLES, Side
 from equivtool.engine.sides._old_python_args import NOT_YET as _NOT_YET
 from equivtool.engine.sides.tf1_side import variable_key
@@ -531,20 +532,14 @@ def _random_constant(e: "Engine", mode: str, training: bool) -> dict:
 
 
 def _random_fresh(e: "Engine", mode: str, training: bool) -> dict:
-    side, keep = OldTF1Side(e, mode), False
+    side, capture = OldTF1Side(e, mode), {}
     try:
         forward = side.forward(training=training)
-        start = side.read_variables() if e.options.localize else None
-        capture = _forward_capture(forward, side.run(forward, update_ops=True))
-        if training:
-            capture["variables"] = side.read_variables()
-        if start is not None:  # localization fetches from this pass after the TF2 pass (the judge closes it),
-            side.assign_variables(start)  # from the values it started with (moving statistics too)
-            capture["_local"] = (side, forward)
-            keep = True
+        capture = fresh_pass_capture(side, forward, training, bool(e.options.localize),
+                                     lambda: _forward_capture(forward, side.run(forward, update_ops=True)))
         return capture
     finally:
-        if not keep:
+        if "_local" not in capture:
             side.close()
 
 

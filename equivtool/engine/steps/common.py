@@ -86,6 +86,23 @@ def forward_capture(forward, outputs, regularization) -> dict:
     return {"outputs": outputs, "regularization": regularization, "loops": loops, "leaf_flags": flags}
 
 
+def fresh_pass_capture(side, forward, training: bool, localize: bool, run_pass) -> dict:
+    """A ``num_random_ops`` TF1 pass on a side of its own (in process or in the
+    TF1 interpreter): ``run_pass()`` runs it and returns its capture; a training
+    pass adds the variables after it. With ``localize`` the side is put back to
+    the values the pass started from (moving statistics too) and kept in
+    ``capture["_local"]``: the judge's localization re-runs it from there, then
+    closes it."""
+    start = side.read_variables() if localize else None
+    capture = run_pass()
+    if training:
+        capture["variables"] = side.read_variables()
+    if start is not None:
+        side.assign_variables(start)
+        capture["_local"] = (side, forward)
+    return capture
+
+
 def leaf_flags(result: StepResult, flags: list) -> dict:
     """``{leaf name: flag}`` for a forward-pass step, matched by position (the
     comparison walks the TF1 structure in order); a part whose leaf count

@@ -22,8 +22,8 @@ from equivtool.seeding.traced import TraceAlignment
 if TYPE_CHECKING:  # pragma: no cover
     from equivtool.engine.run import Engine
 from equivtool.engine.steps.common import (SplitStep, PREBUILT_NOTE, as_started, assign_fixed, fixed_state,
-                                           forward_capture, judge_forward, localization_call, specs,
-                                           tf2_keys_and_variables, forward_pairs)
+                                           forward_capture, fresh_pass_capture, judge_forward, localization_call,
+                                           specs, tf2_keys_and_variables, forward_pairs)
 
 # --------------------------------------------------------------------------
 # Forward passes in constant mode, and fixed weights
@@ -132,23 +132,19 @@ def _random_fresh_tf1(e: "Engine", mode: str, training: bool) -> dict:
     tf1 = TF1Side(o.tf1_fn, o.inputs, renamer=o.renamer, loss_fn=o.loss_fn,
                   graph_rewrites=o.graph_rewrites,
                   random_tool=DeterministicRandomTestTool(seed=o.seed, mode=mode))
-    keep = False
+    capture = {}
     try:
         with tf1_aligned(o, tf1):
             forward = tf1.forward(training=training)
-        start = tf1.read_variables() if o.localize else None
-        outputs, regularization = tf1.run((forward.outputs, forward.regularization),
-                                          update_ops=forward.update_ops)
-        capture = forward_capture(forward, outputs, regularization)
-        if training:
-            capture["variables"] = tf1.read_variables()
-        if start is not None:  # localization fetches from this graph after the TF2 pass (the judge closes
-            tf1.assign_variables(start)  # it), from the values the pass started with: moving statistics too
-            capture["_local"] = (tf1, forward)
-            keep = True
+
+        def run_pass() -> dict:
+            outputs, regularization = tf1.run((forward.outputs, forward.regularization),
+                                              update_ops=forward.update_ops)
+            return forward_capture(forward, outputs, regularization)
+        capture = fresh_pass_capture(tf1, forward, training, bool(o.localize), run_pass)
         return capture
     finally:
-        if not keep:
+        if "_local" not in capture:
             tf1.close()
 
 
