@@ -210,3 +210,84 @@ def test_a_structure_against_its_copy_passes_exactly_when_every_leaf_holds_a_fin
 def test_a_comparison_with_zero_finite_elements_is_never_passed(arrays):
     c = compare({"x": arrays}, copy.deepcopy({"x": arrays}))
     assert c.status == "inconclusive" and not c.ok
+
+
+# --------------------------------------------------------------------------
+# The chunked summary of agreeing leaves (equivtool.comparison._agree) is the
+# full comparison's answer, found another way: for any pair of arrays, the leaf
+# compare() gives with it equals the leaf the full path gives alone.
+# --------------------------------------------------------------------------
+
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+@st.composite
+def near_pairs(draw):
+    """(expected, actual, Tolerance): floats of one or two dtypes, the actual
+    side equal, nudged by a few ULPs, zeros' signs flipped or NaN/inf moved at
+    random positions, so that both agreeing and failing pairs occur."""
+    from equivtool.comparison import Tolerance
+
+    e_dtype = np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
+    a_dtype = e_dtype if draw(st.booleans()) else np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=5))
+    finite = st.floats(-100.0, 100.0, allow_nan=False, allow_infinity=False, width=16)
+    elements = st.one_of(finite, finite, finite, st.just(0.0), st.just(-0.0), st.sampled_from(SPECIALS))
+    expected = draw(hnp.arrays(e_dtype, shape, elements=elements))
+    actual = expected.astype(a_dtype)
+    if draw(st.booleans()):  # every element one ULP up: agreeing leaves with nonzero differences
+        actual = np.nextafter(actual, actual.dtype.type(np.inf))
+    flat = actual.reshape(-1)
+    for _ in range(draw(st.integers(0, 3))):
+        if flat.size == 0:
+            break
+        i = draw(st.integers(0, flat.size - 1))
+        how = draw(st.sampled_from(("ulp", "ulps", "sign", "special")))
+        if how == "ulp":
+            flat[i] = np.nextafter(flat[i], flat.dtype.type(np.inf))
+        elif how == "ulps":
+            with np.errstate(over="ignore", invalid="ignore"):
+                flat[i] = flat[i] * flat.dtype.type(1.001) + flat.dtype.type(1e-3)
+        elif how == "sign":
+            flat[i] = -flat[i]
+        else:
+            flat[i] = draw(st.sampled_from(SPECIALS))
+    rtol = draw(st.sampled_from((0.0, 1e-6, 1e-3)))
+    atol = draw(st.sampled_from((0.0, 1e-5, 1e-2, 1e3)))
+    return expected, actual, Tolerance(rtol, atol, allow_nonfinite=draw(st.booleans()))
+
+
+@settings(SETTINGS, max_examples=400)
+@given(near_pairs(), st.sampled_from((1, 2, 3, 1 << 15)))
+def test_an_agreeing_leaf_summarised_in_chunks_equals_the_full_comparison(pair, chunk):
+    from unittest import mock
+
+    from equivtool.comparison import _agree
+
+    expected, actual, tol = pair
+    with mock.patch.object(_agree, "CHUNK", chunk):
+        fast = compare({"x": expected}, {"x": actual}, tol, check_dtype=False).leaves[0]
+    with mock.patch("equivtool.comparison.agreement", return_value=None):
+        full = compare({"x": expected}, {"x": actual}, tol, check_dtype=False).leaves[0]
+    assert repr(fast) == repr(full)  # repr: a NaN field (first_actual) equals itself
+
+
+def test_the_chunked_summary_declines_a_leaf_with_a_mismatch():
+    """A planted mismatch in the last chunk: the summary gives no answer, so the
+    full comparison reports the failure with its first mismatch."""
+    from unittest import mock
+
+    from equivtool.comparison import Tolerance, _agree
+
+    expected = np.linspace(-1, 1, 10, dtype=np.float32)
+    actual = expected.copy()
+    actual[-1] += 1e-3
+    with mock.patch.object(_agree, "CHUNK", 3):
+        assert _agree.agreement(expected, actual, Tolerance(1e-6, 1e-5)) is None
+        leaf = compare(expected, actual, Tolerance(1e-6, 1e-5)).leaves[0]
+    assert not leaf.ok and leaf.mismatched == 1 and leaf.first_mismatch == (9,)
+    same = _agree.agreement(expected, expected.copy(), Tolerance(1e-6, 1e-5))
+    assert same is not None and same.compared == 10 and same.max_abs == 0.0
+    nothing = _agree.agreement(np.full(4, np.nan, np.float32), np.full(4, np.nan, np.float32), Tolerance())
+    assert nothing is not None and nothing.compared == 0
+    assert compare(np.full(4, np.nan, np.float32), np.full(4, np.nan, np.float32)).status == "inconclusive"

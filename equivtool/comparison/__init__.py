@@ -66,6 +66,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from equivtool.comparison._advice import tolerance_advice
+from equivtool.comparison._agree import agreement
 from equivtool.comparison._results import Comparison, LeafComparison
 from equivtool.comparison.tolerance import (COMPLEX, EXACT, FLOAT, OTHER, Index, Tolerance, ToleranceSpec,
                                   close_mask, common_kind, count_compared, value_kind, max_errors,
@@ -253,6 +254,14 @@ class _Walker:
             notes.insert(0, f"shapes differ ({e.shape} vs {a.shape}); same size, so values were "
                             f"compared with actual reshaped to {e.shape}")
             a = a.reshape(e.shape)
+        agreed = agreement(e, a, tol) if kind == FLOAT and not shape_mismatch else None
+        if agreed is not None:  # every element close: summarised in chunks, no whole-size temporaries
+            ok = not (dtype_mismatch and self.check_dtype)
+            reason = why_nothing_compared(e) if ok and agreed.compared == 0 else ""
+            return LeafComparison(
+                ok=ok and not reason, compared=agreed.compared, inconclusive_reason=reason,
+                below_atol=ok and not reason and agreed.below_atol, size=int(e.size),
+                max_abs=agreed.max_abs, max_rel=agreed.max_rel, note="; ".join(notes), **base)
         try:
             close, stats = close_mask(e, a, tol, kind)
         except (TypeError, ValueError) as exc:
