@@ -433,13 +433,14 @@ def _run_job(engine: "Engine", side: str, steps: list, inputs: dict, release_aft
     return time.perf_counter() - started
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection) -> "Engine | None":
+    """Run what the parent sends until it says "exit" or is gone; the engine built, if any."""
     engine, broken = None, None   # broken: the outcome of every side when the options could not be read
     while True:
         try:
             message = conn.recv()
         except EOFError:  # the parent is gone
-            return
+            return engine
         kind = message[0]
         if kind == "setup":
             _, path, payload, workdir = message
@@ -470,7 +471,7 @@ def _serve(conn: Connection) -> None:
                 seconds = _run_job(engine, side, steps, inputs, release_after, send)
             conn.send(("done", seconds))
         elif kind == "exit":
-            return
+            return engine
 
 
 def _main() -> None:
@@ -481,9 +482,17 @@ def _main() -> None:
         from equivtool._platform.quiet import quiet_command
         quiet_command()
     try:
-        _serve(conn)
+        engine = _serve(conn)
     finally:
         conn.close()
+    # Everything this process owns is released here (its models, its temporary
+    # folder); the interpreter's own teardown is skipped: after a large model,
+    # TensorFlow's destructors took seconds that the parent spent waiting.
+    if engine is not None:
+        engine.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
