@@ -240,3 +240,44 @@ def test_fused_kernels_bitwise_equal_across_threads_and_batch_splits(dtype):
     parts = [_fused_session(x[a:b], y[a:b], g[a:b], 2) for a, b in ((0, 1), (1, 200), (200, 512))]
     assert _differing(np.concatenate([p[0] for p in parts]), ref_loss) == 0
     assert _differing(np.concatenate([p[1] for p in parts]), ref_grad) == 0
+
+
+# ---------------------------------------------------------------------------
+# The scale op writes in place only into a backprop nobody else holds.
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.name)
+def test_the_scale_op_leaves_a_backprop_its_caller_holds_unchanged(dtype):
+    # an eager backprop is held by Python, so TensorFlow must not hand its
+    # buffer to the scale op's output (float32 and float64 could forward it)
+    x, y, g = _case(dtype, (B, C), seed=7)
+    lib = load_library()
+    _, backprop = lib.equivtool_sparse_xent_fused(logits=x, labels=y, Tacc=xent._acc_dtype(dtype))
+    before = backprop.numpy().copy()
+    grad = lib.equivtool_sparse_xent_scale(backprop=backprop, grad_loss=g, logits=x, labels=y)
+    _, sep_grad = _separate(x, y, g)
+    assert _differing(grad.numpy(), sep_grad) == 0
+    assert _differing(backprop.numpy(), before) == 0
+    # the check can fail: had the result been written into backprop's buffer,
+    # backprop would now read as the result, which differs from it here
+    written = grad.numpy().astype(before.dtype)
+    assert _differing(written, before) > before.size // 2
+
+
+def test_a_training_step_in_a_function_equals_the_separate_path_when_scaled_in_place():
+    # in a tf.function the backprop has no other reader, so float32's scale
+    # may reuse its buffer; the result must still be the separate path's
+    x, y, g = _case(tf.float32, (B, C), seed=8)
+
+    @tf.function
+    def step(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            loss = ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=t)
+        return loss, tape.gradient(loss, t, output_gradients=g)
+
+    assert xent.SPARSE_SCALE_OP in _op_types(step, x)
+    x_before = x.numpy().copy()
+    loss, grad = (t.numpy() for t in step(x))
+    sep_loss, sep_grad = _separate(x, y, g)
+    assert _differing(loss, sep_loss) == 0 and _differing(grad, sep_grad) == 0
+    assert _differing(x.numpy(), x_before) == 0  # the logits are never written
