@@ -153,6 +153,17 @@ def _step(x, y):
     return fn
 
 
+def _tape_function(y, g):
+    """A tf.function of the logits: per-row loss and its gradient for upstream g."""
+    @tf.function
+    def fn(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            loss = ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=t)
+        return loss, tape.gradient(loss, t, output_gradients=g)
+    return fn
+
+
 @pytest.mark.parametrize("make", [_loss_only, _stopped], ids=["no_tape", "stop_gradient"])
 def test_the_loss_only_path_holds_no_batch_by_class_buffer(make):
     x, y, _ = _case(tf.float32, (B, C))
@@ -185,13 +196,7 @@ def test_tape_step_equals_tf1_gradients_bit_for_bit(dtype):
         loss = ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x)
     eager = tape.gradient(loss, x, output_gradients=g).numpy()
 
-    @tf.function
-    def in_function(t):
-        with tf.GradientTape() as inner:
-            inner.watch(t)
-            out = ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=t)
-        return out, inner.gradient(out, t, output_gradients=g)
-
+    in_function = _tape_function(y, g)
     assert xent.SPARSE_FUSED_OP in _op_types(in_function, x)
     fn_loss, fn_grad = (t.numpy() for t in in_function(x))
     graph = tf.Graph()
@@ -267,14 +272,7 @@ def test_a_training_step_in_a_function_equals_the_separate_path_when_scaled_in_p
     # in a tf.function the backprop has no other reader, so float32's scale
     # may reuse its buffer; the result must still be the separate path's
     x, y, g = _case(tf.float32, (B, C), seed=8)
-
-    @tf.function
-    def step(t):
-        with tf.GradientTape() as tape:
-            tape.watch(t)
-            loss = ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=t)
-        return loss, tape.gradient(loss, t, output_gradients=g)
-
+    step = _tape_function(y, g)
     assert xent.SPARSE_SCALE_OP in _op_types(step, x)
     x_before = x.numpy().copy()
     loss, grad = (t.numpy() for t in step(x))
