@@ -427,11 +427,15 @@ void ForEachRow(OpKernelContext* ctx, int64_t rows, int64_t cost, Fn fn) {
 }
 
 // Prefetch of the row after one of x (and of its output row out), none after
-// a shard's last row.
+// a shard's last row, and none for rows so long that the next one would push
+// the current one out of a core's L2 before its second pass reads it.
+constexpr int64_t kPrefetchBytes = 1 << 20;
+
 template <typename S, typename O>
 ex::RowPrefetch NextRow(const S* x, const O* out, int64_t C, bool last) {
   ex::RowPrefetch pf;
-  if (last) return pf;
+  const int64_t bytes = C * int64_t(sizeof(S) + (out != nullptr ? sizeof(O) : 0));
+  if (last || bytes > kPrefetchBytes) return pf;
   pf.x = x + C;
   pf.x_size = sizeof(S);
   if (out != nullptr) {

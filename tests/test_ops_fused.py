@@ -80,6 +80,17 @@ def test_fused_loss_and_gradient_equal_the_separate_path_bit_for_bit(dtype, shap
         assert np.count_nonzero(sep_grad.astype(np.float64)) > sep_grad.size // 2
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=lambda d: d.name)
+def test_rows_too_long_for_the_next_row_prefetch_agree_too(dtype):
+    # 140000 classes: the next row and its output exceed the kernels' 1 MiB
+    # prefetch limit for these dtypes, so the rows run without prefetching
+    x, y, g = _case(dtype, (3, 140000), seed=9)
+    sep_loss, sep_grad = _separate(x, y, g)
+    fused_loss, fused_grad = _fused(x, y, g)
+    assert _differing(fused_loss, sep_loss) == 0 and _differing(fused_grad, sep_grad) == 0
+    assert np.all(np.isfinite(sep_loss)) and np.count_nonzero(sep_grad) > sep_grad.size // 2
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.name)
 def test_the_bitwise_comparison_sees_a_one_ulp_change(dtype):
     # the planted fault: the fused path scaled by a grad_loss one ulp away
