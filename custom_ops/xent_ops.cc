@@ -319,13 +319,14 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
 #endif
 
 #define XENT_ROW_FUNCTIONS(S, SUFFIX)                                            \
-  XENT_CLONES ex::LseState<ex::Storage<S>::acc> RowLse_##SUFFIX(const S* x,    \
-                                                                 int64_t c) {   \
-    return ex::row_lse_two_pass<S>(x, c);                                       \
+  XENT_CLONES ex::LseState<ex::Storage<S>::acc> RowLse_##SUFFIX(               \
+      const S* x, int64_t c, const ex::RowPrefetch& pf) {                       \
+    return ex::row_lse_two_pass<S>(x, c, pf);                                   \
   }                                                                             \
   XENT_CLONES ex::LseState<ex::Storage<S>::acc> SparseFusedRow_##SUFFIX(        \
-      const S* x, int64_t c, int64_t label, ex::Storage<S>::acc* bp) {          \
-    return ex::sparse_fused_row<S>(x, c, label, bp);                            \
+      const S* x, int64_t c, int64_t label, ex::Storage<S>::acc* bp,            \
+      const ex::RowPrefetch& pf) {                                              \
+    return ex::sparse_fused_row<S>(x, c, label, bp, pf);                        \
   }                                                                             \
   XENT_CLONES void ScaleRow_##SUFFIX(const ex::Storage<S>::acc* bp, int64_t c,  \
                                      ex::Storage<S>::acc g, S* dx) {            \
@@ -349,12 +350,14 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
     ex::dense_grad_row<S>(x, y, c, r, ysum, g, dx);                             \
   }                                                                             \
   template <> struct RowFns<S> {                                                \
-    static ex::LseState<ex::Storage<S>::acc> Lse(const S* x, int64_t c) {       \
-      return RowLse_##SUFFIX(x, c);                                             \
+    static ex::LseState<ex::Storage<S>::acc> Lse(const S* x, int64_t c,         \
+                                                 const ex::RowPrefetch& pf) {   \
+      return RowLse_##SUFFIX(x, c, pf);                                         \
     }                                                                           \
     static ex::LseState<ex::Storage<S>::acc> SparseFused(                       \
-        const S* x, int64_t c, int64_t label, ex::Storage<S>::acc* bp) {        \
-      return SparseFusedRow_##SUFFIX(x, c, label, bp);                          \
+        const S* x, int64_t c, int64_t label, ex::Storage<S>::acc* bp,          \
+        const ex::RowPrefetch& pf) {                                            \
+      return SparseFusedRow_##SUFFIX(x, c, label, bp, pf);                      \
     }                                                                           \
     static void Scale(const ex::Storage<S>::acc* bp, int64_t c,                 \
                       ex::Storage<S>::acc g, S* dx) {                           \
@@ -408,13 +411,38 @@ class ScopedFlushDenormals {
 // The (total, cost_per_unit, fn) overload is adaptive sharding, as
 // SchedulingParams::Adaptive is; it exists in every TensorFlow from 2.16 to
 // 2.21, where Adaptive() first appears in 2.20's headers.
+// fn(b) per row, or fn(b, last) with last = whether b ends its shard (the
+// row functions prefetch row b + 1 while they work on row b, not past a
+// shard: the next shard's rows belong to another thread).
 template <typename Fn>
 void ForEachRow(OpKernelContext* ctx, int64_t rows, int64_t cost, Fn fn) {
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
   pool->ParallelFor(rows, cost, [&fn](int64_t begin, int64_t end) {
     ScopedFlushDenormals flush;
-    for (int64_t b = begin; b < end; ++b) fn(b);
+    for (int64_t b = begin; b < end; ++b) {
+      if constexpr (std::is_invocable_v<Fn&, int64_t, bool>) fn(b, b + 1 == end);
+      else fn(b);
+    }
   });
+}
+
+// Prefetch of the row after one of x (and of its output row out), none after
+// a shard's last row, and none for rows so long that the next one would push
+// the current one out of a core's L2 before its second pass reads it.
+constexpr int64_t kPrefetchBytes = 1 << 20;
+
+template <typename S, typename O>
+ex::RowPrefetch NextRow(const S* x, const O* out, int64_t C, bool last) {
+  ex::RowPrefetch pf;
+  const int64_t bytes = C * int64_t(sizeof(S) + (out != nullptr ? sizeof(O) : 0));
+  if (last || bytes > kPrefetchBytes) return pf;
+  pf.x = x + C;
+  pf.x_size = sizeof(S);
+  if (out != nullptr) {
+    pf.out = out + C;
+    pf.out_size = sizeof(O);
+  }
+  return pf;
 }
 
 template <typename T> struct AccOf { typedef float type; };
@@ -547,10 +575,11 @@ class SparseXentFusedOp : public OpKernel {
     const L* y = labels.flat<L>().data();
     S* out = AsStorage<T>(loss);
     A* bp = backprop->flat<A>().data();
-    ForEachRow(ctx, B, 6 * C, [&](int64_t b) {
+    ForEachRow(ctx, B, 6 * C, [&](int64_t b, bool last) {
       const S* row = x + b * C;
       const ex::LseState<A> s = RowFns<S>::SparseFused(row, C, static_cast<int64_t>(y[b]),
-                                                       bp + b * C);
+                                                       bp + b * C,
+                                                       NextRow(row, bp + b * C, C, last));
       out[b] = ex::Storage<S>::store(ex::sparse_loss(s, ex::Storage<S>::load(row[y[b]])));
     });
   }
@@ -620,9 +649,10 @@ struct CpuImpl {
     S* out = AsStorage<T>(a.loss);
     A* sh = a.shift->flat<A>().data();
     A* ln = a.log_norm->flat<A>().data();
-    ForEachRow(ctx, a.B, 4 * C, [&](int64_t b) {
+    ForEachRow(ctx, a.B, 4 * C, [&](int64_t b, bool last) {
       const S* row = x + b * C;
-      const ex::LseState<A> s = RowFns<S>::Lse(row, C);
+      const ex::LseState<A> s =
+          RowFns<S>::Lse(row, C, NextRow<S, A>(row, nullptr, C, last));
       out[b] = ex::Storage<S>::store(
           ex::sparse_loss(s, ex::Storage<S>::load(row[y[b]])));
       const ex::RowStats<A> r = ex::finish(s);

@@ -78,7 +78,6 @@ template <typename F> struct Lanes;  // F's unsigned and signed integer twins
 template <> struct Lanes<float> { typedef uint32_t U; typedef int32_t I; };
 template <typename F> XENT_FN F splat(float c) { return F{} + c; }
 template <typename U> XENT_FN U splat_u(uint32_t c) { return U{} + c; }
-XENT_FN float to_float(uint32_t u) { return float(u); }
 
 // The CPU kernels run kLanes independent accumulators (see row_lse_lanes).
 constexpr int kLanes = 16;
@@ -98,7 +97,6 @@ template <typename To, typename From> XENT_FN To convert_lanes(const From& v) {
   for (int l = 0; l < kLanes; ++l) r[l] = v[l];
   return r;
 }
-XENT_FN vfloat to_float(vuint u) { return convert_lanes<vfloat>(u); }
 #endif
 
 // bfloat16 is the upper half of a float.
@@ -121,7 +119,9 @@ template <typename F, typename U> XENT_FN F half_to_float_g(U h) {
   const U exponent = h & 0x7C00u;
   const U normal = rest + 0x38000000u;  // exponent + (127 - 15)
   const U special = rest | 0x7F800000u;  // inf, NaN
-  const U subnormal = bit_cast<U>(to_float(h & 0x03FFu) * splat<F>(5.9604644775390625e-8f));
+  // (mantissa m: 0.5 + m * 2^-24 is exact in float, so is taking 0.5 away;
+  // bit operations and one subtraction, no integer conversion)
+  const U subnormal = bit_cast<U>(bit_cast<F>((h & 0x03FFu) | 0x3F000000u) - splat<F>(0.5f));
   const U magnitude = exponent == 0x7C00u ? special : (exponent == 0u ? subnormal : normal);
   return bit_cast<F>(sign | magnitude);
 }
@@ -194,11 +194,12 @@ template <typename A> XENT_FN A max_keep(A a, A b) { return b > a ? b : a; }
 // (Cephes' coefficients), within 2 ulp of exp for x in [-87, 88]. Below -87
 // it returns 0 (exp(-87) < 1.7e-38; the result is never subnormal), above
 // 88 +inf; NaN gives NaN. The op evaluates it only at x - shift <= 0.
-template <typename F> XENT_FN F exp_g(F x) {
+// kOverflow = false (exp_nonpos_g) leaves out the overflow side.
+template <bool kOverflow, typename F> XENT_FN F exp_core(F x) {
   typedef typename Lanes<F>::I I;
   const F lo = splat<F>(-87.0f), hi = splat<F>(88.0f);
   F xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
+  if (kOverflow) xc = xc > hi ? hi : xc;
   // round to nearest via the 1.5 * 2^23 trick (exact for |t| < 2^22)
   const F t = xc * splat<F>(1.44269504088896341f) + splat<F>(12582912.0f);
   const F n = t - splat<F>(12582912.0f);
@@ -215,12 +216,19 @@ template <typename F> XENT_FN F exp_g(F x) {
   const F scale = bit_cast<F>((ni + 127) << 23);
   F y = er * scale;
   y = x < lo ? splat<F>(0.0f) : y;
-  y = x > hi ? splat<F>(Limits<float>::infinity()) : y;
+  if (kOverflow) y = x > hi ? splat<F>(Limits<float>::infinity()) : y;
   y = x != x ? x : y;
   return y;
 }
+template <typename F> XENT_FN F exp_g(F x) { return exp_core<true, F>(x); }
 XENT_FN float exp_acc(float x) { return exp_g<float>(x); }
 XENT_FN double exp_acc(double x) { return exp(x); }
+
+// exp_g for arguments that are <= 0 or NaN, as x - max is in a row whose max
+// was taken first: the clamp at 88 and the +inf select can never fire there,
+// so they are left out (4 of about 35 vector operations per exponential),
+// and the bits are exp_g's for every such argument.
+template <typename F> XENT_FN F exp_nonpos_g(F x) { return exp_core<false, F>(x); }
 
 // ---------------------------------------------------------------------------
 // The online log-sum-exp state and its two operations.
@@ -510,8 +518,40 @@ XENT_FN void dense_grad_row(const S* x, const S* y, int64_t C,
 // training step (sparse_fused_row) run the same passes, so they give the same
 // shift, sum and loss; the fused one also keeps exp(x_j - M) in its B x C
 // output and turns it into softmax - onehot there.
-template <typename S>
-XENT_FN typename Storage<S>::acc row_max(const S* x, int64_t C) {
+//
+// Prefetch: the exponential pass is compute-bound and the maximum pass
+// memory-bound, so while a row's exponentials are computed, the next row's
+// cache lines (its logits, and the fused forward's output row) are asked for
+// (RowPrefetch); the next maximum pass then reads from cache, and the
+// output's read-for-ownership is out of the way. It changes no arithmetic.
+struct RowPrefetch {
+  const void* x = nullptr;    // the next row's logits, or nullptr
+  const void* out = nullptr;  // the next row's output row (written next), or nullptr
+  int x_size = 0, out_size = 0;  // their element sizes in bytes
+};
+
+// One prefetch per 64-byte line of the next rows' elements [j, j + n) (the
+// next row has the same length C), issued while the current row's elements
+// [j, j + n) are worked on.
+XENT_FN void prefetch_slice(const RowPrefetch& pf, int64_t j, int64_t n) {
+#if XENT_HOST_VECTORS
+  const int64_t kLine = 64;
+  if (pf.x != nullptr)
+    for (int64_t o = j * pf.x_size & -kLine; o < (j + n) * pf.x_size; o += kLine)
+      __builtin_prefetch(static_cast<const char*>(pf.x) + o, 0, 3);
+  if (pf.out != nullptr)
+    for (int64_t o = j * pf.out_size & -kLine; o < (j + n) * pf.out_size; o += kLine)
+      __builtin_prefetch(static_cast<const char*>(pf.out) + o, 1, 3);
+#else
+  (void)pf; (void)j; (void)n;
+#endif
+}
+
+// The row's maximum; with kStore, also e[j] = x_j converted to acc (16-bit
+// logits are then converted once per row, and the exponential pass reads e).
+template <typename S, bool kStore = false>
+XENT_FN typename Storage<S>::acc row_max(const S* x, int64_t C,
+                                         typename Storage<S>::acc* e = nullptr) {
   typedef typename Storage<S>::acc A;
   A m = Limits<A>::lowest();
   int64_t j = 0;
@@ -520,19 +560,26 @@ XENT_FN typename Storage<S>::acc row_max(const S* x, int64_t C) {
     vfloat mv = splat<vfloat>(Limits<float>::lowest());
     for (; j + kLanes <= C; j += kLanes) {
       const vfloat v = VecIO<S>::load(x + j);
+      if constexpr (kStore) VecIO<float>::store(e + j, v);
       mv = v > mv ? v : mv;  // max_keep
     }
     for (int l = 0; l < kLanes; ++l) m = max_keep(m, A(mv[l]));
   }
 #endif
-  for (; j < C; ++j) m = max_keep(m, Storage<S>::load(x[j]));
+  for (; j < C; ++j) {
+    const A v = Storage<S>::load(x[j]);
+    if constexpr (kStore) e[j] = v;
+    m = max_keep(m, v);
+  }
   return m;
 }
 
-// sum_j exp(x_j - m) as described above; with kStore, also e[j] = exp(x_j - m).
+// sum_j exp(x_j - m) as described above; with kStore, also e[j] = exp(x_j - m)
+// (e may be x itself when S is acc). Every argument is <= 0 or NaN (m is the
+// row's maximum), so the vector lanes use exp_nonpos_g, exp_g's bits there.
 template <typename S, bool kStore>
 XENT_FN wide row_exp_sum(const S* x, int64_t C, typename Storage<S>::acc m,
-                         typename Storage<S>::acc* e) {
+                         typename Storage<S>::acc* e, const RowPrefetch& pf = RowPrefetch()) {
   typedef typename Storage<S>::acc A;
   wide d[kLanes];
   int64_t j = 0;
@@ -543,12 +590,14 @@ XENT_FN wide row_exp_sum(const S* x, int64_t C, typename Storage<S>::acc m,
     for (; j + kLanes * kUnroll <= C; j += kLanes * kUnroll) {
       vfloat part = splat<vfloat>(0.0f);
       for (int u = 0; u < kUnroll; ++u) {
-        const vfloat ev = exp_g(VecIO<S>::load(x + j + u * kLanes) - mv);
+        prefetch_slice(pf, j + u * kLanes, kLanes);
+        const vfloat ev = exp_nonpos_g(VecIO<S>::load(x + j + u * kLanes) - mv);
         if constexpr (kStore) VecIO<float>::store(e + j + u * kLanes, ev);
         part += ev;
       }
       dv += convert_lanes<vwide>(part);
     }
+    prefetch_slice(pf, j, C - j);
     for (; j < C; j += kLanes) {
       vfloat v;
       if (j + kLanes <= C) {
@@ -557,7 +606,7 @@ XENT_FN wide row_exp_sum(const S* x, int64_t C, typename Storage<S>::acc m,
         v = splat<vfloat>(-Limits<float>::infinity());
         for (int l = 0; j + l < C; ++l) v[l] = Storage<S>::load(x[j + l]);
       }
-      const vfloat ev = exp_g(v - mv);
+      const vfloat ev = exp_nonpos_g(v - mv);
       if constexpr (kStore) {
         if (j + kLanes <= C) VecIO<float>::store(e + j, ev);
         else for (int l = 0; j + l < C; ++l) e[j + l] = ev[l];
@@ -582,25 +631,34 @@ XENT_FN wide row_exp_sum(const S* x, int64_t C, typename Storage<S>::acc m,
 }
 
 template <typename S>
-XENT_FN LseState<typename Storage<S>::acc> row_lse_two_pass(const S* x, int64_t C) {
+XENT_FN LseState<typename Storage<S>::acc> row_lse_two_pass(const S* x, int64_t C,
+                                                            const RowPrefetch& pf = RowPrefetch()) {
   LseState<typename Storage<S>::acc> s;
   s.m = row_max<S>(x, C);
-  s.d = row_exp_sum<S, false>(x, C, s.m, nullptr);
+  s.d = row_exp_sum<S, false>(x, C, s.m, nullptr, pf);
   return s;
 }
 
 // The fused forward of one sparse row: returns the row's state and writes
 // bp[j] = p_j - [j == label] in acc, p_j = exp(x_j - shift) * scale with the
 // scale sparse_grad_row derives from the same log_norm, so g * bp[j] is
-// bit for bit what sparse_grad_row writes for upstream gradient g.
+// bit for bit what sparse_grad_row writes for upstream gradient g. 16-bit
+// logits are converted once, into bp, which the exponential pass then
+// rewrites in place: the same values as converting in each pass.
 template <typename S>
 XENT_FN LseState<typename Storage<S>::acc> sparse_fused_row(const S* x, int64_t C,
                                                              int64_t label,
-                                                             typename Storage<S>::acc* bp) {
+                                                             typename Storage<S>::acc* bp,
+                                                             const RowPrefetch& pf = RowPrefetch()) {
   typedef typename Storage<S>::acc A;
   LseState<A> s;
-  s.m = row_max<S>(x, C);
-  s.d = row_exp_sum<S, true>(x, C, s.m, bp);
+  if constexpr (sizeof(S) < sizeof(A)) {
+    s.m = row_max<S, true>(x, C, bp);
+    s.d = row_exp_sum<A, true>(bp, C, s.m, bp, pf);
+  } else {
+    s.m = row_max<S>(x, C);
+    s.d = row_exp_sum<S, true>(x, C, s.m, bp, pf);
+  }
   const A scale = norm_scale(finish(s).log_norm);
   int64_t j = 0;
 #if XENT_HOST_VECTORS

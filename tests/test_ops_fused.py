@@ -80,6 +80,17 @@ def test_fused_loss_and_gradient_equal_the_separate_path_bit_for_bit(dtype, shap
         assert np.count_nonzero(sep_grad.astype(np.float64)) > sep_grad.size // 2
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=lambda d: d.name)
+def test_rows_too_long_for_the_next_row_prefetch_agree_too(dtype):
+    # 140000 classes: the next row and its output exceed the kernels' 1 MiB
+    # prefetch limit for these dtypes, so the rows run without prefetching
+    x, y, g = _case(dtype, (3, 140000), seed=9)
+    sep_loss, sep_grad = _separate(x, y, g)
+    fused_loss, fused_grad = _fused(x, y, g)
+    assert _differing(fused_loss, sep_loss) == 0 and _differing(fused_grad, sep_grad) == 0
+    assert np.all(np.isfinite(sep_loss)) and np.count_nonzero(sep_grad) > sep_grad.size // 2
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.name)
 def test_the_bitwise_comparison_sees_a_one_ulp_change(dtype):
     # the planted fault: the fused path scaled by a grad_loss one ulp away
@@ -153,6 +164,17 @@ def _step(x, y):
     return fn
 
 
+def _tape_function(y, g):
+    """A tf.function of the logits: per-row loss and its gradient for upstream g."""
+    @tf.function
+    def fn(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            loss = ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=t)
+        return loss, tape.gradient(loss, t, output_gradients=g)
+    return fn
+
+
 @pytest.mark.parametrize("make", [_loss_only, _stopped], ids=["no_tape", "stop_gradient"])
 def test_the_loss_only_path_holds_no_batch_by_class_buffer(make):
     x, y, _ = _case(tf.float32, (B, C))
@@ -185,13 +207,7 @@ def test_tape_step_equals_tf1_gradients_bit_for_bit(dtype):
         loss = ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x)
     eager = tape.gradient(loss, x, output_gradients=g).numpy()
 
-    @tf.function
-    def in_function(t):
-        with tf.GradientTape() as inner:
-            inner.watch(t)
-            out = ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=t)
-        return out, inner.gradient(out, t, output_gradients=g)
-
+    in_function = _tape_function(y, g)
     assert xent.SPARSE_FUSED_OP in _op_types(in_function, x)
     fn_loss, fn_grad = (t.numpy() for t in in_function(x))
     graph = tf.Graph()
@@ -240,3 +256,37 @@ def test_fused_kernels_bitwise_equal_across_threads_and_batch_splits(dtype):
     parts = [_fused_session(x[a:b], y[a:b], g[a:b], 2) for a, b in ((0, 1), (1, 200), (200, 512))]
     assert _differing(np.concatenate([p[0] for p in parts]), ref_loss) == 0
     assert _differing(np.concatenate([p[1] for p in parts]), ref_grad) == 0
+
+
+# ---------------------------------------------------------------------------
+# The scale op writes in place only into a backprop nobody else holds.
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.name)
+def test_the_scale_op_leaves_a_backprop_its_caller_holds_unchanged(dtype):
+    # an eager backprop is held by Python, so TensorFlow must not hand its
+    # buffer to the scale op's output (float32 and float64 could forward it)
+    x, y, g = _case(dtype, (B, C), seed=7)
+    lib = load_library()
+    _, backprop = lib.equivtool_sparse_xent_fused(logits=x, labels=y, Tacc=xent._acc_dtype(dtype))
+    before = backprop.numpy().copy()
+    grad = lib.equivtool_sparse_xent_scale(backprop=backprop, grad_loss=g, logits=x, labels=y)
+    _, sep_grad = _separate(x, y, g)
+    assert _differing(grad.numpy(), sep_grad) == 0
+    assert _differing(backprop.numpy(), before) == 0
+    # the check can fail: had the result been written into backprop's buffer,
+    # backprop would now read as the result, which differs from it here
+    written = grad.numpy().astype(before.dtype)
+    assert _differing(written, before) > before.size // 2
+
+
+def test_a_training_step_in_a_function_equals_the_separate_path_when_scaled_in_place():
+    # in a tf.function the backprop has no other reader, so float32's scale
+    # may reuse its buffer; the result must still be the separate path's
+    x, y, g = _case(tf.float32, (B, C), seed=8)
+    step = _tape_function(y, g)
+    assert xent.SPARSE_SCALE_OP in _op_types(step, x)
+    x_before = x.numpy().copy()
+    loss, grad = (t.numpy() for t in step(x))
+    sep_loss, sep_grad = _separate(x, y, g)
+    assert _differing(loss, sep_loss) == 0 and _differing(grad, sep_grad) == 0
+    assert _differing(x.numpy(), x_before) == 0  # the logits are never written
