@@ -187,6 +187,33 @@ def test_an_interpreter_with_tensorflow_2_is_refused_with_the_reason(tmp_path):
     assert "needs TensorFlow 1.x" in report.steps[1].message  # said again, not retried
 
 
+def test_the_old_interpreter_runs_tf1_as_it_ran_though_tensorflow_2_set_tf2_behavior_here(tf1_python):
+    """TensorFlow 2's import sets TF2_BEHAVIOR=1 in this process's environment; the old
+    interpreter must not inherit it, or TensorFlow 1.15 starts eager, with resource
+    variables and control flow v2 (every TF 1.15 run before this fix did)."""
+    from equivtool._platform import tf1_python as _tf1
+    assert os.environ.get("TF2_BEHAVIOR") == "1"  # what TensorFlow 2.21's import did to this process
+    script = ("import tensorflow as tf\n"
+              "v = tf.Variable(1.0)\n"
+              "print(tf.executing_eagerly(), type(v).__name__)\n")
+    done = subprocess.run([tf1_python, "-c", script], capture_output=True, text=True, env=_tf1.clean_env(),
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "RefVariable"]  # graph mode, a reference variable
+    inherited = subprocess.run([tf1_python, "-c", script], capture_output=True, text=True, timeout=300,
+                               env=dict(_tf1.clean_env(), TF2_BEHAVIOR="1"))
+    assert inherited.stdout.split() == ["True", "ResourceVariable"]  # the planted fault: what the old side ran
+
+
+def test_an_old_interpreter_started_with_v2_behaviour_is_refused_with_the_reason(tf1_python, monkeypatch):
+    from equivtool._platform import tf1_python as _tf1
+    clean = _tf1.clean_env
+    monkeypatch.setattr(_tf1, "clean_env", lambda: dict(clean(), TF2_BEHAVIOR="1"))
+    report = _check(tf1_python, steps=["parity", "fixed_weights"])
+    assert [s.status for s in report.steps] == ["error", "skipped"], str(report)
+    assert "starts with v2 behaviour (eager execution, resource variables)" in report.steps[0].message
+
+
 # --------------------------------------------------------------------------
 # the same numbers as the in-process TF1 side
 # --------------------------------------------------------------------------

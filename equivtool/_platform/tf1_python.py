@@ -96,11 +96,16 @@ class Interpreter:
 def clean_env() -> dict:
     """The environment for another interpreter: this one's Python paths removed
     (a ``PYTHONPATH`` meant for Python 3.11 breaks Python 3.7), TensorFlow's
-    start-up notices quietened."""
+    start-up notices quietened, no ``TF2_BEHAVIOR``."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
                                                               "PYENV_VERSION", "VIRTUAL_ENV")}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONNOUSERSITE"] = "1"
+    # TensorFlow 2's own import sets TF2_BEHAVIOR=1 in this process's
+    # environment. Inherited, it makes TensorFlow 1.15 turn on v2 behaviour as it
+    # is imported (eager by default, resource variables, control flow v2): the
+    # old code would not run as it ran.
+    env.pop("TF2_BEHAVIOR", None)
     return env
 
 

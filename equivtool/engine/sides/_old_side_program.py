@@ -15,7 +15,8 @@
 # prints goes to stderr, so the answers on stdout stay one JSON line each.
 #
 # Requests ({"op": ..., ...}) and what they answer besides {"ok": true}:
-#   hello                      versions: python, tensorflow, machine, executable, contrib
+#   hello                      versions: python, tensorflow, machine, executable, contrib, cpu_build,
+#                              eager (whether v2 behaviour is on: refused)
 #   open handle fn path inputs structure seed mode tool graph_rewrites loss
 #                              a new graph and session; fn (and loss, when given:
 #                              "module:function") imported
@@ -687,7 +688,7 @@ def hello():
             contrib = False
     return {"protocol": PROTOCOL, "python": platform.python_version(), "tensorflow": version,
             "machine": platform.machine(), "executable": sys.executable, "contrib": contrib,
-            "cpu_build": not tf.test.is_built_with_cuda()}
+            "cpu_build": not tf.test.is_built_with_cuda(), "eager": tf.executing_eagerly()}
 
 
 def serve(folder, requests, answers):

@@ -131,6 +131,11 @@ class OldProgram:
             self.close()
             raise ValueError(f"tf1_python: {python} holds TensorFlow {info['tensorflow']}; the old side needs "
                              "TensorFlow 1.x (make one with: equivtool tf1-env DIR)")
+        if info.get("eager"):  # v2 behaviour turned on as TensorFlow started there (a sitecustomize, say)
+            self.close()
+            raise ValueError(f"tf1_python: TensorFlow {info['tensorflow']} in {python} starts with v2 behaviour "
+                             "(eager execution, resource variables); the old side needs it as TF1 code ran: "
+                             "graph mode with reference variables (remove what enables v2 behaviour there)")
 
     def ran_under(self) -> str:
         """``"TensorFlow 1.15.0, Python 3.7.16, x86_64: /path/bin/python"`` (as ``compare --old-python``)."""
