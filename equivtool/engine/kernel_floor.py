@@ -190,7 +190,7 @@ def judge_optimizer(e: "Engine", comparisons: Sequence[Comparison], references: 
             k, n = by_kernel.get(name, math.nan), by_noise.get(name, math.nan)
             finite = [x for x in (k, n) if math.isfinite(x)]
             merged[name] = max(finite) if finite else math.nan  # neither measured: widens nothing
-            if finite:
+            if finite and max(finite) > 0:  # (both 0: neither widens anything)
                 larger["kernel" if math.isfinite(k) and not (math.isfinite(n) and n > k) else "noise"] += 1
         floors.append(merged)
     wording = noise_floor.FloorWording(

@@ -655,6 +655,10 @@ _EXACT_OPS = frozenset([
 _STATE_OPS = frozenset([
     "Const", "Placeholder", "PlaceholderWithDefault", "VariableV2", "Variable", "VarHandleOp",
     "ReadVariableOp", "VarIsInitializedOp", "IsVariableInitialized"])
+_CONTROL_FLOW_OPS = frozenset([
+    "Enter", "Exit", "Merge", "Switch", "NextIteration", "LoopCond", "RefEnter", "RefExit", "RefMerge",
+    "RefSwitch", "While", "StatelessWhile", "If", "StatelessIf", "Case", "PartitionedCall",
+    "StatefulPartitionedCall"])
 _ULP_DTYPES = ("float32", "float64")  # the dtypes tf.math.nextafter has a kernel for
 
 
@@ -677,12 +681,11 @@ def ulp_step(tensor, index):
 def _skip_reason(op, state_reads):
     if op.type in _STATE_OPS or op in state_reads:
         return "state (variable, its read, constant or placeholder)"
-    if op._get_control_flow_context() is not None or op.type in ("Enter", "Exit", "Merge", "Switch",
-                                                                  "NextIteration", "LoopCond"):
-        return "in a v1 control-flow context (while loop or cond)"
+    if op._get_control_flow_context() is not None or op.type in _CONTROL_FLOW_OPS:
+        return "control flow (in a v1 while/cond context, or a v2 While/If or function call, body not entered)"
     if op.type in _STATEFUL_RANDOM_OPS:
         return "random draw (the same numbers in every version)"
-    if op.type in _EXACT_OPS:
+    if op.type in _EXACT_OPS or (op.type == "Cast" and not op.inputs[0].dtype.is_floating):
         return "exact in every version (moves or selects values)"
     floats = [t for t in op.outputs if t.dtype.is_floating]
     if not floats:
