@@ -239,8 +239,8 @@ DEEP_INPUTS = np.random.RandomState(0).standard_normal((1, deep.SIZE, deep.SIZE,
 CONTRIB_INPUTS = np.random.RandomState(3).standard_normal((4, contrib.FEATURES)).astype(np.float32)
 
 
-def _deep(tf1_python, **kwargs):
-    return check_equivalence("kernel_floor_model:deep_bn", lambda: deep.DeepShim(**kwargs.pop("shim", {})),
+def _deep(tf1_python, shim=None, **kwargs):
+    return check_equivalence("kernel_floor_model:deep_bn", lambda: deep.DeepShim(**(shim or {})),
                              DEEP_INPUTS, tf1_python=tf1_python, tf1_path=[HERE], **kwargs)
 
 

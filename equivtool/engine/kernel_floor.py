@@ -71,27 +71,26 @@ def _shadow(engine: "Engine") -> "Engine":
     """The engine whose TF1 sides open their graphs with rounding injected, sharing the
     TF1 interpreter (made on first use; no noise floor, no localization there)."""
     found = getattr(engine, "kernel_shadow", None)
-    if found is None:
-        from equivtool.engine.run import Engine
-        from equivtool.engine.sides.old_python import program
+    if found is None:  # (the reference side ran first: the interpreter has started)
         options = dataclasses.replace(engine.options, noise_floor=False, localize=False,
                                       strict_intermediates=False, progress=None, kernel_floor=False)
-        found = Engine(options)
+        found = type(engine)(options)
         found.kernel_floor_run = True
-        found.old_program = program(engine)
+        found.old_program = engine.old_program
         engine.kernel_shadow = found
     return found
 
 
-def second_run(engine: "Engine", step, outcome: tuple, run_tf1: Callable[["Engine"], Any]) -> tuple:
+def second_run(engine: "Engine", step, outcome: tuple, run_tf1: Callable[["Engine"], Any],
+               attempt: Callable[[Callable[[], Any]], tuple]) -> tuple:
     """``outcome`` (the TF1 side's, see :mod:`equivtool.engine.run`), its capture
     holding under :data:`KEY` the kernel-floor run of the same TF1 function
-    (``run_tf1(shadow engine)``): ``{"run": capture, "ops": counts}``, or
-    ``{"error": message}`` when it could not run (then nothing is widened).
-    Unchanged without ``kernel_floor``, for other steps, or when the side failed."""
+    (``run_tf1(shadow engine)``, run through ``attempt``, the engine's
+    ``run.attempt``): ``{"run": capture, "ops": counts}``, or ``{"error":
+    message}`` when it could not run (then nothing is widened). Unchanged
+    without ``kernel_floor``, for other steps, or when the side failed."""
     if not engine.options.kernel_floor or step.name not in STEPS or outcome[0] != "ok":
         return outcome
-    from equivtool.engine.run import attempt
     shadow = _shadow(engine)
     if not step.shared:
         shadow.release_pair()

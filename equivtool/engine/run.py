@@ -66,7 +66,7 @@ def run_side(engine: "Engine", step: Step, side: str, tf1_capture=None) -> tuple
         outcome = attempt(lambda: tf1(engine, **params))
         if engine.options.kernel_floor:  # the same TF1 side again, rounding injected (engine.kernel_floor)
             from equivtool.engine import kernel_floor
-            outcome = kernel_floor.second_run(engine, step, outcome, lambda shadow: tf1(shadow, **params))
+            outcome = kernel_floor.second_run(engine, step, outcome, lambda shadow: tf1(shadow, **params), attempt)
         return outcome
     return attempt(lambda: split.tf2(engine, tf1_capture if split.tf2_needs_tf1 else None, **params))
 
