@@ -50,7 +50,8 @@ from equivtool.report import StepResult
 if TYPE_CHECKING:  # pragma: no cover
     from equivtool.engine.run import Engine
 
-__all__ = ["KERNEL", "KEY", "STEPS", "PERTURBATION", "judge_pairs", "judge_optimizer", "second_run"]
+__all__ = ["KERNEL", "KEY", "STEPS", "PERTURBATION", "close", "judge_optimizer", "judge_pairs", "measured", "rejudged",
+           "second_run", "unmeasured_note"]
 
 #: The steps whose TF1 side runs again with rounding injected (those that compare computed values).
 STEPS = frozenset({"fixed_weights", "gradients", "optimizer",
