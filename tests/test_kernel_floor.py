@@ -278,3 +278,19 @@ def test_the_contrib_examples_planted_slips_stay_not_equivalent_with_the_kernel_
 def test_with_every_output_filtered_out_nothing_passes(tf1_python):
     found = _deep(tf1_python, steps=["fixed_weights"], outputs=["!*"], kernel_floor=True)
     assert found.step("fixed_weights").status != "passed" and not found.passed, str(found)
+
+
+@pytest.mark.parametrize("learning_rate, status", [(0.1, "passed"), (0.11, "failed")])
+def test_the_optimizer_step_judges_against_the_larger_floor_and_a_wrong_learning_rate_still_fails(
+        tf1_python, learning_rate, status):
+    import tensorflow as tf
+    found = check_equivalence("contrib_tf1_model:model", lambda: contrib.Shim(), CONTRIB_INPUTS,
+                              tf1_python=tf1_python, tf1_path=[HERE, EXAMPLE], kernel_floor=True,
+                              steps=["optimizer"], optimizers=("contrib_tf1_model:sgd",
+                                                               lambda: tf.keras.optimizers.SGD(learning_rate)))
+    [step] = found.steps
+    assert step.status == status, str(found)
+    data = step.data["kernel_floor"]
+    assert data["largest_floor"] > 0 and data["ops"]["perturbed_ops"] > 0
+    assert any(note.startswith("floor per leaf: the kernel floor for ") for note in step.notes)
+    assert "noise_floor" not in step.data  # one judgement, against the larger floor per leaf

@@ -95,7 +95,6 @@ def _gradients_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
                             notes=notes, data={"variables": len(tf1_grads), "loss_target": target,
                                                "proves": proves})
     if e.options.kernel_floor:  # the TF1 run with rounding injected at every op (engine.kernel_floor)
-        from equivtool.engine import kernel_floor
         result = kernel_floor.judge_pairs(e, result, tf1, lambda run: [
             ("loss", np.float32(tf1["loss"]), np.float32(run["loss"])), ("gradients", tf1_grads, run["gradients"])])
     if one_sided:  # the missing key fails the step already; the message says why first
@@ -230,8 +229,10 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     compared = [key for key in (tf1["variables"] or [{}])[0] if key in (tf2["variables"] or [{}])[0]]
     data = {"steps": o.train_steps, "first_failing_step": failed_at, "losses": losses,
             "proves": {"values": compared}}
-    if floor is not None:
-        data["kernel_floor" if e.options.kernel_floor and kernel_floor.measured(tf1) else "noise_floor"] = floor.data
+    if floor is not None and e.options.kernel_floor and kernel_floor.measured(tf1):
+        data["kernel_floor"] = {**floor.data, "ops": tf1[kernel_floor.KEY]["ops"]}
+    elif floor is not None:
+        data["noise_floor"] = floor.data
     result = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes, data=data)
     return judge_loop_random(result, tf1["loops"], tf1["flags"])
 
