@@ -13,6 +13,12 @@ interpreter (``tf1_python``, the net named ``"contrib_nets:NAME"``, built from
     net | step | verdict (old) | verdict (in-process) | largest difference (leaf), old |
     largest difference (leaf), in-process | old / in-process | seconds old | seconds in-process
 
+With ``--kernel-floor`` each net is checked once, with the TF1 side in the
+old interpreter and ``kernel_floor=True`` (equivtool.engine.kernel_floor),
+and a row per step says the verdict, the largest difference, that leaf's
+kernel floor, their ratio, the largest ratio over the step's leaves and the
+seconds (:data:`KERNEL_HEADER`).
+
 Both runs use the guide's tolerances (the zoo states none for these nets).
 Printed first: the machine line (CPU model, AVX-512/AMX flags, cores,
 versions here) and what the old side ran under; the load average before and
@@ -41,6 +47,10 @@ NETS = ("alexnet_v2", "inception_v1", "resnet_v1_50")
 HEADER = ("| net | step | verdict, TF 1.15 | verdict, in-process | largest difference (leaf), TF 1.15 "
           "| largest difference (leaf), in-process | TF 1.15 / in-process | seconds, TF 1.15 | seconds, in-process |"
           "\n|---|---|---|---|---|---|---:|---:|---:|")
+
+
+KERNEL_HEADER = ("| net | step | verdict | largest difference (leaf) | its kernel floor | difference / floor "
+                 "| largest difference / floor (leaf) | seconds |\n|---|---|---|---|---:|---:|---|---:|")
 
 
 def largest(step) -> tuple:
@@ -78,9 +88,41 @@ def rows(name: str, old, here) -> list:
     return lines
 
 
-def check(name: str, tf1_python: str | None):
+def floors(step) -> dict:
+    """``{leaf: (difference, floor)}`` of the step's kernel floor (the last step's value
+    where the step compares several); empty without one."""
+    found = {}
+    for row in (step.data.get("kernel_floor") or {}).get("steps", []):
+        for leaf, (difference, floor) in row.items():
+            found[leaf] = (math.nan if difference is None else difference, math.nan if floor is None else floor)
+    return found
+
+
+def kernel_rows(name: str, report) -> list:
+    """One markdown row per step of ``report`` (checked with ``kernel_floor=True``)."""
+    lines = []
+    for step in report.steps:
+        value, leaf = largest(step)
+        by_leaf = floors(step)
+        floor = by_leaf.get(leaf, (math.nan, math.nan))[1]
+        ratios = [(d / f, name_) for name_, (d, f) in by_leaf.items() if f and math.isfinite(f) and math.isfinite(d)]
+        worst = max(ratios) if ratios else (math.nan, "")
+        lines.append(f"| {name} | {step.name} | {step.status} | {_cell((value, leaf))} | {_number(floor)} | "
+                     f"{_ratio_of(value, floor)} | {_ratio_of(worst[0], 1.0)}"
+                     + (f" (`{worst[1]}`)" if worst[1] else "") + f" | {step.seconds:.1f} |")
+    return lines
+
+
+def _ratio_of(a: float, b: float) -> str:
+    if math.isnan(a) or math.isnan(b) or b == 0:
+        return "n/a"
+    return f"{a / b:.3g}"
+
+
+def check(name: str, tf1_python: str | None, kernel_floor: bool = False):
     """The zoo's check of ``name`` (every default step, one SGD step), the TF1 side in
-    ``tf1_python`` (None: in-process); ``(report, seconds)``."""
+    ``tf1_python`` (None: in-process), with the kernel floor when asked;
+    ``(report, seconds)``."""
     import tensorflow as tf
     import contrib_nets
     from examples.slim_zoo.zoo import ZOO
@@ -88,7 +130,7 @@ def check(name: str, tf1_python: str | None):
     tf2 = lambda: tf.keras.optimizers.SGD(0.01)  # noqa: E731
     if tf1_python:
         arguments = dict(tf1_fn=f"contrib_nets:{name}", optimizers=("contrib_nets:sgd", tf2),
-                         tf1_python=tf1_python, tf1_path=[ZOO_DIR])
+                         tf1_python=tf1_python, tf1_path=[ZOO_DIR], kernel_floor=kernel_floor)
     else:
         arguments = dict(tf1_fn=getattr(contrib_nets, name), optimizers=(contrib_nets.sgd, tf2))
     started = time.perf_counter()
@@ -118,11 +160,15 @@ def main(argv=None) -> int:
     parser.add_argument("names", nargs="*", metavar="NET", help=f"default: all of {', '.join(NETS)}")
     add_tf1_python(parser)
     parser.add_argument("--header", action="store_true", help="print the machine line and the table header")
+    parser.add_argument("--kernel-floor", action="store_true",
+                        help="check once, the TF1 side there with kernel_floor=True (no in-process run)")
     args = parser.parse_args(argv)
     check_arguments(parser, args, NETS, "NET")
     if args.header:
         print(f"machine: {machine_line()}", flush=True)
-        print(HEADER, flush=True)
+        print(KERNEL_HEADER if args.kernel_floor else HEADER, flush=True)
+    if args.kernel_floor:
+        return kernel_main(args.names or list(NETS), args.tf1_python)
     passed = True
     for name in args.names or list(NETS):
         print(f"# {name}: load average at start {load()}", flush=True)
@@ -137,6 +183,23 @@ def main(argv=None) -> int:
                 print(f"#   {step.name}: {step.message}", flush=True)
                 print("\n".join(f"#     note: {note}" for note in step.notes), flush=True)
         passed = passed and old.passed
+    return 0 if passed else 1
+
+
+def kernel_main(names: list, tf1_python: str) -> int:
+    """``--kernel-floor``: each net checked once with the kernel floor, its rows printed."""
+    passed = True
+    for name in names:
+        print(f"# {name}: load average at start {load()}", flush=True)
+        report, seconds = check(name, tf1_python, kernel_floor=True)
+        print(f"# old side ran under: {report.meta.get('old_ran_under')}", flush=True)
+        print("\n".join(kernel_rows(name, report)), flush=True)
+        print(f"# {name}: verdict {report.verdict}; {seconds:.0f} s; load average at end {load()}", flush=True)
+        for step in report.steps:
+            if step.status != "passed" or step.data.get("kernel_floor"):
+                print(f"#   {step.name}: {step.status}: {step.message}", flush=True)
+                print("\n".join(f"#     note: {note}" for note in step.notes), flush=True)
+        passed = passed and report.passed
     return 0 if passed else 1
 
 

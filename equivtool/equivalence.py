@@ -103,6 +103,7 @@ def check_equivalence(
     slot_layout=None,
     tf1_python: str | os.PathLike | None = None,
     tf1_path: Sequence[str | os.PathLike] = (),
+    kernel_floor: bool = False,
 ) -> EquivalenceReport:
     """Run TensorFlow's equivalence workflow on a TF1 function and its TF2 layer.
 
@@ -229,6 +230,15 @@ def check_equivalence(
         is the TF1 worker: both sides of each step run at once. See
         ``docs/tf1-as-it-ran.md``.
       tf1_path: folders put on the TF1 interpreter's ``sys.path``.
+      kernel_floor: with ``tf1_python``: the steps that compare computed values
+        (``fixed_weights``, both random modes, ``gradients``, ``optimizer``) run
+        their TF1 side a second time there with every floating-point output
+        of every compute op moved one ULP (rounding injected at every op); a
+        failed leaf within ``noise_floor_multiple`` times that run's
+        divergence is "consistent with kernel rounding" (TensorFlow 1.15's
+        kernels round differently from this TensorFlow's). The numbers are in
+        ``step.data["kernel_floor"]``. Refused without ``tf1_python``. See
+        :mod:`equivtool.engine.kernel_floor`.
     """
     # The arguments are declared once, in this signature: every one goes to Options.build by name.
     options = Options.build(**locals())

@@ -70,7 +70,8 @@ def run(args) -> int:
                 workers=args.workers, outputs=outputs, strict_tolerances=args.strict_tolerances,
                 strict_intermediates=args.strict_intermediates, rename=rename, **training,
                 meta={"tf1_fn": args.tf1_fn, "tf2_factory": args.tf2_factory},
-                **({"tf1_python": args.tf1_python, "tf1_path": args.tf1_path or ()} if args.tf1_python else {}))
+                **({"tf1_python": args.tf1_python, "tf1_path": args.tf1_path or ()} if args.tf1_python else {}),
+                **({"kernel_floor": True} if args.kernel_floor else {}))
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
     print()
@@ -226,6 +227,10 @@ def add_parser(subparsers) -> None:
     check.add_argument("--tf1-path", action="append", default=None, metavar="DIR",
                        help="with --tf1-python: a folder on that interpreter's sys.path (repeatable; the "
                             "current folder is always on it)")
+    check.add_argument("--kernel-floor", action="store_true",
+                       help="with --tf1-python: run the TF1 side again there with one ULP of rounding injected "
+                            "at every op, and judge each compared leaf against that kernel floor "
+                            "(docs/noise-floor.md)")
     check.add_argument("--html", default=None, help="write an HTML report here")
     check.add_argument("--json", default=None, help="write a JSON report here")
     check.set_defaults(run=run)

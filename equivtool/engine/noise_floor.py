@@ -47,10 +47,28 @@ import numpy as np
 
 from equivtool.comparison import Comparison, LeafComparison, Tolerance, compare
 
-__all__ = ["DEFAULT_MULTIPLE", "FloorJudgement", "check_multiple", "judge", "judge_runs", "measure", "Perturbed"]
+__all__ = ["DEFAULT_MULTIPLE", "FloorJudgement", "FloorWording", "NOISE", "check_multiple", "judge", "judge_runs",
+           "measure", "Perturbed"]
 
 DEFAULT_MULTIPLE = 10.0
 PERTURBATION = "one ULP towards +inf or -inf (seeded, per element) in every float variable"
+
+
+@dataclasses.dataclass(frozen=True)
+class FloorWording:
+    """How :func:`judge`'s notes name a floor: ``label`` ("noise floor"), ``run`` (how
+    the TF1 side was run again, followed by ``perturbation``, then ``"(seed N)"``
+    where there is one), and ``verdict`` (what a widened leaf is "consistent
+    with"). The kernel floor (:mod:`equivtool.engine.kernel_floor`) judges with
+    its own words."""
+
+    label: str
+    run: str
+    perturbation: str
+    verdict: str
+
+
+NOISE = FloorWording("noise floor", "TF1 run again from the same start with", PERTURBATION, "rounding")
 
 
 def check_multiple(multiple: Any, argument: str = "noise_floor_multiple") -> float:
@@ -134,10 +152,10 @@ class FloorJudgement:
 
 
 def judge(comparisons: Sequence[Comparison], floors: Sequence[Mapping[str, float]], multiple: float,
-          seed: int) -> FloorJudgement:
+          seed: int | None, wording: FloorWording = NOISE) -> FloorJudgement:
     """Judge each step's TF1-vs-TF2 comparison against that step's floor (see
     the module docstring); ``floors[i]`` is :func:`measure`'s result for
-    ``comparisons[i]``."""
+    ``comparisons[i]``; ``seed`` None: a floor measured without one."""
     if len(comparisons) != len(floors):
         raise ValueError(f"floors: expected one per compared step ({len(comparisons)}), got {len(floors)}")
     judged, rows, rounding, beyond = [], [], [], []
@@ -151,8 +169,8 @@ def judge(comparisons: Sequence[Comparison], floors: Sequence[Mapping[str, float
                 largest = (level, leaf.name, step)
             if _widenable(leaf) and math.isfinite(level) and level > 0:
                 if leaf.max_abs <= multiple * level:
-                    text = (f"consistent with rounding: max abs diff {leaf.max_abs:.3g} is within "
-                            f"{multiple:g} x the noise floor {level:.3g}")
+                    text = (f"consistent with {wording.verdict}: max abs diff {leaf.max_abs:.3g} is within "
+                            f"{multiple:g} x the {wording.label} {level:.3g}")
                     leaf = dataclasses.replace(leaf, ok=True, below_atol=False,
                                                note=f"{leaf.note}; {text}" if leaf.note else text)
                     rounding.append((leaf.name, leaf.max_abs, level))
@@ -168,27 +186,26 @@ def judge(comparisons: Sequence[Comparison], floors: Sequence[Mapping[str, float
         shown = ", ".join(f"{name} (diff {d:.3g}, floor {f:.3g})" for name, d, f in found[:5])
         return shown + (f" and {len(found) - 5} more" if len(found) > 5 else "")
 
+    run = f"{wording.label}: {wording.run} {wording.perturbation}" + ("" if seed is None else f" (seed {seed})")
     if largest[0] > 0:
-        summary = (f"noise floor: TF1 run again from the same start with {PERTURBATION} (seed {seed}); "
-                   f"largest floor {largest[0]:.3g} ({largest[1]}); a difference within {multiple:g} x a "
-                   "leaf's floor is consistent with rounding")
+        summary = (f"{run}; largest floor {largest[0]:.3g} ({largest[1]}); a difference within {multiple:g} x a "
+                   f"leaf's floor is consistent with {wording.verdict}")
     else:
-        summary = (f"noise floor: TF1 run again from the same start with {PERTURBATION} (seed {seed}) "
-                   "reproduced every value exactly (floor 0): nothing is widened")
+        summary = f"{run} reproduced every value exactly (floor 0): nothing is widened"
     notes = [summary]
     if rounding:
-        notes.append(f"above tolerance but consistent with rounding ({len(rounding)}): {listed(rounding)}")
+        notes.append(f"above tolerance but consistent with {wording.verdict} ({len(rounding)}): {listed(rounding)}")
     if beyond:
-        notes.append(f"beyond tolerance and beyond {multiple:g} x the noise floor ({len(beyond)}): "
+        notes.append(f"beyond tolerance and beyond {multiple:g} x the {wording.label} ({len(beyond)}): "
                      f"{listed(beyond)}")
-    data = {"multiple": multiple, "seed": seed, "perturbation": PERTURBATION,
+    data = {"multiple": multiple, "seed": seed, "perturbation": wording.perturbation,
             "largest_floor": largest[0], "consistent_with_rounding": [name for name, _, _ in rounding],
             "steps": rows}
     return FloorJudgement(tuple(judged), tuple(notes), data)
 
 
 def judge_runs(comparisons: Sequence[Comparison], references: Sequence[Any], perturbed_runs: Sequence[Any],
-               multiple: float, seed: int) -> FloorJudgement:
+               multiple: float, seed: int | None, wording: FloorWording = NOISE) -> FloorJudgement:
     """:func:`judge` with the floors measured here: ``references[i]`` and
     ``perturbed_runs[i]`` are the TF1 captures of step ``i`` in the structure
     that ``comparisons[i]`` compared as expected (so that leaf names match)."""
@@ -197,4 +214,4 @@ def judge_runs(comparisons: Sequence[Comparison], references: Sequence[Any], per
                          f"{len(references)} reference and {len(perturbed_runs)} perturbed")
     floors = [measure(reference, again, comparison.name)
               for comparison, reference, again in zip(comparisons, references, perturbed_runs)]
-    return judge(comparisons, floors, multiple, seed)
+    return judge(comparisons, floors, multiple, seed, wording)

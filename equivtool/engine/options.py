@@ -177,6 +177,7 @@ class Options:
     tf1_python: str | None = None     # the TF1 side runs in this interpreter (engine/sides/old_python)
     tf1_path: tuple = ()              # folders on its sys.path (the caller's folder last)
     tf1_loss: str | None = None       # loss_fn's name, imported there ("module:function")
+    kernel_floor: bool = False        # with tf1_python: rounding injected at every TF1 op (engine.kernel_floor)
 
     @property
     def want_gradients(self) -> bool:
@@ -226,9 +227,13 @@ class Options:
         if a.slot_layout is not None and not isinstance(a.slot_layout, SlotLayout):
             raise TypeError("slot_layout: expected an equivtool.SlotLayout (e.g. equivtool.ADAM_WEIGHT_DECAY), "
                             f"got {type(a.slot_layout).__name__}")
-        for name, flag in (("strict_tolerances", a.strict_tolerances), ("noise_floor", a.noise_floor)):
+        for name, flag in (("strict_tolerances", a.strict_tolerances), ("noise_floor", a.noise_floor),
+                           ("kernel_floor", a.kernel_floor)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected True or False, got {flag!r}")
+        if a.kernel_floor and tf1_python is None:
+            raise ValueError("kernel_floor: needs tf1_python (both sides run in this TensorFlow and share its "
+                             "kernels, so there is no kernel difference to measure)")
         multiple = _noise_floor.check_multiple(a.noise_floor_multiple)
         if isinstance(a.workers, (bool, np.bool_)) or not isinstance(a.workers, (int, np.integer)) or a.workers < 1:
             raise ValueError(f"workers: expected an int >= 1 (processes running the two sides), got {a.workers!r}")
@@ -242,7 +247,8 @@ class Options:
                    outputs=output_patterns, strict_tolerances=a.strict_tolerances,
                    aligned=aligned_weights(a.rename),
                    noise_floor=a.noise_floor, noise_floor_multiple=multiple, slot_layout=a.slot_layout,
-                   tf1_python=tf1_python, tf1_path=tuple(tf1_path), tf1_loss=tf1_loss)
+                   tf1_python=tf1_python, tf1_path=tuple(tf1_path), tf1_loss=tf1_loss,
+                   kernel_floor=a.kernel_floor)
         if tf1_python is not None:
             from equivtool.engine.sides._old_python_args import refusal_reason
             reason = refusal_reason(options)

@@ -63,7 +63,11 @@ def run_side(engine: "Engine", step: Step, side: str, tf1_capture=None) -> tuple
     params = dict(step.params)
     if side == "tf1":
         tf1 = engine.side_class("tf1").step_side(step) or split.tf1
-        return attempt(lambda: tf1(engine, **params))
+        outcome = attempt(lambda: tf1(engine, **params))
+        if engine.options.kernel_floor:  # the same TF1 side again, rounding injected (engine.kernel_floor)
+            from equivtool.engine import kernel_floor
+            outcome = kernel_floor.second_run(engine, step, outcome, lambda shadow: tf1(shadow, **params), attempt)
+        return outcome
     return attempt(lambda: split.tf2(engine, tf1_capture if split.tf2_needs_tf1 else None, **params))
 
 
@@ -192,6 +196,9 @@ class Engine:
     def close(self) -> None:
         try:
             self.release_pair()
+            if getattr(self, "kernel_shadow", None) is not None:
+                from equivtool.engine import kernel_floor
+                kernel_floor.close(self)
         finally:
             if self.old_program is not None and not isinstance(self.old_program, str):
                 self.old_program.close()  # the TF1 interpreter stopped, its folder removed

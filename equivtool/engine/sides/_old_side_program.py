@@ -17,9 +17,12 @@
 # Requests ({"op": ..., ...}) and what they answer besides {"ok": true}:
 #   hello                      versions: python, tensorflow, machine, executable, contrib, cpu_build,
 #                              eager (whether v2 behaviour is on: refused)
-#   open handle fn path inputs structure seed mode tool graph_rewrites loss
+#   open handle fn path inputs structure seed mode tool graph_rewrites loss [kernel_floor]
 #                              a new graph and session; fn (and loss, when given:
-#                              "module:function") imported
+#                              "module:function") imported; kernel_floor: every pass and
+#                              training built there has rounding injected at every op
+#                              (perturb_ops), and forward/train_build answer kernel_floor
+#                              (what was perturbed and skipped)
 #   forward handle training gradients
 #                              one more forward pass (the first creates the variables):
 #                              variables [{name, op, shape, dtype, trainable}], outputs
@@ -318,8 +321,11 @@ class Side(object):
         self.initialized = False
         self.variables = []
         self.draws_random = {}  # pass -> whether it draws random numbers (fetch)
+        self.kernel_floor = bool(request.get("kernel_floor"))
 
-    def forward(self, training, gradients):
+    def forward(self, training, gradients, perturb=True):
+        ops_before = len(self.graph.get_operations())
+
         def build():
             with self.graph.as_default():
                 updates_before = len(self.graph.get_collection(tf.GraphKeys.UPDATE_OPS))
@@ -345,6 +351,7 @@ class Side(object):
         structure = describe(outputs)
         self.passes.append({"outputs": outputs, "regularization": regularization, "loss": loss,
                             "gradients": grads, "updates": updates})
+        kernel = self.perturb_pass(ops_before, len(self.passes) - 1) if self.kernel_floor and perturb else None
         with self.graph.as_default():
             self.variables = list(tf.global_variables())
             trainable = set(v.name for v in tf.trainable_variables())
@@ -358,7 +365,27 @@ class Side(object):
                 "loops": loops, "leaf_flags": [depends_on(t, loops) for t in leaves],
                 "loss_flag": depends_on(loss, loops),
                 "gradient_flags": dict((k, depends_on(g, loops)) for k, g in grads.items()),
-                "random_ops": self.tool.count - before}
+                "random_ops": self.tool.count - before, "kernel_floor": kernel}
+
+    def perturb_pass(self, ops_before, index, training=None):
+        """Rounding injected at every op built since ops_before (perturb_ops); the pass's
+        (and the training's) fetched tensors replaced by their perturbed values."""
+        with self.graph.as_default():
+            moved, counts = perturb_ops(self.graph.get_operations()[ops_before:])
+        built = self.passes[index]
+
+        def swap(tensor):
+            if isinstance(tensor, tf.IndexedSlices):
+                return tf.IndexedSlices(moved.get(tensor.values, tensor.values), tensor.indices, tensor.dense_shape)
+            return moved.get(tensor, tensor)
+        built["outputs"] = pack(built["outputs"], [swap(t) for t in flatten(built["outputs"])])
+        for key in ("regularization", "loss"):
+            built[key] = swap(built[key]) if built[key] is not None else None
+        built["gradients"] = dict((k, swap(g)) for k, g in built["gradients"].items())
+        if training is not None:
+            loss, train_op = self.trainings[training]
+            self.trainings[training] = (swap(loss), train_op)
+        return counts
 
     def initialize(self):
         if not self.initialized:
@@ -435,7 +462,8 @@ class Side(object):
         """A forward pass of its own, its default loss and make_optimizer().minimize over the
         trainable variables after the pass's UPDATE_OPS; the optimizer's variables initialised."""
         make = import_function(optimizer, self.path)
-        info = self.forward(training, False)
+        ops_before = len(self.graph.get_operations())
+        info = self.forward(training, False, perturb=False)  # perturbed below, gradients and update included
         self.initialize()
         built = self.passes[-1]
         with self.graph.as_default():
@@ -447,8 +475,11 @@ class Side(object):
             self.session.run(tf.variables_initializer([v for v in tf.global_variables() if v not in known]))
         self.trainings.append((loss, train_op))
         self.optimizers.append(instance)
+        kernel = None
+        if self.kernel_floor:
+            kernel = self.perturb_pass(ops_before, len(self.passes) - 1, training=len(self.trainings) - 1)
         return {"train": len(self.trainings) - 1, "optimizer": type(instance).__name__, "loops": info["loops"],
-                "loss_flag": depends_on(loss, info["loops"])}
+                "loss_flag": depends_on(loss, info["loops"]), "kernel_floor": kernel}
 
     def renew_session(self):
         """Every global variable's value moved into a new session, so that every stateful
@@ -609,6 +640,97 @@ class Side(object):
             finally:
                 session.close()
         return {"file": save_arrays(self.folder, "fetch", values), "names": list(names)}
+
+
+# -- the kernel floor: rounding injected at every op ------------------------------
+
+# Ops whose float outputs are exact in every TensorFlow version (they move, select or
+# negate values; no kernel rounds there differently): not perturbed.
+_EXACT_OPS = frozenset([
+    "Identity", "IdentityN", "Snapshot", "StopGradient", "PreventGradient", "Reshape", "Squeeze", "ExpandDims",
+    "Transpose", "ConcatV2", "Concat", "Slice", "StridedSlice", "Pack", "Unpack", "Split", "SplitV", "Gather",
+    "GatherV2", "GatherNd", "Tile", "Pad", "PadV2", "MirrorPad", "Fill", "ZerosLike", "OnesLike", "Select",
+    "SelectV2", "Relu", "Relu6", "ReluGrad", "Relu6Grad", "MaxPool", "MaxPoolV2", "Maximum", "Minimum", "Neg",
+    "Abs", "BroadcastTo", "Reverse", "ReverseV2"])
+# Ops that hold, read or write state, or feed values in: not computations.
+_STATE_OPS = frozenset([
+    "Const", "Placeholder", "PlaceholderWithDefault", "VariableV2", "Variable", "VarHandleOp",
+    "ReadVariableOp", "VarIsInitializedOp", "IsVariableInitialized"])
+_CONTROL_FLOW_OPS = frozenset([
+    "Enter", "Exit", "Merge", "Switch", "NextIteration", "LoopCond", "RefEnter", "RefExit", "RefMerge",
+    "RefSwitch", "While", "StatelessWhile", "If", "StatelessIf", "Case", "PartitionedCall",
+    "StatefulPartitionedCall"])
+_ULP_DTYPES = ("float32", "float64")  # the dtypes tf.math.nextafter has a kernel for
+
+
+def ulp_step(tensor, index):
+    """tensor moved one ULP towards +inf or -inf, element by element; zeros and
+    non-finite values left as they are (as the noise floor's start perturbation).
+    The direction is deterministic, with no random op (the random tool counts them):
+    the element's own lowest mantissa bit, flipped for odd op indices."""
+    dtype = tensor.dtype.base_dtype
+    bits = tf.bitcast(tensor, tf.int64 if dtype == tf.float64 else tf.int32)
+    low = tf.cast(tf.bitwise.bitwise_and(bits, tf.ones_like(bits)), dtype)  # 0 or 1
+    if index % 2:
+        low = 1 - low
+    towards = (2 * low - 1) * np.inf  # +inf where 1, -inf where 0
+    moved = tf.math.nextafter(tensor, towards)
+    keep = tf.logical_or(tf.equal(tensor, tf.zeros_like(tensor)), tf.logical_not(tf.math.is_finite(tensor)))
+    return tf.where(keep, tensor, moved)
+
+
+def _skip_reason(op, state_reads):
+    if op.type in _STATE_OPS or op in state_reads:
+        return "state (variable, its read, constant or placeholder)"
+    if op._get_control_flow_context() is not None or op.type in _CONTROL_FLOW_OPS:
+        return "control flow (in a v1 while/cond context, or a v2 While/If or function call, body not entered)"
+    if op.type in _STATEFUL_RANDOM_OPS:
+        return "random draw (the same numbers in every version)"
+    if op.type in _EXACT_OPS or (op.type == "Cast" and not op.inputs[0].dtype.is_floating):
+        return "exact in every version (moves or selects values)"
+    floats = [t for t in op.outputs if t.dtype.is_floating]
+    if not floats:
+        return None  # no floating-point output: not counted
+    if all(t.dtype._is_ref_dtype for t in floats):
+        return "ref-typed output (a variable's update)"
+    if not any(t.dtype.base_dtype.name in _ULP_DTYPES for t in floats):
+        return "no nextafter kernel for its dtype"
+    return ""
+
+
+def perturb_ops(ops):
+    """Rounding injected at every op among ops (in creation order, in the default graph):
+    every float32/float64 output of a compute op replaced, for all its consumers, by
+    ulp_step of it (Operation._update_input). Answers (moved, counts): moved maps each
+    perturbed tensor to its perturbed value (for the fetches); counts says how many ops
+    and outputs were perturbed and how many ops were skipped, by reason."""
+    ops = list(ops)
+    state_reads = set()
+    for op in ops:  # a variable's value read through Identity ops
+        sources = [t.op for t in op.inputs]
+        if op.type == "Identity" and sources and (sources[0].type in _STATE_OPS or sources[0] in state_reads):
+            state_reads.add(op)
+    moved, skipped, perturbed = {}, {}, 0
+    for index, op in enumerate(ops):
+        reason = _skip_reason(op, state_reads)
+        if reason is None:
+            continue
+        if reason:
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        perturbed += 1
+        for tensor in op.outputs:
+            if tensor.dtype._is_ref_dtype or tensor.dtype.base_dtype.name not in _ULP_DTYPES:
+                continue
+            consumers = tensor.consumers()
+            with tf.name_scope("equivtool_kernel_floor"):
+                value = ulp_step(tensor, index)
+            moved[tensor] = value
+            for consumer in consumers:
+                for position, source in enumerate(consumer.inputs):
+                    if source is tensor:
+                        consumer._update_input(position, value)
+    return moved, {"perturbed_ops": perturbed, "perturbed_outputs": len(moved), "skipped": skipped}
 
 
 def not_compared(graph, ops):

@@ -116,6 +116,7 @@ class OldProgram:
         self.folder = tempfile.mkdtemp(prefix=scratch.prefix("tf1-side"), dir=temp)
         self._stderr = open(os.path.join(self.folder, "stderr.txt"), "w+", encoding="utf-8", errors="replace")
         self.process = None
+        self.kernel_ops: dict = {}  # what the kernel floor's graphs perturbed and skipped (engine.kernel_floor)
         try:
             self.process = subprocess.Popen([python, PROGRAM, self.folder], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=self._stderr, text=True,
@@ -307,7 +308,8 @@ class OldTF1Side(Side):
         leaves = [np.asarray(leaf) for leaf in flatten_tensors(o.inputs)]
         self.program.request("open", handle=self.handle, fn=o.tf1_fn, path=list(o.tf1_path),
                              inputs=self.program.send("inputs", leaves), structure=_describe(o.inputs),
-                             seed=o.seed, mode=mode, tool=tool, graph_rewrites=o.graph_rewrites, loss=o.tf1_loss)
+                             seed=o.seed, mode=mode, tool=tool, graph_rewrites=o.graph_rewrites, loss=o.tf1_loss,
+                             **({"kernel_floor": True} if getattr(e, "kernel_floor_run", False) else {}))
         self.closed = False
         self.variables: list = []   # VariableSpec, in creation order
         self.names: list = []
@@ -319,6 +321,7 @@ class OldTF1Side(Side):
 
     def forward(self, training: bool, with_gradients: bool = False) -> OldForward:
         answer = self.program.request("forward", handle=self.handle, training=training, gradients=with_gradients)
+        _count_kernel_ops(self.program, answer)
         variables = answer["variables"]
         self.variables = [VariableSpec(v["name"], tuple(v["shape"]), v["dtype"], v["trainable"]) for v in variables]
         self.names = [v["name"] for v in variables]
@@ -388,8 +391,8 @@ class OldTF1Side(Side):
     def build_training(self, make_optimizer: str, training: bool) -> dict:
         """A training pass there (``make_optimizer``: ``"module:function"``):
         ``{"train", "optimizer", "loops", "loss_flag"}``."""
-        return self.program.request("train_build", handle=self.handle, optimizer=make_optimizer,
-                                    training=training)
+        return _count_kernel_ops(self.program, self.program.request(
+            "train_build", handle=self.handle, optimizer=make_optimizer, training=training))
 
     def train_step(self, training: dict) -> float:
         """One optimizer step in a new session there; the loss before the step."""
@@ -461,6 +464,19 @@ class OldTF1Side(Side):
             return  # a request of the TF1 thread is under way: Ctrl-C or SIGTERM, the program is stopped next
         self.program.lock.release()
         self.program.request("close", handle=self.handle)
+
+
+def _count_kernel_ops(program: OldProgram, answer: dict) -> dict:
+    """``answer``, its ``kernel_floor`` counts (ops perturbed and skipped there) added to the program's."""
+    found = answer.get("kernel_floor")
+    if found:
+        totals = program.kernel_ops
+        for key in ("perturbed_ops", "perturbed_outputs"):
+            totals[key] = totals.get(key, 0) + found[key]
+        skipped = totals.setdefault("skipped", {})
+        for reason, count in found["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    return answer
 
 
 class OldTF1Half(_Half):

@@ -155,6 +155,9 @@ def judge_forward(e: "Engine", name: str, tf1: dict, tf2: dict, notes=()) -> Ste
         pairs.append(("variables", expected, actual))
         notes += note
     result = e.compare_step(name, pairs, notes=notes)
+    if e.options.kernel_floor:  # the TF1 run with rounding injected at every op (engine.kernel_floor)
+        from equivtool.engine import kernel_floor
+        result = kernel_floor.judge_pairs(e, result, tf1, lambda run: _forward_floor_pairs(tf1, run))
     failing = {c.name for c in result.comparisons if not c.ok and c.failures}
     if failing == {"variables"}:
         result = dataclasses.replace(result, notes=result.notes + (
@@ -167,6 +170,14 @@ def judge_forward(e: "Engine", name: str, tf1: dict, tf2: dict, notes=()) -> Ste
         result = dataclasses.replace(result, notes=result.notes + tuple(_bessel.bessel_notes(
             tf1["moving_start"], tf2["moving_start"], tf1["variables"], tf2["variables"], e.options.inputs)))
     return judge_loop_random(result, tf1["loops"], leaf_flags(result, tf1["leaf_flags"]))
+
+
+def _forward_floor_pairs(tf1: dict, run: dict) -> list:
+    """judge_forward's pairs with the kernel-floor run in the TF2 side's place."""
+    pairs = forward_pairs(tf1["outputs"], tf1["regularization"], run["outputs"], run["regularization"])
+    if "variables" in tf1 and "variables" in run:
+        pairs.append(("variables",) + common_variables(tf1["variables"], run["variables"])[:2])
+    return pairs
 
 
 def common_variables(tf1_values: Mapping, tf2_values: Mapping) -> tuple:

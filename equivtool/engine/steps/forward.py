@@ -107,6 +107,10 @@ def _fixed_weights_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
                          f"their own): {alone[:5]}")
     result = e.compare_step("fixed_weights", forward_pairs(tf1["outputs"], tf1["regularization"],
                                                            tf2["outputs"], tf2["regularization"]), notes=notes)
+    if e.options.kernel_floor:  # the TF1 run with rounding injected at every op (engine.kernel_floor)
+        from equivtool.engine import kernel_floor
+        result = kernel_floor.judge_pairs(e, result, tf1, lambda run: forward_pairs(
+            tf1["outputs"], tf1["regularization"], run["outputs"], run["regularization"]))
     if not e.options.localize:
         return result
     return e.localized(result, e.tf1_half.side, e.tf1_half.inference.outputs,

@@ -13,7 +13,7 @@ import numpy as np
 from equivtool.report import StepResult
 from equivtool._base.tree import dense_gradient
 from equivtool.engine.sides.tf1_side import primary_output_path, variable_key
-from equivtool.engine import _bessel, _sparse_squares, noise_floor
+from equivtool.engine import _bessel, _sparse_squares, kernel_floor, noise_floor
 from equivtool.engine.registry import SkipStep, title
 from equivtool.variables.flavour import variable_name
 
@@ -94,6 +94,9 @@ def _gradients_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
                              ("gradients", tf1_grads, tf2_grads)],
                             notes=notes, data={"variables": len(tf1_grads), "loss_target": target,
                                                "proves": proves})
+    if e.options.kernel_floor:  # the TF1 run with rounding injected at every op (engine.kernel_floor)
+        result = kernel_floor.judge_pairs(e, result, tf1, lambda run: [
+            ("loss", np.float32(tf1["loss"]), np.float32(run["loss"])), ("gradients", tf1_grads, run["gradients"])])
     if one_sided:  # the missing key fails the step already; the message says why first
         names = ", ".join(f"{key} (None on the {'TF2' if has == 'TF1' else 'TF1'} side)" for key, has in one_sided[:3])
         result = dataclasses.replace(result, message=f"gradient is None on one side only (disconnected from the "
@@ -188,7 +191,17 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     # comparable; no floor may turn that difference into "consistent with rounding".
     raw = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons)
     comparable = judge_loop_random(raw, tf1["loops"], tf1["flags"]).status != "skipped"
-    if tf1.get("floor_run") is not None and comparable:
+    if e.options.kernel_floor and comparable and kernel_floor.measured(tf1):
+        expected = [_optimizer_expected(*p) for p in zip(tf1["losses"], tf1["variables"], tf2["variables"])]
+        run = tf1[kernel_floor.KEY]["run"]
+        floor, kernel_notes = kernel_floor.judge_optimizer(
+            e, comparisons, expected,
+            None if tf1.get("floor_run") is None else
+            [_optimizer_expected(loss, values, theirs) for (loss, values), theirs in zip(tf1["floor_run"], tf2["variables"])],
+            [_optimizer_expected(*p) for p in zip(run["losses"], run["variables"], tf2["variables"])], tf1)
+        comparisons = list(floor.comparisons)
+        notes += list(floor.notes) + kernel_notes
+    elif tf1.get("floor_run") is not None and comparable:
         floor = noise_floor.judge_runs(
             comparisons,
             [_optimizer_expected(*pair) for pair in zip(tf1["losses"], tf1["variables"], tf2["variables"])],
@@ -197,6 +210,9 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
             o.noise_floor_multiple, o.seed)
         comparisons = list(floor.comparisons)
         notes += floor.notes
+    if e.options.kernel_floor and not (comparable and kernel_floor.measured(tf1)):
+        notes += kernel_floor.unmeasured_note(tf1) or ["kernel floor: not applied (the step's draws cannot be "
+                                                       "aligned)"]
     failed_at = next((step + 1 for step, comparison in enumerate(comparisons) if not comparison.ok), None)
     notes += sparse_note(tf1["sparse"], tf2["sparse"], applied=True)
     if o.strategy is not None:
@@ -213,7 +229,9 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     compared = [key for key in (tf1["variables"] or [{}])[0] if key in (tf2["variables"] or [{}])[0]]
     data = {"steps": o.train_steps, "first_failing_step": failed_at, "losses": losses,
             "proves": {"values": compared}}
-    if floor is not None:
+    if floor is not None and e.options.kernel_floor and kernel_floor.measured(tf1):
+        data["kernel_floor"] = {**floor.data, "ops": tf1[kernel_floor.KEY]["ops"]}
+    elif floor is not None:
         data["noise_floor"] = floor.data
     result = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes, data=data)
     return judge_loop_random(result, tf1["loops"], tf1["flags"])
