@@ -102,3 +102,24 @@ def test_return_freed_memory_collects_cycles():
         assert gone() is None
     finally:
         gc.enable()
+
+
+def _numbers(report) -> list:
+    """Everything a verdict rests on, without timings."""
+    return [(step.name, step.status, step.message,
+             [(leaf.name, leaf.ok, leaf.mismatched, leaf.max_abs) for leaf in step.leaves])
+            for step in report.steps]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_giving_memory_back_between_steps_changes_no_number(monkeypatch, workers):
+    from equivtool.engine import run as _run
+
+    given = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=workers, steps=STEPS)
+    calls = []
+    for module in (_run, _workers):
+        monkeypatch.setattr(module, "return_freed_memory", lambda: calls.append(1))
+    kept = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=workers, steps=STEPS)
+    assert given.passed and kept.passed, str(kept)
+    assert calls  # the engine did call it between steps (here: this process's share of the steps)
+    assert _numbers(given) == _numbers(kept)
