@@ -59,11 +59,18 @@ descendants it has waited for, not their sum); and, sampled from /proc every
 0.25 s, each descendant's ``VmHWM`` (its kernel-kept peak RSS). "largest" is
 the maximum of these; "sum" adds the subprocess's own peak to every
 descendant's (a process that grows in its last 0.25 s is undercounted by that
-growth). Not a test. Usage:
+growth). Beside those RSS figures (never instead of them) it prints, from
+``/proc/<pid>/smaps_rollup`` sampled the same way, the largest process's
+peak PSS and the peaks of the PSS and private memory (USS) summed over all
+processes at one moment: RSS counts the TensorFlow libraries a worker shares
+with its parent in both, PSS once. The "all processes" goal (1.5x) is judged
+on summed PSS, the "largest" goal (1.0x) on peak RSS (benchmarks/RESULTS.md,
+"Memory against the guide's code"). ``--timeline-dir`` keeps every sample
+and when each step was judged. Not a test. Usage:
 
     .venv/bin/python benchmarks/bench_parity.py [--image-size 299] [--batch-size 1] [--repeats 1]
         [--variants guide,equivtool,plain] [--steps variables_once,parity,fixed_weights,random]
-        [--workers N] [--guide-constant-inference] [--guide-default-grappler]
+        [--workers N] [--guide-constant-inference] [--guide-default-grappler] [--timeline-dir DIR]
 """
 
 from __future__ import annotations
