@@ -59,11 +59,18 @@ descendants it has waited for, not their sum); and, sampled from /proc every
 0.25 s, each descendant's ``VmHWM`` (its kernel-kept peak RSS). "largest" is
 the maximum of these; "sum" adds the subprocess's own peak to every
 descendant's (a process that grows in its last 0.25 s is undercounted by that
-growth). Not a test. Usage:
+growth). Beside those RSS figures (never instead of them) it prints, from
+``/proc/<pid>/smaps_rollup`` sampled the same way, the largest process's
+peak PSS and the peaks of the PSS and private memory (USS) summed over all
+processes at one moment: RSS counts the TensorFlow libraries a worker shares
+with its parent in both, PSS once. The "all processes" goal (1.5x) is judged
+on summed PSS, the "largest" goal (1.0x) on peak RSS (benchmarks/RESULTS.md,
+"Memory against the guide's code"). ``--timeline-dir`` keeps every sample
+and when each step was judged. Not a test. Usage:
 
     .venv/bin/python benchmarks/bench_parity.py [--image-size 299] [--batch-size 1] [--repeats 1]
         [--variants guide,equivtool,plain] [--steps variables_once,parity,fixed_weights,random]
-        [--workers N] [--guide-constant-inference] [--guide-default-grappler]
+        [--workers N] [--guide-constant-inference] [--guide-default-grappler] [--timeline-dir DIR]
 """
 
 from __future__ import annotations
@@ -305,13 +312,40 @@ def _descendants(root: int) -> list:
     return found
 
 
+def _smaps_kib(pid: int) -> tuple | None:
+    """``(Pss, private)`` of ``pid`` in KiB from ``/proc/<pid>/smaps_rollup``, or None.
+
+    Pss (proportional set size) charges each resident page to the processes
+    mapping it in equal shares, so PSS summed over processes counts a page that
+    two interpreters share (TensorFlow's mapped libraries) once, where RSS counts
+    it in both. "private" (Private_Clean + Private_Dirty, USS) is what only
+    this process holds: what ending it would give back.
+    """
+    pss = private = None
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+                elif line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    private = (private or 0) + int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if pss is None or private is None else (pss, private)
+
+
 class TreeMemory:
-    """Samples this process's descendants every ``interval`` seconds from /proc.
+    """Samples this process and its descendants every ``interval`` seconds from /proc.
 
     Per descendant it keeps the last ``VmHWM`` read (the kernel's own peak RSS of
     that process, so only growth in its last ``interval`` before exiting is
     missed); it also keeps the largest sampled sum of ``VmRSS`` over the whole
     tree (this process included), i.e. the memory all processes held at once.
+    Where ``/proc/<pid>/smaps_rollup`` exists (Linux 4.14+) it keeps, per
+    process (this one included), the peak PSS and the peak private memory
+    (USS), and the peaks of their sums over the tree: sampled, not kernel-kept,
+    so a peak shorter than ``interval`` can be missed. ``timeline`` holds every
+    sample as ``(seconds since start, {pid: (rss, pss) KiB})``.
     """
 
     def __init__(self, interval: float = 0.25):
@@ -319,19 +353,42 @@ class TreeMemory:
 
         self.interval = interval
         self.available = os.path.isdir(f"/proc/{os.getpid()}")
+        self.smaps = _smaps_kib(os.getpid()) is not None
         self.peak_kib: dict = {}
         self.peak_total_kib = 0
+        self.peak_pss_kib: dict = {}       # pid -> its largest sampled Pss
+        self.peak_private_kib: dict = {}   # pid -> its largest sampled private (USS)
+        self.peak_total_pss_kib = 0        # the largest sampled sum of Pss over the tree
+        self.peak_total_private_kib = 0    # the largest sampled sum of private memory over the tree
+        self.timeline: list = []
+        self.started = time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tree-memory", daemon=True)
 
     def sample(self) -> None:
-        total = _status_kib(os.getpid(), "VmRSS") or 0
-        for pid in _descendants(os.getpid()):
-            hwm, rss = _status_kib(pid, "VmHWM"), _status_kib(pid, "VmRSS")
-            if hwm is not None:
-                self.peak_kib[pid] = max(hwm, self.peak_kib.get(pid, 0))
-            total += rss or 0
+        me = os.getpid()
+        total = _status_kib(me, "VmRSS") or 0
+        point = {me: (total, None)}
+        pss_total = private_total = 0
+        for pid in [me] + _descendants(me):
+            if pid != me:
+                hwm, rss = _status_kib(pid, "VmHWM"), _status_kib(pid, "VmRSS")
+                if hwm is not None:
+                    self.peak_kib[pid] = max(hwm, self.peak_kib.get(pid, 0))
+                total += rss or 0
+                point[pid] = (rss, None)
+            smaps = _smaps_kib(pid) if self.smaps else None
+            if smaps is not None:
+                pss, private = smaps
+                self.peak_pss_kib[pid] = max(pss, self.peak_pss_kib.get(pid, 0))
+                self.peak_private_kib[pid] = max(private, self.peak_private_kib.get(pid, 0))
+                pss_total += pss
+                private_total += private
+                point[pid] = (point[pid][0], pss)
         self.peak_total_kib = max(self.peak_total_kib, total)
+        self.peak_total_pss_kib = max(self.peak_total_pss_kib, pss_total)
+        self.peak_total_private_kib = max(self.peak_total_private_kib, private_total)
+        self.timeline.append((round(time.perf_counter() - self.started, 2), point))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -359,7 +416,9 @@ def child(variant: str, args: argparse.Namespace) -> None:
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
     import_seconds = time.perf_counter() - imported
-    with TreeMemory() as tree:
+    tree = TreeMemory()
+    marks = _mark_steps(variant, tree.started)
+    with tree:
         start = time.perf_counter()
         result = run_in_child(variant, args)
         seconds = time.perf_counter() - start
@@ -375,7 +434,51 @@ def child(variant: str, args: argparse.Namespace) -> None:
         processes=1 + len(sampled),
         sum_peak_rss_mb=self_mb + sum(sampled) if tree.available else None,
         peak_total_rss_mb=tree.peak_total_kib / 1024.0 if tree.available else None)
+    if tree.smaps:
+        me = os.getpid()
+        result.update(
+            largest_pss_mb=max(tree.peak_pss_kib.values()) / 1024.0,
+            largest_private_mb=max(tree.peak_private_kib.values()) / 1024.0,
+            self_pss_mb=tree.peak_pss_kib.get(me, 0) / 1024.0,
+            peak_total_pss_mb=tree.peak_total_pss_kib / 1024.0,
+            peak_total_private_mb=tree.peak_total_private_kib / 1024.0,
+            peak_at=_peak_at(tree, marks))
+    if args.timeline_dir:
+        os.makedirs(args.timeline_dir, exist_ok=True)
+        name = f"{variant}{'' if args.workers is None else '@' + str(args.workers)}-{os.getpid()}.json"
+        with open(os.path.join(args.timeline_dir, name), "w") as f:
+            json.dump({"timeline": tree.timeline, "marks": marks, "parent": os.getpid()}, f)
     print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+def _mark_steps(variant: str, started: float) -> list:
+    """``[(seconds since started, step name)]`` as each equivtool step is judged in this
+    process (a hook on ``Engine.record``; the guide and plain variants get none)."""
+    marks: list = []
+    if variant != "equivtool":
+        return marks
+    from equivtool.engine.run import Engine
+
+    record = Engine.record
+
+    def recorded(self, result, *a, **k):
+        marks.append((round(time.perf_counter() - started, 2), getattr(result, "name", "?")))
+        return record(self, result, *a, **k)
+
+    Engine.record = recorded
+    return marks
+
+
+def _peak_at(tree: TreeMemory, marks: list) -> str:
+    """When the tree's summed PSS peaked, each process's PSS then, and the step judged next."""
+    best = max(tree.timeline, key=lambda point: sum(pss or 0 for _, pss in point[1].values()), default=None)
+    if best is None:
+        return "n/a"
+    seconds, point = best
+    after = next((name for t, name in marks if t >= seconds), "the end")
+    return (f"{seconds:.1f} s: " + ", ".join(f"pid {pid} {(pss or 0) / 1024:.0f} MB"
+                                             for pid, (_, pss) in point.items())
+            + f" (next step judged: {after})")
 
 
 # --------------------------------------------------------------------------
@@ -429,6 +532,8 @@ def child_argv(variant: str, args: argparse.Namespace) -> list:
         argv.append("--guide-constant-inference")
     if args.guide_default_grappler:
         argv.append("--guide-default-grappler")
+    if args.timeline_dir:
+        argv += ["--timeline-dir", os.path.abspath(args.timeline_dir)]
     return argv
 
 
@@ -480,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the guide's TF1 sessions with Grappler's defaults, as the notebook does "
                              "(default: arithmetic_optimization and remapping off, the notebook's advice; "
                              "see benchmarks/_guide_steps.py)")
+    parser.add_argument("--timeline-dir", default=None,
+                        help="write each run's memory samples (seconds, per-process RSS and PSS) and the "
+                             "times its steps were judged as JSON into this folder")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     return parser
 
@@ -540,6 +648,15 @@ def ratio_lines(runs: dict, base: str, wall_target: float, largest_target: float
         total = peak(e, "sum_peak_rss_mb") / peak(base, "sum_peak_rss_mb")
         lines.append(f"ratio {e}/{base}, sum of all processes' peaks: {total:.3f}{verdict(total, sum_target)}"
                      f"  ({peak(e, 'sum_peak_rss_mb'):.0f} / {peak(base, 'sum_peak_rss_mb'):.0f} MB)")
+    # Beside RSS, never instead of it: PSS counts a page shared by two processes once.
+    for key, what, target in (("largest_pss_mb", "largest process's peak PSS:   ", None),
+                              ("largest_private_mb", "largest process's peak USS:   ", None),
+                              ("peak_total_pss_mb", "peak of all processes' PSS:   ", sum_target),
+                              ("peak_total_private_mb", "peak of all processes' USS:   ", None)):
+        if peak(e, key) and peak(base, key):
+            value = peak(e, key) / peak(base, key)
+            lines.append(f"ratio {e}/{base}, {what} {value:.3f}{verdict(value, target)}"
+                         f"  ({peak(e, key):.0f} / {peak(base, key):.0f} MB)")
     return lines
 
 
@@ -602,8 +719,12 @@ def main(argv=None) -> int:
                   "equivtool/guide is not like for like")
     print("peak RSS: 'largest' is the largest process's ru_maxrss (/proc VmHWM for processes still running); "
           "'sum' adds every process's peak, sampled from /proc every 0.25 s", flush=True)
+    print("PSS/USS (from /proc/<pid>/smaps_rollup, sampled every 0.25 s): 'PSS' is the largest process's peak "
+          "PSS, 'sum PSS' the peak of the PSS summed over all processes at one moment (a page two processes "
+          "share counts once), 'sum USS' the same for private memory", flush=True)
     header = (f"{'repeat':>6} {'variant':<12} {'check s':>8} {'process s':>9} {'cpu s':>8} {'largest MB':>10} "
-              f"{'sum MB':>8} {'procs':>5} {'checks':>7} {'load 1m before/after':>21}")
+              f"{'sum MB':>8} {'PSS MB':>7} {'sum PSS':>8} {'sum USS':>8} {'procs':>5} {'checks':>7} "
+              f"{'load 1m before/after':>21}")
     print(header, flush=True)
     runs = {name: [] for name in variants}
     for repeat in range(args.repeats):
@@ -612,14 +733,21 @@ def main(argv=None) -> int:
             r = run_variant(name, args)
             runs[name].append(r)
             total = "n/a" if r["sum_peak_rss_mb"] is None else f"{r['sum_peak_rss_mb']:.0f}"
+            pss, sum_pss, sum_uss = (("n/a" if r.get(key) is None else f"{r[key]:.0f}")
+                                     for key in ("largest_pss_mb", "peak_total_pss_mb", "peak_total_private_mb"))
             print(f"{repeat + 1:>6} {name:<12} {r['seconds']:>8.1f} {r['process_wall']:>9.1f} "
-                  f"{r['process_cpu']:>8.1f} {r['largest_rss_mb']:>10.0f} {total:>8} {r['processes']:>5} "
+                  f"{r['process_cpu']:>8.1f} {r['largest_rss_mb']:>10.0f} {total:>8} {pss:>7} {sum_pss:>8} "
+                  f"{sum_uss:>8} {r['processes']:>5} "
                   f"{r['comparisons']:>7} {r['load_before']:>10.2f}/{r['load_after']:<10.2f}", flush=True)
     print("checks: " + "; ".join(f"{name}: {CHECKS_LABEL[_variant_workers(name)[0]]}" for name in variants))
     mine = [name for name in variants if _variant_workers(name)[0] == "equivtool"]
     for name in ["guide"] + mine:
         for r in runs.get(name, ()):
             print(f"{name} step seconds: {r['steps']}")
+    for name in variants:
+        for r in runs[name]:
+            if r.get("peak_at"):
+                print(f"{name} summed PSS peaked at {r['peak_at']}")
     for name in mine:
         if "guide" in runs:
             for line in ratio_lines(runs, "guide", 0.5, 1.0, 1.5, e=name):

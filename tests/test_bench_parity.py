@@ -83,12 +83,48 @@ def test_tree_memory_adds_every_descendants_peak():
     peaks = [tree.peak_kib.get(child.pid, 0) / 1024 for child in children]
     assert all(peak >= mib for peak in peaks), peaks
     assert tree.peak_total_kib / 1024 >= 2 * mib
+    if tree.smaps:  # beside RSS: each child's own pages are private, and in the summed PSS
+        private = [tree.peak_private_kib.get(child.pid, 0) / 1024 for child in children]
+        assert all(p >= mib for p in private), private
+        assert tree.peak_total_pss_kib / 1024 >= 2 * mib
+        assert tree.peak_total_private_kib / 1024 >= 2 * mib
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="PSS is read from smaps_rollup (Linux 4.14+)")
+def test_tree_memory_counts_pages_two_processes_share_once_in_pss():
+    """A process that fills 64 MiB then forks: both map the same pages (copy on
+    write), so each one's RSS counts them whole and their PSS only half each."""
+    mib = 64
+    code = (f"import os, sys; x = bytearray({mib} * 2**20); x[::4096] = b'1' * len(x[::4096]); "
+            "pid = os.fork()\n"
+            "if pid == 0:\n    sys.stdin.read(); os._exit(0)\n"
+            "print('ready', pid, flush=True); os.waitpid(pid, 0)")
+    with bench_parity.TreeMemory(interval=60) as tree:
+        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            ready, forked = child.stdout.readline().split()
+            assert ready == "ready"
+            tree.sample()
+        finally:
+            child.stdin.close()
+            child.wait()
+            child.stdout.close()
+    pair = (child.pid, int(forked))
+    rss = sum(tree.peak_kib[pid] for pid in pair) / 1024
+    pss = sum(tree.peak_pss_kib[pid] for pid in pair) / 1024
+    private = sum(tree.peak_private_kib[pid] for pid in pair) / 1024
+    assert rss >= 2 * mib, rss
+    assert pss <= rss - mib / 2, (pss, rss)  # the shared 64 MiB counted once, not twice
+    assert pss >= mib, pss
+    assert private < mib, private  # neither holds them alone
 
 
 def test_tree_memory_without_descendants_records_none():
     with bench_parity.TreeMemory(interval=60) as tree:
         pass
     assert tree.peak_kib == {}
+    assert set(tree.peak_pss_kib) <= {os.getpid()}
 
 
 def test_a_guide_run_that_compared_less_fails():
@@ -119,7 +155,7 @@ def test_guide_variant_passes_with_every_assertion():
     proc = _run([sys.executable, "benchmarks/bench_parity.py", "--image-size", "107", "--variants", "guide"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     row = next(line.split() for line in proc.stdout.splitlines() if line.split()[:2] == ["1", "guide"])
-    assert row[8] == str(_guide_steps.NOTEBOOK_ASSERTIONS)  # the checks column
+    assert row[11] == str(_guide_steps.NOTEBOOK_ASSERTIONS)  # the checks column
 
 
 @pytest.mark.slow

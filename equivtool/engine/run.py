@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import tempfile
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -20,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import tensorflow as tf
 
 from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
+from equivtool._base.memory import return_freed_memory
 from equivtool.variables.mapping import fresh_layer_numbering
 from equivtool.comparison import Comparison, compare
 from equivtool.coverage import output_levels
@@ -184,7 +184,7 @@ class Engine:
             tf1.close()
         if self._halves:
             self._halves.clear()
-            gc.collect()
+            return_freed_memory()  # cycles collected, and the heap pages handed back to the system
 
     def workdir(self) -> str:
         """A temporary folder for files a step writes (a TF1 checkpoint), removed by :meth:`close`."""
@@ -327,6 +327,8 @@ class Engine:
                     if not step.shared:
                         self.release_pair()  # steps that build their own models: free its memory first
                     self.run_step(step)
+                    if not step.shared:  # its own graph and layer are gone: their memory back too
+                        return_freed_memory()
         finally:
             with _signals.shielded():
                 self.close()

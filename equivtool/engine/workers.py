@@ -38,6 +38,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Callable
 
+from equivtool._base.memory import return_freed_memory
 from equivtool.engine import send as _send
 from equivtool.engine import signals as _signals
 
@@ -140,6 +141,10 @@ class _Worker(_Slot):
 
 
 # A side's outcome: ("ok", capture, seconds) | ("skip", reason, seconds) | ("error", message, traceback, seconds).
+
+#: What a side's capture is replaced by once its step is judged (its arrays freed).
+_JUDGED = ("judged",)
+
 
 def _died(message: str) -> tuple:
     """The outcome of a side a dead worker owed."""
@@ -301,8 +306,17 @@ class _Parallel:
             if tf1 is None or (tf1[0] == "ok" and tf2 is None):
                 break
             self.engine.record(self._judge(step, tf1, tf2))
+            del tf1, tf2
+            self._forget(step)
             emitted += 1
         return emitted
+
+    def _forget(self, step) -> None:
+        """Drop ``step``'s captures once it is judged: their outputs and variable
+        values (a model's worth per training step and side) are not needed again,
+        and kept they would add up over the check."""
+        with self.lock:
+            self.captures[(step.name, "tf1")] = self.captures[(step.name, "tf2")] = _JUDGED
 
     def _judge(self, step, tf1, tf2):
         from equivtool.engine.run import judge
@@ -428,6 +442,8 @@ def _run_job(engine: "Engine", side: str, steps: list, inputs: dict, release_aft
     started = time.perf_counter()
     for step in steps:
         captured(step, _run_side(engine, step, side, inputs.get(step.name)))
+        if not step.shared:  # it built its own graph or layer: their memory back before the next job
+            return_freed_memory()
     if release_after:
         engine.release_pair()
     return time.perf_counter() - started

@@ -17,14 +17,12 @@ and compared a pair at a time, and the walk stops at the first divergence.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import os
 import time
 
 import numpy as np
 
+from equivtool._base.memory import return_freed_memory
 from equivtool.exported import _dump
 from equivtool.exported._errors import short
 from equivtool.exported._sides import ModelLoadError, Side
@@ -80,9 +78,7 @@ def _return_freed_memory() -> None:
     closing OLD, so that NEW's run starts from one model's memory rather than from
     pages the allocator keeps, and after NEW's run; nothing where the C library has
     no such call."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
+    return_freed_memory()
 
 
 def _dumped(view, tensors, folder: str, budget_bytes: int, needed: int):
