@@ -142,8 +142,26 @@ class RandomTool(object):
 
 # -- structures ---------------------------------------------------------------
 
+def components(node):
+    """[(key, tensor)] of a sparse or ragged tensor, in the order and under the names
+    equivtool's in-process TF1 side compares them (equivtool._base.tree.composite_parts:
+    indices, values, dense_shape; flat_values, row_splits_0 outermost first), or None
+    for anything else: such an output crosses as its components, a dict of them."""
+    name = type(node).__name__
+    if name == "SparseTensor" and all(hasattr(node, f) for f in ("indices", "values", "dense_shape")):
+        return [("indices", node.indices), ("values", node.values), ("dense_shape", node.dense_shape)]
+    if name == "RaggedTensor" and hasattr(node, "nested_row_splits"):
+        return [("flat_values", node.flat_values)] + [
+            ("row_splits_%d" % i, split) for i, split in enumerate(node.nested_row_splits)]
+    return None
+
+
 def flatten(node):
-    """Leaves in insertion order, as equivtool's flatten_tensors."""
+    """Leaves in insertion order, as equivtool's flatten_tensors (a sparse or ragged
+    tensor: its components, see components())."""
+    parts = components(node)
+    if parts is not None:
+        return [tensor for _, tensor in parts]
     if isinstance(node, dict):
         return [leaf for value in node.values() for leaf in flatten(value)]
     if isinstance(node, (list, tuple)):
@@ -152,7 +170,8 @@ def flatten(node):
 
 
 def describe(node):
-    """The structure as JSON: {"dict": [[key, sub], ...]}, {"list"|"tuple": [...]}, or "leaf"."""
+    """The structure as JSON: {"dict": [[key, sub], ...]}, {"list"|"tuple": [...]}, or "leaf"
+    (a sparse or ragged tensor: a dict of its components, see components())."""
     if isinstance(node, dict):
         for key in node:
             if not isinstance(key, str):
@@ -162,10 +181,10 @@ def describe(node):
         return {"list": [describe(value) for value in node]}
     if isinstance(node, tuple):
         return {"tuple": [describe(value) for value in node]}
-    if isinstance(node, (tf.SparseTensor, tf.IndexedSlices)) or type(node).__name__ == "RaggedTensor":
-        raise TypeError("tf1_fn: outputs: %s cannot cross interpreters yet; return dense tensors"
-                        % type(node).__name__)
-    return "leaf"
+    parts = components(node)
+    if parts is not None:
+        return {"dict": [[key, "leaf"] for key, _ in parts]}
+    return "leaf"  # an IndexedSlices too: run() scatters it into a dense array
 
 
 def pack(structure, leaves):
