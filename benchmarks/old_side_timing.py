@@ -88,7 +88,8 @@ def request_clock(times: dict, files: list):
         return found
 
     def receive(self, answer):
-        files.append(("received", os.path.getsize(os.path.join(self.folder, answer["file"]))))
+        if answer.get("file") is not None:  # none: every value was held at both ends already
+            files.append(("received", os.path.getsize(os.path.join(self.folder, answer["file"]))))
         started = time.perf_counter()
         try:
             return original_receive(self, answer)
@@ -124,6 +125,20 @@ def run_once(name: str, how: str, tf1_python: str) -> tuple:
     return time.perf_counter() - started, report, times, files
 
 
+def _commit() -> str:
+    """The checkout's commit (with "+ changes" when its tracked files differ), so that two runs
+    of two checkouts side by side say which is which."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "no git checkout"
+    return head + (" + changes" if dirty else "")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/old_side_timing.py", description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", metavar="CHECK", help=f"default: {', '.join(CHECKS)}")
@@ -139,6 +154,7 @@ def main(argv=None) -> int:
         parser.error(f"--repeat: expected an int >= 1, got {args.repeat}")
     if args.header:
         print(f"machine: {machine_line()}; load average at start {load()}", flush=True)
+        print(f"equivtool: {ROOT} at {_commit()}", flush=True)
     ways = ["old", "in-process"] + (["old/1"] if args.workers_1 else []) + (
         ["old/step-by-step"] if args.step_by_step else [])
     within = True
