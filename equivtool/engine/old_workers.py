@@ -48,7 +48,6 @@ def run_parallel(engine: "Engine", workers: int) -> list:
     order = list(_steps.run_order(engine.options.steps, engine.options.modes))
     pool = ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter")
     own = _own_models_pool(order)
-
     last_shared = [step for step in order if step.shared][-1:]
 
     def tf1_side(step):

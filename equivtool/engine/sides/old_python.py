@@ -7,7 +7,8 @@ in the self-contained program :mod:`equivtool.engine.sides._old_side_program`
 (Python 3.6 syntax, TensorFlow 1.x API, NumPy; no equivtool, no pickle),
 while the TF2 side runs here. The two speak JSON lines over the program's
 stdin/stdout, with arrays as ``.npz`` files in a temporary folder of this
-process; the folder is removed and the program stopped on every exit (the
+process (a variable's value that both ends hold crosses as a reference:
+:mod:`equivtool.engine.sides._old_known`); the folder is removed and the program stopped on every exit (the
 engine's ``close`` runs on errors, Ctrl-C and SIGTERM:
 :mod:`equivtool.engine.signals`).
 
