@@ -7,7 +7,11 @@ process holds the TF1 side: the goal is at most 1.2x. This script runs the
 same check both ways, side by side in one process (interleaved, ``--repeat``
 times), and prints per check the seconds of each, their ratio, and where the
 old interpreter's time went: its start (starting TensorFlow 1.15 and
-``tf.contrib``), the requests by kind, and the ``.npz`` files that crossed.
+``tf.contrib``), the requests by kind, the seconds each interpreter was busy
+(with ``workers=2`` a second one runs the steps with models of their own), and
+the ``.npz`` files that crossed (a value both ends hold crosses as a reference,
+in no file). ``--header`` also names the checkout and its commit, so that two
+checkouts timed side by side say which is which.
 
 Checks (the inputs, steps and optimizers of each are the same both ways):
 
@@ -81,6 +85,8 @@ def request_clock(times: dict, files: list):
             return original_request(self, op, fields, timeout)
         finally:
             times[op].append(time.perf_counter() - started)
+            # per interpreter (with workers=2 a second one runs the steps with models of their own)
+            times[f"(busy: interpreter {self.folder.rsplit('-', 1)[-1]})"].append(time.perf_counter() - started)
 
     def send(self, name, arrays):
         found = original_send(self, name, arrays)
@@ -168,8 +174,10 @@ def main(argv=None) -> int:
                 if how.startswith("old"):
                     print(f"#   ran under: {report.meta.get('old_ran_under')}", flush=True)
                     spent = sorted(((sum(v), op, len(v)) for op, v in times.items()), reverse=True)
-                    print("#   requests: " + ", ".join(f"{op} {total:.2f} s ({count})" for total, op, count in spent),
-                          flush=True)
+                    print("#   requests: " + ", ".join(f"{op} {total:.2f} s ({count})" for total, op, count in spent
+                                                    if not op.startswith("(busy")), flush=True)
+                    print("#   " + ", ".join(f"{op[1:-1]} {total:.1f} s ({count} requests)"
+                                             for total, op, count in spent if op.startswith("(busy")), flush=True)
                     sent = sum(size for way, size in files if way == "sent")
                     received = sum(size for way, size in files if way == "received")
                     print(f"#   .npz: {len(files)} files, {sent / 1e6:.2f} MB sent, {received / 1e6:.2f} MB received",
