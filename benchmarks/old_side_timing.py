@@ -26,7 +26,7 @@ Printed first: the machine line (CPU model, AVX-512/AMX flags, cores,
 versions) and the load average; the load again after each run. Not a test.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/old_side_timing.py [contrib] [resnet_v1_50] \\
-        [--tf1-python PATH] [--repeat N] [--header]
+        [--tf1-python PATH] [--repeat N] [--one-interpreter] [--step-by-step] [--workers-1] [--header]
 """
 
 from __future__ import annotations
@@ -112,15 +112,21 @@ def request_clock(times: dict, files: list):
 def run_once(name: str, how: str, tf1_python: str) -> tuple:
     """One check: ``how`` is ``old`` (TF1 side in tf1_python, workers=2), ``old/1`` (workers=1),
     ``old/step-by-step`` (workers=2, both sides meeting at every step: the schedule before the
-    TF1 thread ran ahead) or ``in-process`` (workers=2). Returns ``(seconds, report, times, files)``."""
+    TF1 thread ran ahead), ``old/one-interpreter`` (workers=2, the steps with models of their own
+    in the same interpreter as the pair's, as before the second one) or ``in-process``
+    (workers=2). Returns ``(seconds, report, times, files)``."""
     from equivtool.engine import old_workers
     old = how.startswith("old")
     workers = 1 if how == "old/1" else 2
     extra = dict(tf1_python=tf1_python) if old else {}
     times, files = collections.defaultdict(list), []
-    schedule = old_workers.run_parallel
+    schedule, own = old_workers.run_parallel, getattr(old_workers, "_own_models_pool", None)
     if how == "old/step-by-step":
         old_workers.run_parallel = lambda engine, workers: old_workers._run_step_by_step(engine)
+    if how == "old/one-interpreter":
+        if own is None:
+            raise SystemExit("--one-interpreter: this checkout has no second interpreter to leave out")
+        old_workers._own_models_pool = lambda order: None
     started = time.perf_counter()
     with request_clock(times, files) if old else contextlib.nullcontext():
         try:
@@ -128,6 +134,8 @@ def run_once(name: str, how: str, tf1_python: str) -> tuple:
                                                  **extra)
         finally:
             old_workers.run_parallel = schedule
+            if own is not None:
+                old_workers._own_models_pool = own
     return time.perf_counter() - started, report, times, files
 
 
@@ -151,6 +159,9 @@ def main(argv=None) -> int:
     add_tf1_python(parser)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each way, interleaved (default 1)")
     parser.add_argument("--workers-1", action="store_true", help="also time the old interpreter with workers=1")
+    parser.add_argument("--one-interpreter", action="store_true",
+                        help="also time the old interpreter with workers=2 but no second interpreter for the "
+                             "steps with models of their own")
     parser.add_argument("--step-by-step", action="store_true",
                         help="also time the old interpreter with both sides meeting at every step")
     parser.add_argument("--header", action="store_true", help="print the machine line")
@@ -162,7 +173,7 @@ def main(argv=None) -> int:
         print(f"machine: {machine_line()}; load average at start {load()}", flush=True)
         print(f"equivtool: {ROOT} at {_commit()}", flush=True)
     ways = ["old", "in-process"] + (["old/1"] if args.workers_1 else []) + (
-        ["old/step-by-step"] if args.step_by_step else [])
+        ["old/step-by-step"] if args.step_by_step else []) + (["old/one-interpreter"] if args.one_interpreter else [])
     within = True
     for name in args.names or list(CHECKS):
         seconds = collections.defaultdict(list)
@@ -186,7 +197,8 @@ def main(argv=None) -> int:
         best = {how: min(values) for how, values in seconds.items()}
         ratio = best["old"] / best["in-process"]
         within = within and ratio <= GOAL
-        extra = "".join(f" | {how} {min(seconds[how]):.1f}" for how in ("old/1", "old/step-by-step") if how in seconds)
+        extra = "".join(f" | {how} {min(seconds[how]):.1f}" for how in ("old/1", "old/step-by-step", "old/one-interpreter")
+                        if how in seconds)
         print(f"| {name} | {best['old']:.1f} | {best['in-process']:.1f} | {ratio:.2f}x "
               f"({'within' if ratio <= GOAL else 'over'} {GOAL}x){extra} | {load()} |", flush=True)
     return 0 if within else 1
