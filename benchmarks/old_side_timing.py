@@ -8,7 +8,7 @@ same check both ways, side by side in one process (interleaved, ``--repeat``
 times), and prints per check the seconds of each, their ratio, and where the
 old interpreter's time went: its start (starting TensorFlow 1.15 and
 ``tf.contrib``), the requests by kind, the seconds each interpreter was busy
-(with ``workers=2`` a second one runs the steps with models of their own), and
+(with ``workers=3`` a second one runs the steps with models of their own), and
 the ``.npz`` files that crossed (a value both ends hold crosses as a reference,
 in no file). ``--header`` also names the checkout and its commit, so that two
 checkouts timed side by side say which is which.
@@ -26,7 +26,7 @@ Printed first: the machine line (CPU model, AVX-512/AMX flags, cores,
 versions) and the load average; the load again after each run. Not a test.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/old_side_timing.py [contrib] [resnet_v1_50] \\
-        [--tf1-python PATH] [--repeat N] [--one-interpreter] [--step-by-step] [--workers-1] [--header]
+        [--tf1-python PATH] [--repeat N] [--workers-3] [--step-by-step] [--workers-1] [--header]
 """
 
 from __future__ import annotations
@@ -112,21 +112,16 @@ def request_clock(times: dict, files: list):
 def run_once(name: str, how: str, tf1_python: str) -> tuple:
     """One check: ``how`` is ``old`` (TF1 side in tf1_python, workers=2), ``old/1`` (workers=1),
     ``old/step-by-step`` (workers=2, both sides meeting at every step: the schedule before the
-    TF1 thread ran ahead), ``old/one-interpreter`` (workers=2, the steps with models of their own
-    in the same interpreter as the pair's, as before the second one) or ``in-process``
-    (workers=2). Returns ``(seconds, report, times, files)``."""
+    TF1 thread ran ahead), ``old/3`` (workers=3: the steps with models of their own in a second
+    interpreter) or ``in-process`` (workers=2). Returns ``(seconds, report, times, files)``."""
     from equivtool.engine import old_workers
     old = how.startswith("old")
-    workers = 1 if how == "old/1" else 2
+    workers = {"old/1": 1, "old/3": 3}.get(how, 2)
     extra = dict(tf1_python=tf1_python) if old else {}
     times, files = collections.defaultdict(list), []
-    schedule, own = old_workers.run_parallel, getattr(old_workers, "_own_models_pool", None)
+    schedule = old_workers.run_parallel
     if how == "old/step-by-step":
         old_workers.run_parallel = lambda engine, workers: old_workers._run_step_by_step(engine)
-    if how == "old/one-interpreter":
-        if own is None:
-            raise SystemExit("--one-interpreter: this checkout has no second interpreter to leave out")
-        old_workers._own_models_pool = lambda order: None
     started = time.perf_counter()
     with request_clock(times, files) if old else contextlib.nullcontext():
         try:
@@ -134,8 +129,6 @@ def run_once(name: str, how: str, tf1_python: str) -> tuple:
                                                  **extra)
         finally:
             old_workers.run_parallel = schedule
-            if own is not None:
-                old_workers._own_models_pool = own
     return time.perf_counter() - started, report, times, files
 
 
@@ -159,9 +152,9 @@ def main(argv=None) -> int:
     add_tf1_python(parser)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each way, interleaved (default 1)")
     parser.add_argument("--workers-1", action="store_true", help="also time the old interpreter with workers=1")
-    parser.add_argument("--one-interpreter", action="store_true",
-                        help="also time the old interpreter with workers=2 but no second interpreter for the "
-                             "steps with models of their own")
+    parser.add_argument("--workers-3", action="store_true",
+                        help="also time the old interpreter with workers=3 (a second interpreter for the steps "
+                             "with models of their own)")
     parser.add_argument("--step-by-step", action="store_true",
                         help="also time the old interpreter with both sides meeting at every step")
     parser.add_argument("--header", action="store_true", help="print the machine line")
@@ -173,7 +166,7 @@ def main(argv=None) -> int:
         print(f"machine: {machine_line()}; load average at start {load()}", flush=True)
         print(f"equivtool: {ROOT} at {_commit()}", flush=True)
     ways = ["old", "in-process"] + (["old/1"] if args.workers_1 else []) + (
-        ["old/step-by-step"] if args.step_by_step else []) + (["old/one-interpreter"] if args.one_interpreter else [])
+        ["old/step-by-step"] if args.step_by_step else []) + (["old/3"] if args.workers_3 else [])
     within = True
     for name in args.names or list(CHECKS):
         seconds = collections.defaultdict(list)
@@ -197,7 +190,7 @@ def main(argv=None) -> int:
         best = {how: min(values) for how, values in seconds.items()}
         ratio = best["old"] / best["in-process"]
         within = within and ratio <= GOAL
-        extra = "".join(f" | {how} {min(seconds[how]):.1f}" for how in ("old/1", "old/step-by-step", "old/one-interpreter")
+        extra = "".join(f" | {how} {min(seconds[how]):.1f}" for how in ("old/1", "old/step-by-step", "old/3")
                         if how in seconds)
         print(f"| {name} | {best['old']:.1f} | {best['in-process']:.1f} | {ratio:.2f}x "
               f"({'within' if ratio <= GOAL else 'over'} {GOAL}x){extra} | {load()} |", flush=True)

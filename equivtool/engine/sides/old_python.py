@@ -261,7 +261,7 @@ _LANE = threading.local()  # .own: this thread's sides use the engine's second p
 
 def own_models_lane() -> None:
     """Makes the old sides made on this thread use the engine's second program
-    (``Engine.old_program_own``, started on first use): with ``workers=2`` the steps
+    (``Engine.old_program_own``, started on first use): with ``workers=3`` the steps
     that build models of their own run there while the pair's steps run in the first
     (:mod:`equivtool.engine.old_workers`)."""
     _LANE.own = True
