@@ -73,14 +73,21 @@ def _sides(monkeypatch, wait_seconds: float, seen: dict):
     monkeypatch.setattr(old_workers, "run_side", run_side)
 
 
-def test_the_tf1_thread_runs_ahead_of_the_tf2_side(monkeypatch, steps):
+def _ran_ahead(monkeypatch, steps, workers: int) -> tuple:
+    """``run_parallel`` with ``workers`` on the stand-ins: ``(engine, seen, the pair's TF1 half)``,
+    checked to have run ahead and recorded the results in run order."""
     seen = {}
     _sides(monkeypatch, 30.0, seen)
     half = _Half()
     engine, recorded = _engine(steps, {"tf1": half, "tf2": object()})
-    [job] = old_workers.run_parallel(engine, 2)
+    [job] = old_workers.run_parallel(engine, workers)
     assert [r.name for r in recorded] == ["a", "b", "c"] and job["steps"] == ["a", "b", "c"]
     assert recorded[0].tf2 is True  # b's TF1 side started while a's TF2 side ran
+    return engine, seen, half
+
+
+def test_the_tf1_thread_runs_ahead_of_the_tf2_side(monkeypatch, steps):
+    engine, seen, half = _ran_ahead(monkeypatch, steps, 2)
     assert {thread for _, thread, _ in seen["tf1"]} == {"equivtool-tf1-interpreter_0"}  # workers=2: one interpreter
     assert [name for name, _, _ in seen["tf1"]] == ["a", "b", "c"]
     # before c (its own models) each thread dropped its own half: the TF1 one closed on the TF1 thread
@@ -90,13 +97,7 @@ def test_the_tf1_thread_runs_ahead_of_the_tf2_side(monkeypatch, steps):
 
 
 def test_with_workers_3_the_steps_with_models_of_their_own_run_on_a_second_thread(monkeypatch, steps):
-    seen = {}
-    _sides(monkeypatch, 30.0, seen)
-    half = _Half()
-    engine, recorded = _engine(steps, {"tf1": half, "tf2": object()})
-    [job] = old_workers.run_parallel(engine, 3)
-    assert [r.name for r in recorded] == ["a", "b", "c"] and job["steps"] == ["a", "b", "c"]
-    assert recorded[0].tf2 is True  # b's TF1 side started while a's TF2 side ran
+    engine, seen, half = _ran_ahead(monkeypatch, steps, 3)
     threads = {name: thread for name, thread, _ in seen["tf1"]}
     assert threads == {"a": "equivtool-tf1-interpreter_0", "b": "equivtool-tf1-interpreter_0",
                        "c": "equivtool-tf1-interpreter-own_0"}  # c (its own models): the second interpreter's
