@@ -7,7 +7,11 @@ process holds the TF1 side: the goal is at most 1.2x. This script runs the
 same check both ways, side by side in one process (interleaved, ``--repeat``
 times), and prints per check the seconds of each, their ratio, and where the
 old interpreter's time went: its start (starting TensorFlow 1.15 and
-``tf.contrib``), the requests by kind, and the ``.npz`` files that crossed.
+``tf.contrib``), the requests by kind, the seconds each interpreter was busy
+(with ``workers=3`` a second one runs the steps with models of their own), and
+the ``.npz`` files that crossed (a value both ends hold crosses as a reference,
+in no file). ``--header`` also names the checkout and its commit, so that two
+checkouts timed side by side say which is which.
 
 Checks (the inputs, steps and optimizers of each are the same both ways):
 
@@ -22,7 +26,7 @@ Printed first: the machine line (CPU model, AVX-512/AMX flags, cores,
 versions) and the load average; the load again after each run. Not a test.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/old_side_timing.py [contrib] [resnet_v1_50] \\
-        [--tf1-python PATH] [--repeat N] [--header]
+        [--tf1-python PATH] [--repeat N] [--workers-3] [--step-by-step] [--workers-1] [--header]
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ def request_clock(times: dict, files: list):
             return original_request(self, op, fields, timeout)
         finally:
             times[op].append(time.perf_counter() - started)
+            # per interpreter (with workers=2 a second one runs the steps with models of their own)
+            times[f"(busy: interpreter {self.folder.rsplit('-', 1)[-1]})"].append(time.perf_counter() - started)
 
     def send(self, name, arrays):
         found = original_send(self, name, arrays)
@@ -88,7 +94,8 @@ def request_clock(times: dict, files: list):
         return found
 
     def receive(self, answer):
-        files.append(("received", os.path.getsize(os.path.join(self.folder, answer["file"]))))
+        if answer.get("file") is not None:  # none: every value was held at both ends already
+            files.append(("received", os.path.getsize(os.path.join(self.folder, answer["file"]))))
         started = time.perf_counter()
         try:
             return original_receive(self, answer)
@@ -105,10 +112,11 @@ def request_clock(times: dict, files: list):
 def run_once(name: str, how: str, tf1_python: str) -> tuple:
     """One check: ``how`` is ``old`` (TF1 side in tf1_python, workers=2), ``old/1`` (workers=1),
     ``old/step-by-step`` (workers=2, both sides meeting at every step: the schedule before the
-    TF1 thread ran ahead) or ``in-process`` (workers=2). Returns ``(seconds, report, times, files)``."""
+    TF1 thread ran ahead), ``old/3`` (workers=3: the steps with models of their own in a second
+    interpreter) or ``in-process`` (workers=2). Returns ``(seconds, report, times, files)``."""
     from equivtool.engine import old_workers
     old = how.startswith("old")
-    workers = 1 if how == "old/1" else 2
+    workers = {"old/1": 1, "old/3": 3}.get(how, 2)
     extra = dict(tf1_python=tf1_python) if old else {}
     times, files = collections.defaultdict(list), []
     schedule = old_workers.run_parallel
@@ -124,12 +132,29 @@ def run_once(name: str, how: str, tf1_python: str) -> tuple:
     return time.perf_counter() - started, report, times, files
 
 
+def _commit() -> str:
+    """The checkout's commit (with "+ changes" when its tracked files differ), so that two runs
+    of two checkouts side by side say which is which."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "no git checkout"
+    return head + (" + changes" if dirty else "")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/old_side_timing.py", description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", metavar="CHECK", help=f"default: {', '.join(CHECKS)}")
     add_tf1_python(parser)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each way, interleaved (default 1)")
     parser.add_argument("--workers-1", action="store_true", help="also time the old interpreter with workers=1")
+    parser.add_argument("--workers-3", action="store_true",
+                        help="also time the old interpreter with workers=3 (a second interpreter for the steps "
+                             "with models of their own)")
     parser.add_argument("--step-by-step", action="store_true",
                         help="also time the old interpreter with both sides meeting at every step")
     parser.add_argument("--header", action="store_true", help="print the machine line")
@@ -139,8 +164,9 @@ def main(argv=None) -> int:
         parser.error(f"--repeat: expected an int >= 1, got {args.repeat}")
     if args.header:
         print(f"machine: {machine_line()}; load average at start {load()}", flush=True)
+        print(f"equivtool: {ROOT} at {_commit()}", flush=True)
     ways = ["old", "in-process"] + (["old/1"] if args.workers_1 else []) + (
-        ["old/step-by-step"] if args.step_by_step else [])
+        ["old/step-by-step"] if args.step_by_step else []) + (["old/3"] if args.workers_3 else [])
     within = True
     for name in args.names or list(CHECKS):
         seconds = collections.defaultdict(list)
@@ -152,8 +178,10 @@ def main(argv=None) -> int:
                 if how.startswith("old"):
                     print(f"#   ran under: {report.meta.get('old_ran_under')}", flush=True)
                     spent = sorted(((sum(v), op, len(v)) for op, v in times.items()), reverse=True)
-                    print("#   requests: " + ", ".join(f"{op} {total:.2f} s ({count})" for total, op, count in spent),
-                          flush=True)
+                    print("#   requests: " + ", ".join(f"{op} {total:.2f} s ({count})" for total, op, count in spent
+                                                    if not op.startswith("(busy")), flush=True)
+                    print("#   " + ", ".join(f"{op[1:-1]} {total:.1f} s ({count} requests)"
+                                             for total, op, count in spent if op.startswith("(busy")), flush=True)
                     sent = sum(size for way, size in files if way == "sent")
                     received = sum(size for way, size in files if way == "received")
                     print(f"#   .npz: {len(files)} files, {sent / 1e6:.2f} MB sent, {received / 1e6:.2f} MB received",
@@ -162,7 +190,8 @@ def main(argv=None) -> int:
         best = {how: min(values) for how, values in seconds.items()}
         ratio = best["old"] / best["in-process"]
         within = within and ratio <= GOAL
-        extra = "".join(f" | {how} {min(seconds[how]):.1f}" for how in ("old/1", "old/step-by-step") if how in seconds)
+        extra = "".join(f" | {how} {min(seconds[how]):.1f}" for how in ("old/1", "old/step-by-step", "old/3")
+                        if how in seconds)
         print(f"| {name} | {best['old']:.1f} | {best['in-process']:.1f} | {ratio:.2f}x "
               f"({'within' if ratio <= GOAL else 'over'} {GOAL}x){extra} | {load()} |", flush=True)
     return 0 if within else 1

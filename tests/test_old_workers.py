@@ -2,9 +2,9 @@
 
 No TensorFlow 1.15 needed: the sides are stand-ins (``run_side`` and ``judge``
 replaced), so the test sees only the scheduling: every step's TF1 side is
-queued at once and runs in order on one thread, each thread drops its own half
-of the shared pair before a step that builds its own models, and the results
-are recorded in run order. tests/test_tf1_python_side.py runs the real thing
+queued at once and runs in order on one thread (a step that builds its own
+models on a second one, for a second interpreter, with workers=3), each thread drops its own
+half of the shared pair, and the results are recorded in run order. tests/test_tf1_python_side.py runs the real thing
 (the same results as ``workers=1``).
 """
 
@@ -73,20 +73,49 @@ def _sides(monkeypatch, wait_seconds: float, seen: dict):
     monkeypatch.setattr(old_workers, "run_side", run_side)
 
 
-def test_the_tf1_thread_runs_ahead_of_the_tf2_side(monkeypatch, steps):
+def _ran_ahead(monkeypatch, steps, workers: int) -> tuple:
+    """``run_parallel`` with ``workers`` on the stand-ins: ``(engine, seen, the pair's TF1 half)``,
+    checked to have run ahead and recorded the results in run order."""
     seen = {}
     _sides(monkeypatch, 30.0, seen)
     half = _Half()
     engine, recorded = _engine(steps, {"tf1": half, "tf2": object()})
-    [job] = old_workers.run_parallel(engine, 2)
+    [job] = old_workers.run_parallel(engine, workers)
     assert [r.name for r in recorded] == ["a", "b", "c"] and job["steps"] == ["a", "b", "c"]
     assert recorded[0].tf2 is True  # b's TF1 side started while a's TF2 side ran
-    assert {thread for _, thread, _ in seen["tf1"]} == {"equivtool-tf1-interpreter_0"}
+    return engine, seen, half
+
+
+def test_the_tf1_thread_runs_ahead_of_the_tf2_side(monkeypatch, steps):
+    engine, seen, half = _ran_ahead(monkeypatch, steps, 2)
+    assert {thread for _, thread, _ in seen["tf1"]} == {"equivtool-tf1-interpreter_0"}  # workers=2: one interpreter
     assert [name for name, _, _ in seen["tf1"]] == ["a", "b", "c"]
     # before c (its own models) each thread dropped its own half: the TF1 one closed on the TF1 thread
     assert half.closed_on == "equivtool-tf1-interpreter_0"
     assert "tf1" not in seen["tf1"][2][2] and "tf2" not in seen["tf2"][2][2]
     assert engine._halves == {}
+
+
+def test_with_workers_3_the_steps_with_models_of_their_own_run_on_a_second_thread(monkeypatch, steps):
+    engine, seen, half = _ran_ahead(monkeypatch, steps, 3)
+    threads = {name: thread for name, thread, _ in seen["tf1"]}
+    assert threads == {"a": "equivtool-tf1-interpreter_0", "b": "equivtool-tf1-interpreter_0",
+                       "c": "equivtool-tf1-interpreter-own_0"}  # c (its own models): the second interpreter's
+    assert [name for name, _, _ in seen["tf1"] if name != "c"] == ["a", "b"]
+    # the TF1 half closed on the TF1 thread after the pair's last step; the TF2 one dropped before c
+    assert half.closed_on == "equivtool-tf1-interpreter_0"
+    assert "tf2" not in seen["tf2"][2][2]
+    assert engine._halves == {}
+
+
+def test_without_steps_of_both_kinds_no_second_interpreter_is_used(monkeypatch, steps):
+    steps[2].shared = True
+    seen = {}
+    _sides(monkeypatch, 30.0, seen)
+    engine, recorded = _engine(steps)
+    old_workers.run_parallel(engine, 3)
+    assert {thread for _, thread, _ in seen["tf1"]} == {"equivtool-tf1-interpreter_0"}
+    assert [r.name for r in recorded] == ["a", "b", "c"]
 
 
 def test_one_step_at_a_time_is_caught_by_the_run_ahead_check(monkeypatch, steps):

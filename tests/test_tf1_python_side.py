@@ -421,7 +421,8 @@ def test_the_random_tool_there_puts_get_seed_and_the_graph_seed_back_on_an_error
 # workers: the TF1 interpreter is the TF1 worker
 # --------------------------------------------------------------------------
 
-def test_with_workers_the_sides_run_at_once_with_the_same_results(tf1_python, monkeypatch, temp_root):
+@pytest.mark.parametrize("workers", [2, 3])
+def test_with_workers_the_sides_run_at_once_with_the_same_results(tf1_python, monkeypatch, temp_root, workers):
     import threading
     import time
 
@@ -436,17 +437,25 @@ def test_with_workers_the_sides_run_at_once_with_the_same_results(tf1_python, mo
                 return call(*args, **kwargs)
             finally:
                 what = args[1] if side == "tf1" else "forward"
-                spans[side].append((start, time.perf_counter(), threading.current_thread().name, what))
+                pid = args[0].process.pid if side == "tf1" and args[0].process is not None else None
+                spans[side].append((start, time.perf_counter(), threading.current_thread().name, what, pid))
         return wrapper
 
     monkeypatch.setattr(old_python.OldProgram, "request", timed("tf1", real_request))
     monkeypatch.setattr(tf2_layer.TF2Side, "forward", timed("tf2", real_forward))
     steps = ["fixed_weights", "random", "gradients", "checkpoint"]
-    parallel = _check(tf1_python, steps=steps, checkpoint=True, workers=2)
+    parallel = _check(tf1_python, steps=steps, checkpoint=True, workers=workers)
     overlapped = [(a, b) for a in spans["tf1"] for b in spans["tf2"] if a[0] < b[1] and b[0] < a[1]]
     assert overlapped, "no TF1 request overlapped a TF2 forward pass"
-    # every request but closing a graph (between steps) is the TF1 thread's
-    assert {name for _, _, name, op in spans["tf1"] if op != "close"} == {"equivtool-tf1-interpreter_0"}
+    # every request but closing a graph (between steps) is a TF1 thread's: with workers=3 the pair's steps'
+    # on one, the steps with models of their own (num_random_ops) on another, in a second interpreter
+    pids = {}
+    for _, _, name, op, pid in spans["tf1"]:
+        if op != "close":
+            pids.setdefault(name, set()).add(pid)
+    threads = {"equivtool-tf1-interpreter_0"} | ({"equivtool-tf1-interpreter-own_0"} if workers == 3 else set())
+    assert set(pids) == threads, pids
+    assert all(len(found) == 1 for found in pids.values()) and len(set.union(*pids.values())) == len(threads)
     [job] = parallel.meta["worker_jobs"]
     assert job["side"] == "tf1 (TF1 interpreter)" and len(job["steps"]) == 7 and job["worker"] > 0
     spans["tf1"].clear(), spans["tf2"].clear()

@@ -43,6 +43,25 @@ def dense_model(inputs, training):
         return layers.fully_connected(hidden, CLASSES, activation_fn=None, scope="logits")
 
 
+def composite_outputs(x, split=1, shift=0.0):
+    """A dense, a non-uniform ragged and a sparse output of x (as tests/test_bad_input.py's
+    composites), the same code in TensorFlow 1.15 and 2.x: the ragged rows are all values
+    but the last split, then those (split plants a fault in the row partition alone);
+    shift is added to the sparse values alone (a planted fault in them)."""
+    flat = tf.reshape(x, [-1])
+    count = tf.size(flat, out_type=tf.int64)
+    ragged = tf.RaggedTensor.from_row_lengths(flat, tf.stack([count - split, tf.constant(split, tf.int64)]))
+    mask = x > 0.5
+    sparse = tf.SparseTensor(tf.where(mask), tf.boolean_mask(x, mask) + shift,
+                             tf.shape(x, out_type=tf.int64))
+    return {"dense": x * 2.0, "ragged": ragged, "sparse": sparse}
+
+
+def composites(inputs, training):
+    """composite_outputs as a TF1 function, named as "tf1_python_model:composites"."""
+    return composite_outputs(inputs)
+
+
 if not tf.__version__.startswith("1."):
     class DenseShim(tf.keras.layers.Layer):
         """dense_model's TF2 rewrite: the same code in a shim layer."""

@@ -7,6 +7,12 @@ the check crosses a process but the old side's requests. The thread runs
 every step's TF1 side in run order without waiting for the TF2 side of each
 step (the in-process workers take jobs from one queue, and a per-step wait
 only adds idle time to the slower side; benchmarks/old_side_timing.py).
+With ``workers=3`` or more the steps that build models of their own
+(``num_random_ops``, ``resume``) run on a second thread, in a second TF1
+interpreter, so they no longer wait behind the pair's steps, as in-process
+workers take each as a job of its own (``workers=N`` is N processes, this one
+included). Not with ``workers=2``: on 2 cores a third busy process slowed the
+pair's interpreter more than it took off it (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from equivtool.engine import registry as _steps
 from equivtool.engine.run import judge, run_side
-from equivtool.engine.sides.old_python import OldProgram
+from equivtool.engine.sides.old_python import OldProgram, own_models_lane
 
 if TYPE_CHECKING:  # pragma: no cover
     from equivtool.engine.run import Engine
@@ -44,13 +50,18 @@ def run_parallel(engine: "Engine", workers: int) -> list:
     started, names = time.perf_counter(), []
     order = list(_steps.run_order(engine.options.steps, engine.options.modes))
     pool = ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter")
+    own = _own_models_pool(order, workers)
+    last_shared = [step for step in order if step.shared][-1:]
 
     def tf1_side(step):
-        if not step.shared:
+        if not step.shared and own is None:
             _release(engine, "tf1")
-        return run_side(engine, step, "tf1")
+        found = run_side(engine, step, "tf1")
+        if own is not None and [step] == last_shared:
+            _release(engine, "tf1")  # the pair's last step there: its graphs closed
+        return found
     try:
-        futures = [(step, pool.submit(tf1_side, step)) for step in order]
+        futures = [(step, (pool if step.shared or own is None else own).submit(tf1_side, step)) for step in order]
         for step, tf1_future in futures:
             start = time.perf_counter()
             if not step.shared:
@@ -61,7 +72,22 @@ def run_parallel(engine: "Engine", workers: int) -> list:
         # interpreter next, which ends a request the thread still waits on;
         # the TF1 sides not started yet never start.
         pool.shutdown(wait=False, cancel_futures=True)
+        if own is not None:
+            own.shutdown(wait=False, cancel_futures=True)
     return [_job(engine, names, started)]
+
+
+def _own_models_pool(order: list, workers: int) -> ThreadPoolExecutor | None:
+    """With ``workers >= 3`` (this process and two interpreters), a thread for the TF1 sides
+    of the steps that build models of their own, in a second TF1 interpreter
+    (:func:`equivtool.engine.sides.old_python.own_models_lane`), where the check has both
+    kinds of step: they no longer wait behind the pair's steps, whose graphs the first
+    interpreter builds one after the other (TensorFlow 1.15's graph building was most of
+    its time, benchmarks/RESULTS.md), as in-process workers take the pair and each fresh
+    comparison as jobs of their own. None otherwise."""
+    if workers < 3 or not (any(step.shared for step in order) and any(not step.shared for step in order)):
+        return None
+    return ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter-own", initializer=own_models_lane)
 
 
 def _finish(engine: "Engine", step, tf1_future, start: float, names: list) -> None:

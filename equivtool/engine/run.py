@@ -109,6 +109,7 @@ class Engine:
         self._tolerance_keys: dict = {}  # argument -> (its keys seen by a comparison, those a leaf matched)
         self.side_classes = {"tf1": TF1Side, "tf2": TF2Side}  # see engine/sides: what each can do
         self.old_program = None        # with tf1_python: the TF1 side's program (engine/sides/old_python)
+        self.old_program_own = None    # and with workers: a second, for steps with models of their own
         self.old_ran_under = self.old_interpreter = None
         if options.tf1_python is not None:
             from equivtool.engine.sides.old_python import OldTF1Side
@@ -200,10 +201,12 @@ class Engine:
                 from equivtool.engine import kernel_floor
                 kernel_floor.close(self)
         finally:
-            if self.old_program is not None and not isinstance(self.old_program, str):
-                self.old_program.close()  # the TF1 interpreter stopped, its folder removed
-            if self.options.tf1_python is not None:  # none starts after this (a TF1 thread still running)
-                self.old_program = "the check ended"
+            for attribute in ("old_program", "old_program_own"):
+                found = getattr(self, attribute)
+                if found is not None and not isinstance(found, str):
+                    found.close()  # the TF1 interpreter stopped, its folder removed
+                if self.options.tf1_python is not None:  # none starts after this (a TF1 thread still running)
+                    setattr(self, attribute, "the check ended")
         if self._tempdir is not None:
             self._tempdir.cleanup()
             self._tempdir = self._workdir = None

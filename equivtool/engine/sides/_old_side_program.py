@@ -29,15 +29,19 @@
 #                              (the structure), loops, flags
 #   run handle pass fetch      values of the pass's outputs/regularization/loss/gradients
 #                              in an .npz: file, names
-#   read handle                the variables' values: file, names
-#   assign handle file names   set variables by name
+#   read handle                the variables' values: file, names, same, order (see
+#                              "the values both ends hold": only changed values are in file)
+#   assign handle file names same order
+#                              set variables by name (file: the values sent, same: the
+#                              ones referred to; order: every name)
 #   copy handle source         every variable of source's under the same name, in
 #   train_build handle optimizer training
 #                              a pass of its own, its default loss and
 #                              optimizer().minimize ("module:function"): train, optimizer, loops
 #   train_step handle train    one step in a new session: loss (before the step)
-#   global_state handle        every global variable by op name (slots too): file, names
-#   load_global_state handle file names
+#   global_state handle        every global variable by op name (slots too): file, names,
+#                              same, order
+#   load_global_state handle file names same order
 #   save handle path / restore handle path
 #                              a tf.train.Saver checkpoint of the variables: path
 #   describe handle pass       the pass's ops for localization (the ancestors of its outputs
@@ -52,6 +56,7 @@
 #                              powers too) restored from a TF1 checkpoint: slots, non_slot
 #   resume_step handle train   one train_step, then the variables, the optimizer's slots
 #                              and beta powers (partitions stitched): loss, file, names
+#   forget                     drop the values both ends hold (the caller lost its copy)
 #   close handle / quit
 # An error answers {"ok": false, "error": {type, message, frame, traceback}}.
 #
@@ -71,7 +76,7 @@ import traceback
 import numpy as np
 import tensorflow as tf
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: values both ends hold cross as references
 
 # Grappler passes that can change a float result (equivtool._platform.graph_rewrites.NUMERIC_PASSES),
 # switched off where this TensorFlow has them under graph_rewrites="as_written"
@@ -146,8 +151,26 @@ class RandomTool(object):
 
 # -- structures ---------------------------------------------------------------
 
+def components(node):
+    """[(key, tensor)] of a sparse or ragged tensor, in the order and under the names
+    equivtool's in-process TF1 side compares them (equivtool._base.tree.composite_parts:
+    indices, values, dense_shape; flat_values, row_splits_0 outermost first), or None
+    for anything else: such an output crosses as its components, a dict of them."""
+    name = type(node).__name__
+    if name == "SparseTensor" and all(hasattr(node, f) for f in ("indices", "values", "dense_shape")):
+        return [("indices", node.indices), ("values", node.values), ("dense_shape", node.dense_shape)]
+    if name == "RaggedTensor" and hasattr(node, "nested_row_splits"):
+        return [("flat_values", node.flat_values)] + [
+            ("row_splits_%d" % i, split) for i, split in enumerate(node.nested_row_splits)]
+    return None
+
+
 def flatten(node):
-    """Leaves in insertion order, as equivtool's flatten_tensors."""
+    """Leaves in insertion order, as equivtool's flatten_tensors (a sparse or ragged
+    tensor: its components, see components())."""
+    parts = components(node)
+    if parts is not None:
+        return [tensor for _, tensor in parts]
     if isinstance(node, dict):
         return [leaf for value in node.values() for leaf in flatten(value)]
     if isinstance(node, (list, tuple)):
@@ -156,7 +179,8 @@ def flatten(node):
 
 
 def describe(node):
-    """The structure as JSON: {"dict": [[key, sub], ...]}, {"list"|"tuple": [...]}, or "leaf"."""
+    """The structure as JSON: {"dict": [[key, sub], ...]}, {"list"|"tuple": [...]}, or "leaf"
+    (a sparse or ragged tensor: a dict of its components, see components())."""
     if isinstance(node, dict):
         for key in node:
             if not isinstance(key, str):
@@ -166,10 +190,10 @@ def describe(node):
         return {"list": [describe(value) for value in node]}
     if isinstance(node, tuple):
         return {"tuple": [describe(value) for value in node]}
-    if isinstance(node, (tf.SparseTensor, tf.IndexedSlices)) or type(node).__name__ == "RaggedTensor":
-        raise TypeError("tf1_fn: outputs: %s cannot cross interpreters yet; return dense tensors"
-                        % type(node).__name__)
-    return "leaf"
+    parts = components(node)
+    if parts is not None:
+        return {"dict": [[key, "leaf"] for key, _ in parts]}
+    return "leaf"  # an IndexedSlices too: run() scatters it into a dense array
 
 
 def pack(structure, leaves):
@@ -212,6 +236,66 @@ def load_arrays(folder, name):
         values = [data["a%d" % i] for i in range(len(data.files))]
     os.unlink(path)
     return values
+
+
+# -- the values both ends hold --------------------------------------------------
+
+# equivtool.engine.sides._old_known.KnownValues written again for this program:
+# per request kind (read, global_state, assign, load_global_state), the values
+# the last request of that kind carried, by variable (its name without ":0").
+# A read or a global state sends only the values whose bits differ from what
+# both ends hold under the same name, the others as "same": {name: [kind, key]};
+# an assign or a load_global_state may refer to them so too. A kind's values are
+# replaced only once its request succeeded, so both ends hold the same.
+def value_key(name):
+    return name[:-2] if name.endswith(":0") else name
+
+
+def same_bits(a, b):
+    if a.dtype != b.dtype or a.shape != b.shape or a.dtype.kind == "O":
+        return False
+    a, b = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return bool(np.array_equal(a[:256], b[:256]) and np.array_equal(a, b))  # a changed value: seen early
+
+
+class Known(object):
+    def __init__(self):
+        self.kinds = {}
+
+    def answer(self, folder, kind, names, values):
+        """An answer carrying names' values: file and names (those sent), same, order."""
+        sent_names, sent, same = [], [], {}
+        for name, value in zip(names, values):
+            found = self.find(name, value)
+            if found is not None:
+                same[name] = found
+            else:
+                sent_names.append(name)
+                sent.append(value)
+        self.keep(kind, names, values)
+        return {"file": save_arrays(folder, kind, sent) if sent else None, "names": sent_names,
+                "same": same, "order": list(names)}
+
+    def find(self, name, value):
+        key = value_key(name)
+        for kind, kept in self.kinds.items():
+            if key in kept and same_bits(kept[key], value):
+                return [kind, key]
+        return None
+
+    def received(self, folder, request):
+        """(names, values) of a request carrying values: its file's and the ones it refers to."""
+        by_name = dict(zip(request["names"], load_arrays(folder, request["file"]) if request.get("file") else []))
+        for name, (kind, key) in (request.get("same") or {}).items():
+            if key not in self.kinds.get(kind, {}):
+                raise ProtocolError("%s: refers to a value kept as %s/%s, which this end does not hold"
+                                    % (request.get("op"), kind, key))
+            by_name[name] = self.kinds[kind][key]
+        names = request.get("order") or request["names"]
+        return names, [by_name[name] for name in names]
+
+    def keep(self, kind, names, values):
+        self.kinds[kind] = dict((value_key(name), np.asarray(value)) for name, value in zip(names, values))
 
 
 # -- the graph ------------------------------------------------------------------
@@ -322,6 +406,7 @@ class Side(object):
         self.variables = []
         self.draws_random = {}  # pass -> whether it draws random numbers (fetch)
         self.kernel_floor = bool(request.get("kernel_floor"))
+        self.known = Known()  # the values both ends hold (handle() gives every side the program's one)
 
     def forward(self, training, gradients, perturb=True):
         ops_before = len(self.graph.get_operations())
@@ -428,7 +513,7 @@ class Side(object):
     def read(self):
         self.initialize()
         values = self.session.run(self.variables)
-        return {"file": save_arrays(self.folder, "read", values), "names": [v.name for v in self.variables]}
+        return self.known.answer(self.folder, "read", [v.name for v in self.variables], values)
 
     def load(self, pairs):
         """Set (variable, value) pairs by feeding their initializers (no new op in the graph)."""
@@ -504,8 +589,8 @@ class Side(object):
         self.initialize()
         with self.graph.as_default():
             everything = tf.global_variables()
-        return {"file": save_arrays(self.folder, "state", self.session.run(everything)),
-                "names": [v.op.name for v in everything]}
+        return self.known.answer(self.folder, "global_state", [v.op.name for v in everything],
+                                 self.session.run(everything))
 
     def load_global_state(self, names, values):
         by_name = dict(zip(names, values))
@@ -814,7 +899,7 @@ def hello():
 
 
 def serve(folder, requests, answers):
-    sides, tools = {}, {}
+    sides, tools, known = {}, {}, Known()
     try:
         for line in requests:
             if not line.strip():
@@ -824,7 +909,7 @@ def serve(folder, requests, answers):
             if op == "quit":
                 break
             try:
-                answer = handle(folder, request, sides, tools)
+                answer = handle(folder, request, sides, tools, known)
                 answer["ok"] = True
             except Exception as exc:  # noqa: BLE001 - every error goes back to the caller as JSON
                 info = sys.exc_info()
@@ -839,14 +924,19 @@ def serve(folder, requests, answers):
             side.close()
 
 
-def handle(folder, request, sides, tools):
+def handle(folder, request, sides, tools, known=None):
     op = request.get("op")
     if op == "hello":
         return hello()
+    if op == "forget" and known is not None:  # the values both ends hold: none now
+        known.kinds = {}
+        return {}
     if op == "open":
         if request["handle"] in sides:
             raise ProtocolError("open: handle %r is open already" % (request["handle"],))
         sides[request["handle"]] = Side(folder, request, tools)
+        if known is not None:
+            sides[request["handle"]].known = known  # one for every side: values are matched by name and bits
         return {}
     side = sides.get(request.get("handle"))
     if side is None:
@@ -858,7 +948,9 @@ def handle(folder, request, sides, tools):
     if op == "read":
         return side.read()
     if op == "assign":
-        side.assign(request["names"], load_arrays(folder, request["file"]))
+        names, values = side.known.received(folder, request)
+        side.assign(names, values)
+        side.known.keep("assign", names, values)
         return {}
     if op == "copy":
         source = sides.get(request.get("source"))
@@ -873,7 +965,9 @@ def handle(folder, request, sides, tools):
     if op == "global_state":
         return side.global_state()
     if op == "load_global_state":
-        side.load_global_state(request["names"], load_arrays(folder, request["file"]))
+        names, values = side.known.received(folder, request)
+        side.load_global_state(names, values)
+        side.known.keep("load_global_state", names, values)
         return {}
     if op == "save":
         return side.save(request["path"])

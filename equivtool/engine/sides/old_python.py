@@ -7,7 +7,8 @@ in the self-contained program :mod:`equivtool.engine.sides._old_side_program`
 (Python 3.6 syntax, TensorFlow 1.x API, NumPy; no equivtool, no pickle),
 while the TF2 side runs here. The two speak JSON lines over the program's
 stdin/stdout, with arrays as ``.npz`` files in a temporary folder of this
-process; the folder is removed and the program stopped on every exit (the
+process (a variable's value that both ends hold crosses as a reference:
+:mod:`equivtool.engine.sides._old_known`); the folder is removed and the program stopped on every exit (the
 engine's ``close`` runs on errors, Ctrl-C and SIGTERM:
 :mod:`equivtool.engine.signals`).
 
@@ -54,6 +55,7 @@ from equivtool.engine.pair import _Half
 from equivtool.engine.registry import SkipStep
 from equivtool.engine.steps.common import fresh_pass_capture
 from equivtool.engine.sides import CHECKPOINTS, FORWARD, GRADIENTS, INTERMEDIATES, TRAINING, VARIABLES, Side
+from equivtool.engine.sides._old_known import KnownValues
 from equivtool.engine.sides._old_python_args import NOT_YET as _NOT_YET
 from equivtool.engine.sides.tf1_side import variable_key
 
@@ -111,6 +113,7 @@ class OldProgram:
         from equivtool._platform import tf1_python as _tf1
         self.path = list(path)
         self.lock = threading.Lock()
+        self.known = KnownValues()  # the variable values both ends hold (see _old_known)
         temp = tempfile.gettempdir()
         scratch.remove_stale(temp, "tf1-side")  # the folders of killed runs (see _base.scratch)
         self.folder = tempfile.mkdtemp(prefix=scratch.prefix("tf1-side"), dir=temp)
@@ -197,12 +200,42 @@ class OldProgram:
         return name + ".npz"
 
     def receive(self, answer: dict) -> dict:
-        """``{name: array}`` of an answer's file (deleted once read)."""
+        """``{name: array}`` of an answer's file (deleted once read; none: nothing was sent)."""
+        if answer.get("file") is None:
+            return {}
         path = os.path.join(self.folder, answer["file"])
         with np.load(path, allow_pickle=False) as data:
             values = [data[f"a{i}"] for i in range(len(data.files))]
         os.unlink(path)
         return dict(zip(answer["names"], values))
+
+    def send_values(self, op: str, names: list, values: list, **fields) -> dict:
+        """Request ``op`` (``assign``, ``load_global_state``) with the variables ``names`` set to
+        ``values``: only those the program does not hold already cross, the others as references
+        (:mod:`equivtool.engine.sides._old_known`); both ends keep them as ``op``'s values once
+        it succeeded there."""
+        with self.lock:
+            sent_names, sent, same = self.known.split(names, values)
+            file = self.send(op, sent) if sent else None
+            answer = self._request(op, {**fields, "names": sent_names, "file": file, "same": same,
+                                        "order": list(names)}, None)
+            self.known.keep(op, names, values)
+            return answer
+
+    def receive_values(self, op: str, **fields) -> dict:
+        """``{name: array}`` of request ``op`` (``read``, ``global_state``), which sends only the
+        values this end does not hold already; both ends keep them as ``op``'s values."""
+        with self.lock:
+            answer = self._request(op, fields, None)
+            try:
+                values = self.known.resolve(answer["order"], self.receive(answer), answer["same"])
+            except BaseException:
+                self.known.clear()  # the ends may disagree now: both forget
+                with contextlib.suppress(Exception):
+                    self._request("forget", {}, None)
+                raise
+            self.known.keep(op, list(values), list(values.values()))
+            return values
 
     def close(self) -> None:
         """Stop the program (asked, then killed) and remove the folder; safe to call twice."""
@@ -229,10 +262,23 @@ class OldProgram:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+_LANE = threading.local()  # .own: this thread's sides use the engine's second program (own_models_lane)
+
+
+def own_models_lane() -> None:
+    """Makes the old sides made on this thread use the engine's second program
+    (``Engine.old_program_own``, started on first use): with ``workers=3`` the steps
+    that build models of their own run there while the pair's steps run in the first
+    (:mod:`equivtool.engine.old_workers`)."""
+    _LANE.own = True
+
+
 def program(e: "Engine") -> OldProgram:
-    """The engine's old-side program, started on first use; a failed start is reported
-    by the first step and skips the later ones with its reason."""
-    found = getattr(e, "old_program", None)
+    """The engine's old-side program (on a thread of :func:`own_models_lane`: its second),
+    started on first use; a failed start is reported by the first step and skips the
+    later ones with its reason."""
+    attribute = "old_program_own" if getattr(_LANE, "own", False) else "old_program"
+    found = getattr(e, attribute, None)
     if isinstance(found, str):
         raise SkipStep(f"not run: the TF1 interpreter did not start in an earlier step ({found})")
     if found is None:
@@ -240,12 +286,12 @@ def program(e: "Engine") -> OldProgram:
         try:
             found = OldProgram(o.tf1_python, o.tf1_path)
         except Exception as exc:
-            e.old_program = f"{type(exc).__name__}: {exc}"[:300]
+            setattr(e, attribute, f"{type(exc).__name__}: {exc}"[:300])
             raise
-        if e.old_program is not None:  # the check ended while it started (Ctrl-C with workers=2)
+        if getattr(e, attribute, None) is not None:  # the check ended while it started (Ctrl-C with workers=2)
             found.close()
-            raise SkipStep(f"not run: {e.old_program}")
-        e.old_program = found
+            raise SkipStep(f"not run: {getattr(e, attribute)}")
+        setattr(e, attribute, found)
         e.old_interpreter = found.interpreter
         e.old_ran_under = found.ran_under()
     return found
@@ -380,13 +426,13 @@ class OldTF1Side(Side):
         return result
 
     def read_variables(self) -> dict:
-        values = self.program.receive(self.program.request("read", handle=self.handle))
+        values = self.program.receive_values("read", handle=self.handle)
         return {variable_key(name, self.renamer): value for name, value in values.items()}
 
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
         pairs = [(name, values_by_key[key]) for name, key in zip(self.names, self.keys) if key in values_by_key]
-        self.program.request("assign", handle=self.handle, names=[name for name, _ in pairs],
-                             file=self.program.send("assign", [value for _, value in pairs]))
+        self.program.send_values("assign", [name for name, _ in pairs], [np.asarray(v) for _, v in pairs],
+                                 handle=self.handle)
 
     def build_training(self, make_optimizer: str, training: bool) -> dict:
         """A training pass there (``make_optimizer``: ``"module:function"``):
@@ -400,12 +446,12 @@ class OldTF1Side(Side):
 
     def global_state(self) -> dict:
         """``{op name: value}`` of every global variable there (slots and counters too)."""
-        return self.program.receive(self.program.request("global_state", handle=self.handle))
+        return self.program.receive_values("global_state", handle=self.handle)
 
     def load_global_state(self, values: Mapping[str, np.ndarray]) -> None:
         names = list(values)
-        self.program.request("load_global_state", handle=self.handle, names=names,
-                             file=self.program.send("state", [values[name] for name in names]))
+        self.program.send_values("load_global_state", names, [np.asarray(values[name]) for name in names],
+                                 handle=self.handle)
 
     @contextlib.contextmanager
     def perturbed(self, start: Mapping[str, np.ndarray], seed: int):
