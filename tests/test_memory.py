@@ -113,13 +113,49 @@ def _numbers(report) -> list:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_giving_memory_back_between_steps_changes_no_number(monkeypatch, workers):
-    from equivtool.engine import run as _run
-
+    monkeypatch.setattr(memory, "STEP_GROWTH", 0)  # a tiny model: give back after every step all the same
     given = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=workers, steps=STEPS)
     calls = []
-    for module in (_run, _workers):
-        monkeypatch.setattr(module, "return_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(memory, "return_freed_memory", lambda: calls.append(1))
     kept = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=workers, steps=STEPS)
     assert given.passed and kept.passed, str(kept)
     assert calls  # the engine did call it between steps (here: this process's share of the steps)
     assert _numbers(given) == _numbers(kept)
+
+
+def _step_memory(monkeypatch, sizes: list) -> tuple:
+    """A StepMemory reading ``sizes`` (MiB, or None) as the resident size, one per read;
+    and the list its collections are recorded in."""
+    reads = iter(sizes)
+    monkeypatch.setattr(memory, "resident_bytes", lambda: (lambda v: None if v is None else v << 20)(next(reads)))
+    collected = []
+    monkeypatch.setattr(memory, "return_freed_memory", lambda: collected.append(1))
+    return memory.StepMemory(), collected
+
+
+def test_memory_is_given_back_only_after_the_process_grew(monkeypatch):
+    """0.1 s a collection with TensorFlow loaded: skipped after a small step, made after a large one."""
+    growth = memory.STEP_GROWTH >> 20
+    # made at 1000 MiB; a step leaves it at 1000 + growth - 1: no collection
+    give_back, collected = _step_memory(monkeypatch, [1000, 1000 + growth - 1])
+    assert give_back() is False and collected == []
+    # grown by the threshold: collected, and the mark moves to the size after it
+    give_back, collected = _step_memory(monkeypatch, [1000, 1000 + growth, 1010, 1010 + growth - 1])
+    assert give_back() is True and collected == [1]
+    assert give_back() is False and collected == [1]  # measured from 1010 MiB, not from 1000
+
+
+def test_memory_is_always_given_back_where_the_size_cannot_be_read(monkeypatch):
+    give_back, collected = _step_memory(monkeypatch, [None] * 5)
+    assert give_back() and give_back()
+    assert collected == [1, 1]
+
+
+def test_the_resident_size_is_read_here():
+    """On Linux the size is this process's, and grows with what it holds."""
+    if memory.resident_bytes() is None:
+        pytest.skip("no /proc/self/statm on this system")
+    before = memory.resident_bytes()
+    block = np.ones(64 << 20, np.uint8)  # 64 MiB, touched
+    assert memory.resident_bytes() - before >= 48 << 20
+    del block

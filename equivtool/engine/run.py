@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import tensorflow as tf
 
 from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
-from equivtool._base.memory import return_freed_memory
+from equivtool._base.memory import StepMemory
 from equivtool.variables.mapping import fresh_layer_numbering
 from equivtool.comparison import Comparison, compare
 from equivtool.coverage import output_levels
@@ -106,6 +106,7 @@ class Engine:
         self._tempdir = None
         self.results: dict[str, StepResult] = {}
         self.jobs: list = []           # with workers > 1: the worker jobs (see workers.run_parallel)
+        self.give_back_memory = StepMemory()  # between steps, once the process has grown enough
         self._tolerance_keys: dict = {}  # argument -> (its keys seen by a comparison, those a leaf matched)
         self.side_classes = {"tf1": TF1Side, "tf2": TF2Side}  # see engine/sides: what each can do
         self.old_program = None        # with tf1_python: the TF1 side's program (engine/sides/old_python)
@@ -185,7 +186,7 @@ class Engine:
             tf1.close()
         if self._halves:
             self._halves.clear()
-            return_freed_memory()  # cycles collected, and the heap pages handed back to the system
+            self.give_back_memory()  # cycles collected, and the heap pages handed back to the system
 
     def workdir(self) -> str:
         """A temporary folder for files a step writes (a TF1 checkpoint), removed by :meth:`close`."""
@@ -331,7 +332,7 @@ class Engine:
                         self.release_pair()  # steps that build their own models: free its memory first
                     self.run_step(step)
                     if not step.shared:  # its own graph and layer are gone: their memory back too
-                        return_freed_memory()
+                        self.give_back_memory()
         finally:
             with _signals.shielded():
                 self.close()

@@ -38,7 +38,6 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Callable
 
-from equivtool._base.memory import return_freed_memory
 from equivtool.engine import send as _send
 from equivtool.engine import signals as _signals
 
@@ -443,7 +442,7 @@ def _run_job(engine: "Engine", side: str, steps: list, inputs: dict, release_aft
     for step in steps:
         captured(step, _run_side(engine, step, side, inputs.get(step.name)))
         if not step.shared:  # it built its own graph or layer: their memory back before the next job
-            return_freed_memory()
+            engine.give_back_memory()
     if release_after:
         engine.release_pair()
     return time.perf_counter() - started
