@@ -73,12 +73,24 @@ def _wait_for(condition, deadline: float, what: str, process=None):
     pytest.fail(f"timed out after {deadline} s waiting for {what}")
 
 
+def _communicate(process, what: str):
+    """The run's output once it has ended, within STOP_DEADLINE; past it, the
+    run is made to print every thread's Python stack (``PYTHONFAULTHANDLER``,
+    set by :func:`_start`, dumps them on SIGABRT) and the test fails with it."""
+    try:
+        return process.communicate(timeout=STOP_DEADLINE)
+    except subprocess.TimeoutExpired:
+        os.kill(process.pid, signal.SIGABRT)
+        out, err = process.communicate()
+        pytest.fail(f"the run did not end within {STOP_DEADLINE} s of {what}; its threads:\n{err[-6000:]}")
+
+
 def _start(command, tmp_path, workers: int = 2, **env):
     ready, temp = tmp_path / "ready", tmp_path / "tmp"
     ready.mkdir()
     temp.mkdir()
     env = dict(os.environ, EQUIVTOOL_TEST_READY=str(ready), TMPDIR=str(temp), TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([ROOT, TESTS]), **env)
+               PYTHONPATH=os.pathsep.join([ROOT, TESTS]), PYTHONFAULTHANDLER="1", **env)
     process = subprocess.Popen(command, env=env, cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
 
@@ -118,7 +130,7 @@ def test_a_signal_leaves_no_worker_and_no_temporary_folder(how, tmp_path):
             os.killpg(process.pid, signum)
         else:
             os.kill(process.pid, signum)
-        out, err = process.communicate(timeout=STOP_DEADLINE)
+        out, err = _communicate(process, how)
         gone = _wait_for(lambda: not any(_alive(pid) for pid in workers), STOP_DEADLINE,
                          f"the workers {sorted(workers)} to end")
         assert gone
@@ -142,7 +154,7 @@ def test_ctrl_c_on_the_cli_prints_one_line_and_exits_130(tmp_path):
     assert workers
     try:
         os.killpg(process.pid, signal.SIGINT)
-        out, err = process.communicate(timeout=STOP_DEADLINE)
+        out, err = _communicate(process, "SIGINT to the group")
         assert process.returncode == 130, out[-2000:] + err[-3000:]
         assert err.strip() == "interrupted", err[-3000:]  # nothing from the worker, no traceback
         assert "Traceback" not in out
