@@ -176,9 +176,11 @@ class _Parallel:
             self.queue += [_Job("tf1", shared),
                            _Job("tf2", [s for s in shared if s.name not in self.later],
                                 release_after=not self.later)]
-        for step in self.order:
-            if not step.shared:
-                self.queue += [_Job("tf1", [step]), _Job("tf2", [step])]
+        # The longest jobs first (a TF1 side builds a graph, which takes several
+        # times a TF2 call): whichever process is free last then has a short job
+        # left, not a graph build. Steps are still judged in run order.
+        fresh = [step for step in self.order if not step.shared]
+        self.queue += [_Job("tf1", [step]) for step in fresh] + [_Job("tf2", [step]) for step in fresh]
         self.captures: dict = {}      # (step name, side) -> its outcome
         self.layer_names: set = set()  # the TF2 layers' names the workers saw
         self.count = min(workers, len(self.queue))  # processes in all, this one included
