@@ -49,7 +49,7 @@ from equivtool._base import scratch  # noqa: E402
 from equivtool._platform.tf1_python import clean_env  # noqa: E402
 from equivtool.engine.signals import sigterm_unwinds  # noqa: E402
 from benchmarks.zoo_floor import load, machine_line  # noqa: E402
-from benchmarks.zoo_tf1_python import add_tf1_python  # noqa: E402
+from benchmarks.zoo_tf1_python import add_tf1_python, require_tf1_python  # noqa: E402
 
 SIZE = 224  # the zoo's inception_v1 input (its final 7x7 average pool fixes it)
 
@@ -325,9 +325,7 @@ def main(argv=None) -> int:
                         help="also run the check's gradients step with kernel_floor=True and judge the "
                              "gradients, as computed and routed alike, against its floors")
     args = parser.parse_args(argv)
-    if not args.tf1_python:
-        parser.error("--tf1-python: expected the path of a TensorFlow 1.15 interpreter "
-                     "(or set EQUIVTOOL_TF1_PYTHON; make one with: equivtool tf1-env DIR)")
+    require_tf1_python(parser, args)
     if args.batch < 1:
         parser.error(f"--batch: expected a positive int, got {args.batch}")
     if args.header:
