@@ -150,6 +150,11 @@ def check_arguments(parser: argparse.ArgumentParser, args, known, metavar: str) 
     unknown = [name for name in args.names if name not in known]
     if unknown:
         parser.error(f"{metavar}: unknown {unknown}; expected names among {', '.join(known)}")
+    require_tf1_python(parser, args)
+
+
+def require_tf1_python(parser: argparse.ArgumentParser, args) -> None:
+    """An interpreter given (``--tf1-python`` or ``$EQUIVTOOL_TF1_PYTHON``), or the parser's one-line error."""
     if not args.tf1_python:
         parser.error("--tf1-python: expected the path of a TensorFlow 1.15 interpreter "
                      "(or set EQUIVTOOL_TF1_PYTHON; make one with: equivtool tf1-env DIR)")
