@@ -89,6 +89,23 @@ def slices(inputs, training):
     return slices_outputs(inputs)
 
 
+def empty_slices(inputs, training):
+    """slices_outputs with no entry, named as "tf1_python_model:empty_slices"."""
+    return slices_outputs(inputs, "empty")
+
+
+def slices_without_shape(inputs, training):
+    """slices_outputs with dense_shape unknown, named as "tf1_python_model:slices_without_shape"."""
+    return slices_outputs(inputs, "no_shape")
+
+
+def all_composites(inputs, training):
+    """composite_outputs and slices_outputs in one dict, named as "tf1_python_model:all_composites"."""
+    outputs = composite_outputs(inputs)
+    outputs.update(slices_outputs(inputs))
+    return outputs
+
+
 def embedding_gradient(inputs, training):
     """An embedding lookup of ids [3, 1, 3] and its gradient w.r.t. the table (a
     tf.IndexedSlices with index 3 twice), named as "tf1_python_model:embedding_gradient";
