@@ -239,3 +239,16 @@ def test_localization_of_a_wrong_slice_value_finds_the_planted_op():
     assert localization is not None and localization.status == "diverged", str(report)
     assert localization.tf2_source.endswith(fault_line()), localization.tf2_source
 
+
+
+@pytest.mark.parametrize("patterns, kept", [(["end_points/slices/dense"], True), (["end_points/slices"], True),
+                                            (["end_points/dense"], False), (["!end_points/slices"], False),
+                                            (["!end_points/slices/dense"], False), (["!end_points/dense"], True)])
+def test_outputs_patterns_select_an_indexed_slices_by_either_name(patterns, kept):
+    from equivtool.engine import output_filter
+
+    value = {"dense": X, "slices": _slices(ROWS, [3, 1])}
+    expected, _ = output_filter.select(value, value, "end_points", patterns)
+    assert ("slices" in expected) == kept
+    names = output_filter.leaf_names(value, "end_points")
+    assert "end_points/slices/dense" in names and output_filter.unmatched_note(names, patterns) is None
