@@ -252,3 +252,12 @@ def test_outputs_patterns_select_an_indexed_slices_by_either_name(patterns, kept
     assert ("slices" in expected) == kept
     names = output_filter.leaf_names(value, "end_points")
     assert "end_points/slices/dense" in names and output_filter.unmatched_note(names, patterns) is None
+
+
+def test_an_indexed_slices_output_crosses_from_worker_processes_as_in_process():
+    """With workers=2 the sides run in other processes: the captures (SlicesArrays
+    among them) cross by pickle, and the verdict and the named row are the same."""
+    report = _fixed("split_wrong", workers=2)
+    assert verdict_word(report) == "NOT EQUIVALENT", str(report)
+    leaf = report.step("fixed_weights").comparisons[0].leaf("end_points/slices/dense")
+    assert "first differing row: index 3 (expected 1 entry, actual 2 entries" in leaf.note, leaf.note

@@ -106,3 +106,18 @@ def _all_composites_layer():
         def call(self, x, training=None):
             return helpers.all_composites(x, training)
     return All
+
+
+def test_a_random_loop_flag_of_any_component_is_the_slices_leafs_flag():
+    """Runs without the interpreter: the program flags each component it fetches
+    (values, indices) for random while loops; the leaf the comparison walks is one,
+    so it depends on a loop when any of its components does."""
+    from equivtool.engine.sides.old_python import OldForward, _leaf_flags
+
+    slices = {"slices": [["values", "leaf"], ["indices", "leaf"], ["dense_shape", "leaf"]]}
+    structure = {"dict": [["dense", "leaf"], ["slices", slices]]}
+    flags = [False, False, True, False, False]  # dense, values, indices, dense_shape, then the regularization
+    forward = OldForward(0, structure, [], [], {"loop": ["op"]}, flags, False, {})
+    assert _leaf_flags(forward, None) == [[False, True], [False]]
+    forward.leaf_flags = [True, False, False, False, False]
+    assert _leaf_flags(forward, None) == [[True, False], [False]]
