@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["SlicesArrays", "slices_arrays", "dense_rows", "max_index_rows"]
+__all__ = ["SlicesArrays", "slices_arrays", "index_sets", "max_index_rows"]
 
 
 def _array(value) -> np.ndarray:
@@ -83,7 +83,7 @@ def max_index_rows(slices: SlicesArrays) -> int:
     return int(slices.indices.max()) + 1 if slices.indices.size else 0
 
 
-def dense_rows(indices: np.ndarray) -> tuple[list, list]:
+def index_sets(indices: np.ndarray) -> tuple[list, list]:
     """``(the distinct indices sorted, the ones given more than once)`` as ints."""
     unique, counts = np.unique(indices, return_counts=True)
     return [int(i) for i in unique], [int(i) for i in unique[counts > 1]]

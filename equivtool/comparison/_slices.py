@@ -23,7 +23,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from equivtool._base.slices import SlicesArrays, dense_rows, max_index_rows
+from equivtool._base.slices import SlicesArrays, index_sets, max_index_rows
 from equivtool.comparison._results import LeafComparison
 
 __all__ = ["compare_slices"]
@@ -37,7 +37,7 @@ def _listed(indices: list) -> str:
 
 
 def _describe_side(label: str, slices: SlicesArrays) -> str:
-    distinct, repeated = dense_rows(slices.indices)
+    distinct, repeated = index_sets(slices.indices)
     shape = "unknown" if slices.dense_shape is None else str([int(d) for d in slices.dense_shape.reshape(-1)])
     text = (f"{label} {slices.indices.shape[0]} entries at {len(distinct)} rows {_listed(distinct)}, "
             f"indices {slices.indices.dtype}, values {slices.values.dtype}, dense_shape {shape}")
@@ -54,7 +54,7 @@ def _components_note(expected: Any, actual: Any) -> str:
         described = ["both sides" + described[0][len("expected"):]]
     parts += described
     if len(sides) == 2:
-        e_rows, a_rows = set(dense_rows(expected.indices)[0]), set(dense_rows(actual.indices)[0])
+        e_rows, a_rows = set(index_sets(expected.indices)[0]), set(index_sets(actual.indices)[0])
         if e_rows - a_rows:
             parts.append(f"rows in expected only {_listed(sorted(e_rows - a_rows))}")
         if a_rows - e_rows:
@@ -99,7 +99,8 @@ def compare_slices(walker, expected: Any, actual: Any, path: tuple) -> LeafCompa
     child = (*path, "dense")
     for label, value in (("expected", expected), ("actual", actual)):
         if isinstance(value, SlicesArrays) and value.problem():
-            return walker.structure_leaf(child, None, None, f"{label} tf.IndexedSlices: {value.problem()}")
+            shown = [s.values if isinstance(s, SlicesArrays) else s for s in (expected, actual)]
+            return walker.structure_leaf(child, *shown, f"{label} tf.IndexedSlices: {value.problem()}")
         if not isinstance(value, SlicesArrays) and (value is None or isinstance(value, (Mapping, list, tuple))):
             return walker.structure_leaf(path, expected, actual)
     note = _components_note(expected, actual)
