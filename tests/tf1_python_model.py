@@ -62,6 +62,68 @@ def composites(inputs, training):
     return composite_outputs(inputs)
 
 
+def slices_outputs(x, fault=""):
+    """A dense output and a tf.IndexedSlices of x's rows (row 0 doubled at index 3, row 1
+    at index 1, of a [5, 3] tensor), the same code in TensorFlow 1.15 and 2.x. fault plants:
+    "value" (0.5 added to one element of row 1), "index" (row 1 at index 2), "split" (row 3
+    as two entries of index 3 that sum to the same, listed in another order: no fault),
+    "split_wrong" (those two entries summing to another value), "no_shape" (dense_shape
+    left unknown: no fault), "empty" (no entry: nothing to compare)."""
+    values, indices, shape = x * 2.0, tf.constant([3, 1], tf.int64), tf.constant([5, 3], tf.int64)
+    if fault == "value":
+        values = values + tf.constant([[0.0, 0.0, 0.0], [0.0, 0.5, 0.0]])
+    elif fault == "index":
+        indices = tf.constant([3, 2], tf.int64)
+    elif fault in ("split", "split_wrong"):
+        second = x[:1] * (1.5 if fault == "split_wrong" else 1.0)
+        values, indices = tf.concat([x[1:] * 2.0, x[:1], second], 0), tf.constant([1, 3, 3], tf.int64)
+    elif fault == "no_shape":
+        shape = None
+    elif fault == "empty":
+        values, indices = x[:0], tf.constant([], tf.int64)
+    return {"dense": x + 1.0, "slices": tf.IndexedSlices(values, indices, shape)}
+
+
+def slices(inputs, training):
+    """slices_outputs as a TF1 function, named as "tf1_python_model:slices"."""
+    return slices_outputs(inputs)
+
+
+def empty_slices(inputs, training):
+    """slices_outputs with no entry, named as "tf1_python_model:empty_slices"."""
+    return slices_outputs(inputs, "empty")
+
+
+def slices_without_shape(inputs, training):
+    """slices_outputs with dense_shape unknown, named as "tf1_python_model:slices_without_shape"."""
+    return slices_outputs(inputs, "no_shape")
+
+
+def all_composites(inputs, training):
+    """composite_outputs and slices_outputs in one dict, named as "tf1_python_model:all_composites"."""
+    outputs = composite_outputs(inputs)
+    outputs.update(slices_outputs(inputs))
+    return outputs
+
+
+def embedding_gradient(inputs, training):
+    """An embedding lookup of ids [3, 1, 3] and its gradient w.r.t. the table (a
+    tf.IndexedSlices with index 3 twice), named as "tf1_python_model:embedding_gradient";
+    a tape where eager (the TF2 layer), tf.gradients in a graph."""
+    _, v1 = _layers()
+    table = v1.get_variable("table", [5, 3], initializer=v1.random_uniform_initializer(-1.0, 1.0))
+    ids, weights = tf.constant([3, 1, 3]), tf.concat([inputs, inputs[:1]], 0)
+    if tf.executing_eagerly():
+        with tf.GradientTape() as tape:
+            looked = tf.gather(table, ids)
+            total = tf.reduce_sum(looked * weights)
+        gradient = tape.gradient(total, table)
+    else:
+        looked = tf.gather(table, ids)
+        gradient = tf.gradients(tf.reduce_sum(looked * weights), table)[0]
+    return {"table_gradient": gradient, "looked": looked}  # the last is the default loss's
+
+
 if not tf.__version__.startswith("1."):
     class DenseShim(tf.keras.layers.Layer):
         """dense_model's TF2 rewrite: the same code in a shim layer."""

@@ -13,6 +13,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from equivtool._base.slices import SlicesArrays, slices_arrays
+
 __all__ = ["is_namedtuple", "is_sparse", "dense_gradient", "sparse_paths", "to_numpy", "flatten_tensors",
            "pack_like"]
 
@@ -34,7 +36,10 @@ def _rebuild_sequence(original, items: list):
 
 def is_sparse(value: Any) -> bool:
     """A ``tf.IndexedSlices``, or the ``IndexedSlicesValue`` a session returns for one
-    (recognised by type name and fields, so this module imports no TensorFlow)."""
+    (recognised by type name and fields, so this module imports no TensorFlow), or
+    the :class:`~equivtool._base.slices.SlicesArrays` a side captured of one."""
+    if isinstance(value, SlicesArrays):
+        return True
     return type(value).__name__ in ("IndexedSlices", "IndexedSlicesValue") and all(
         hasattr(value, field) for field in ("values", "indices", "dense_shape"))
 
@@ -100,7 +105,11 @@ def composite_parts(value: Any) -> Optional[dict]:
 
 def expand_composites(structure):
     """``structure`` with each ragged or sparse value replaced by its parts
-    (:func:`composite_parts`), everything else left as it is (a session's results)."""
+    (:func:`composite_parts`), each ``IndexedSlicesValue`` by its
+    :class:`~equivtool._base.slices.SlicesArrays`, everything else left as it is
+    (a session's results)."""
+    if is_sparse(structure) and not isinstance(structure, SlicesArrays):
+        return slices_arrays(structure)
     parts = composite_parts(structure)
     if parts is not None:
         return parts
@@ -111,19 +120,21 @@ def expand_composites(structure):
     return structure
 
 
-def to_numpy(structure):
+def to_numpy(structure, keep_slices: bool = False):
     """Tensors (eager) to NumPy, keeping dict insertion order and containers;
-    sparse gradients (``tf.IndexedSlices``, ``IndexedSlicesValue``) become dense arrays;
-    ragged and sparse tensors their components (:func:`composite_parts`)."""
+    sparse gradients (``tf.IndexedSlices``, ``IndexedSlicesValue``) become dense arrays
+    (with ``keep_slices``, their :class:`~equivtool._base.slices.SlicesArrays`: a
+    model's output, judged by the comparison); ragged and sparse tensors their
+    components (:func:`composite_parts`)."""
     if is_sparse(structure):
-        return dense_gradient(structure)[0]
+        return slices_arrays(structure) if keep_slices else dense_gradient(structure)[0]
     parts = composite_parts(structure)
     if parts is not None:
         return parts
     if isinstance(structure, Mapping):
-        return rebuild_mapping(structure, [(k, to_numpy(v)) for k, v in structure.items()])
+        return rebuild_mapping(structure, [(k, to_numpy(v, keep_slices)) for k, v in structure.items()])
     if isinstance(structure, (list, tuple)):
-        return _rebuild_sequence(structure, [to_numpy(v) for v in structure])
+        return _rebuild_sequence(structure, [to_numpy(v, keep_slices) for v in structure])
     if structure is None:
         return None
     if hasattr(structure, "numpy"):

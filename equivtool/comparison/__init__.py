@@ -38,6 +38,9 @@ Rules, decided once here:
   divides by ``|expected|`` and leaves out positions where expected is 0,
   unless those are the only differing positions: then it is ``inf`` (as
   ``numpy.testing`` does).
+* A ``tf.IndexedSlices`` (held as ``SlicesArrays``) is one leaf,
+  ``<path>/dense``: the dense value it denotes (see ``_slices``), whatever
+  order or repetition of indices each side used.
 * Structure differences (a key on one side only, a list against a dict, a
   container against an array, different lengths) become failing leaves with
   ``missing_in_actual``, ``missing_in_expected`` or ``structure_mismatch`` and a
@@ -68,10 +71,12 @@ import numpy as np
 from equivtool.comparison._advice import tolerance_advice
 from equivtool.comparison._agree import agreement
 from equivtool.comparison._results import Comparison, LeafComparison
+from equivtool.comparison._slices import compare_slices
 from equivtool.comparison.tolerance import (COMPLEX, EXACT, FLOAT, OTHER, Index, Tolerance, ToleranceSpec,
                                   close_mask, common_kind, count_compared, value_kind, max_errors,
                                   why_nothing_compared, resolve_with_key, scalar_at, validate_spec, resolve_tolerance,
                                   unmatched_keys)
+from equivtool._base.slices import SlicesArrays
 from equivtool._base.tree import is_namedtuple as _is_namedtuple
 
 __all__ = [
@@ -161,7 +166,9 @@ class _Walker:
     def walk(self, expected: Any, actual: Any, path: tuple[str, ...]) -> None:
         e_map, a_map = isinstance(expected, Mapping), isinstance(actual, Mapping)
         e_seq, a_seq = isinstance(expected, (list, tuple)), isinstance(actual, (list, tuple))
-        if e_map and a_map:
+        if isinstance(expected, SlicesArrays) or isinstance(actual, SlicesArrays):
+            self.leaves.append(compare_slices(self, expected, actual, path))  # by its dense value
+        elif e_map and a_map:
             self.walk_mapping(expected, actual, path)
         elif e_seq and a_seq:
             self.walk_sequence(expected, actual, path)

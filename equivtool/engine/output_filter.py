@@ -18,6 +18,8 @@ from __future__ import annotations
 import fnmatch
 from typing import Any, Mapping, Sequence
 
+from equivtool._base.slices import SlicesArrays
+
 _DROPPED = object()
 
 
@@ -54,7 +56,17 @@ def _select(value: Any, name: str, patterns: Sequence[str]) -> Any:
             if selected is not _DROPPED:
                 chosen[key] = selected
         return chosen if chosen or not value else _DROPPED
-    return value if kept(name, patterns) else _DROPPED
+    names = _names(value, name)
+    includes = [p for p in patterns if not p.startswith("!")]
+    excludes = [p for p in patterns if p.startswith("!")]
+    chosen = any(kept(n, includes) for n in names) and all(kept(n, excludes) for n in names)
+    return value if chosen else _DROPPED
+
+
+def _names(value: Any, name: str) -> list:
+    """The names a leaf answers to: a tf.IndexedSlices its own and its compared leaf's
+    (``<name>/dense``, see equivtool.comparison._slices)."""
+    return [name, f"{name}/dense"] if isinstance(value, SlicesArrays) else [name]
 
 
 def select(expected: Any, actual: Any, label: str, patterns: Sequence[str]) -> tuple | None:
@@ -73,7 +85,7 @@ def leaf_names(value: Any, name: str) -> list:
     """The leaf names the patterns are matched against (as :func:`select` walks ``value``)."""
     if isinstance(value, Mapping):
         return [leaf for key, item in value.items() for leaf in leaf_names(item, f"{name}/{key}")]
-    return [name]
+    return _names(value, name)
 
 
 def unmatched_note(names: Sequence[str], patterns: Sequence[str]) -> str | None:

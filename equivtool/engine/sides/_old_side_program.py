@@ -155,8 +155,13 @@ def components(node):
     """[(key, tensor)] of a sparse or ragged tensor, in the order and under the names
     equivtool's in-process TF1 side compares them (equivtool._base.tree.composite_parts:
     indices, values, dense_shape; flat_values, row_splits_0 outermost first), or None
-    for anything else: such an output crosses as its components, a dict of them."""
+    for anything else: such an output crosses as its components, a dict of them. An
+    IndexedSlices crosses as values, indices and dense_shape (where known), which
+    equivtool holds as its SlicesArrays (equivtool._base.slices)."""
     name = type(node).__name__
+    if name == "IndexedSlices" and hasattr(node, "indices") and hasattr(node, "values"):
+        shape = [("dense_shape", node.dense_shape)] if node.dense_shape is not None else []
+        return [("values", node.values), ("indices", node.indices)] + shape
     if name == "SparseTensor" and all(hasattr(node, f) for f in ("indices", "values", "dense_shape")):
         return [("indices", node.indices), ("values", node.values), ("dense_shape", node.dense_shape)]
     if name == "RaggedTensor" and hasattr(node, "nested_row_splits"):
@@ -192,14 +197,29 @@ def describe(node):
         return {"tuple": [describe(value) for value in node]}
     parts = components(node)
     if parts is not None:
-        return {"dict": [[key, "leaf"] for key, _ in parts]}
-    return "leaf"  # an IndexedSlices too: run() scatters it into a dense array
+        kind = "slices" if type(node).__name__ == "IndexedSlices" else "dict"
+        return {kind: [[key, "leaf"] for key, _ in parts]}
+    return "leaf"
+
+
+def assemble(node, tensors):
+    """A composite like node (see components()) made of tensors, its components in order."""
+    name = type(node).__name__
+    if name == "IndexedSlices":
+        return tf.IndexedSlices(tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None)
+    if name == "SparseTensor":
+        return tf.SparseTensor(tensors[0], tensors[1], tensors[2])
+    return tf.RaggedTensor.from_nested_row_splits(tensors[0], tensors[1:], validate=False)
 
 
 def pack(structure, leaves):
+    """The inverse of flatten() (a composite rebuilt from its components)."""
     iterator = iter(leaves)
 
     def build(node):
+        parts = components(node)
+        if parts is not None:
+            return assemble(node, [next(iterator) for _ in parts])
         if isinstance(node, dict):
             return dict((key, build(value)) for key, value in node.items())
         if isinstance(node, (list, tuple)):

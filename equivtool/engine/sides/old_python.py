@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from equivtool._base import scratch
+from equivtool._base.slices import slices_arrays
 from equivtool._base.tree import flatten_tensors
 from equivtool.engine import noise_floor
 from equivtool.engine.outputs import split_outputs
@@ -92,12 +93,16 @@ def _describe(node):
     return "leaf"
 
 
-def _rebuild(description, leaves: list):
+def _rebuild(description, leaves: list, slices=slices_arrays):
+    """The structure the program described (``{"slices": ...}``: a tf.IndexedSlices's
+    components, made one leaf by ``slices(mapping of them)``) holding ``leaves``."""
     iterator = iter(leaves)
 
     def build(node):
         if node == "leaf":
             return next(iterator)
+        if "slices" in node:
+            return slices({key: build(value) for key, value in node["slices"]})
         if "dict" in node:
             return {key: build(value) for key, value in node["dict"]}
         if "list" in node:
@@ -539,6 +544,7 @@ class OldTF1Half(_Half):
         self.inference = self.side.forward(training=False)
         self.train_side = OldTF1Side(e, "constant", tool=f"pair{id(self)}")
         self.training = self.train_side.forward(training=True, with_gradients=o.want_gradients)
+        self.with_loss = o.want_gradients  # the loss is fetched even where it reaches no variable
         self._results: dict = {}
         self.build_seconds = time.perf_counter() - started
 
@@ -556,7 +562,7 @@ class OldTF1Half(_Half):
         return self._fetch("inference", self.inference, self.side, ("outputs", "regularization"))
 
     def _training_pass(self) -> dict:
-        fetch = ("outputs", "regularization") + (("loss", "gradients") if self.training.gradients else ())
+        fetch = ("outputs", "regularization") + (("loss", "gradients") if self.with_loss else ())
         return self._fetch("training", self.training, self.train_side, fetch)
 
     def inference_now(self) -> tuple:
@@ -579,8 +585,11 @@ def _leaf_flags(forward: OldForward, outputs) -> list:
     if not forward.loops:
         return []
     flat = forward.leaf_flags
-    indexed = _rebuild(forward.outputs, list(range(len(flat) - 1)))
-    parts = [[flat[i] for i in flatten_tensors(part)] for _, part, _ in split_outputs(indexed, indexed)]
+    # each leaf as the set of the program's leaves it holds (a tf.IndexedSlices: its components)
+    indexed = _rebuild(forward.outputs, [frozenset([i]) for i in range(len(flat) - 1)],
+                       slices=lambda parts: frozenset().union(*parts.values()))
+    parts = [[any(flat[i] for i in leaf) for leaf in flatten_tensors(part)]
+             for _, part, _ in split_outputs(indexed, indexed)]
     return parts + [[flat[-1]]]
 
 

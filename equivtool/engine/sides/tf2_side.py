@@ -152,7 +152,7 @@ class TF2Side(Side):
                         self.repeated_rows[key] = _sparse_squares.repeated_rows(g.indices)
             self.sparse_gradients = tuple(sparse)
             loss = float(loss.numpy())
-        return to_numpy(outputs), float(regularization.numpy()), loss, gradients_by_key
+        return to_numpy(outputs, keep_slices=True), float(regularization.numpy()), loss, gradients_by_key
 
     def train_step(self, inputs, optimizer, training: bool = True) -> float:
         """One optimizer step; with ``tf.function``, a new trace (so random ops start over)."""
