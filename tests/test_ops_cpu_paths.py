@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from equivtool.ops import xent
 from equivtool.ops._cpu_path import cpu_path, path_state
 from equivtool.ops._load import load_library
+from tests.test_ops_fused import _bits, _differing, _fused_session
 
 pytestmark = pytest.mark.skipif(not path_state().supported,
                                 reason="this CPU lacks AVX-512F/BW/VL or F16C: only the "
@@ -36,18 +37,6 @@ NEVER = 1 << 62  # a stream_min_bytes no backprop reaches
 PATHS = {"portable": dict(avx512=False), "f16c": dict(avx512=True, stream_min_bytes=NEVER),
          "stream": dict(avx512=True, stream_min_bytes=0)}
 POISON = 0xFFFFFFFF
-
-
-def _bits(a):
-    a = np.asarray(a)
-    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
-
-
-def _differing(a, b):
-    """Number of elements whose bits differ; a and b must be non-empty, of one shape."""
-    a, b = _bits(a), _bits(b)
-    assert a.size > 0 and a.shape == b.shape, (a.shape, b.shape)
-    return int(np.count_nonzero(a != b))
 
 
 def _step(x, y, g, path):
@@ -187,31 +176,17 @@ def test_a_backprop_streams_from_the_size_set_on():
     assert path_state().stream_min_bytes >= 8 * (1 << 20)
 
 
-def _session_step(x, y, g, threads):
-    graph = tf.Graph()
-    with graph.as_default():
-        lib = load_library()
-        loss, backprop = lib.equivtool_sparse_xent_fused(logits=x, labels=y,
-                                                         Tacc=xent._acc_dtype(tf.as_dtype(x.dtype)))
-        grad = lib.equivtool_sparse_xent_scale(backprop=backprop, grad_loss=g, logits=x, labels=y)
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                      inter_op_parallelism_threads=1,
-                                      use_per_session_threads=True)
-    with tf.compat.v1.Session(graph=graph, config=config) as sess:
-        return sess.run([loss, grad])
-
-
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16], ids=lambda d: d.name)
 def test_streamed_rows_are_bitwise_equal_across_threads_and_batch_splits(dtype):
     x, y, g = (t.numpy() for t in _case(dtype, (512, 1003), seed=5))
     with cpu_path(avx512=False, poison=True):
-        ref_loss, ref_grad = _session_step(x, y, g, 1)
+        ref_loss, ref_grad = _fused_session(x, y, g, 1)
     with cpu_path(avx512=True, stream_min_bytes=0, poison=True):
         before = path_state().streamed_rows
         for threads in (1, 2, 4):
-            loss, grad = _session_step(x, y, g, threads)
+            loss, grad = _fused_session(x, y, g, threads)
             assert _differing(loss, ref_loss) == 0 and _differing(grad, ref_grad) == 0
-        parts = [_session_step(x[a:b], y[a:b], g[a:b], 2) for a, b in ((0, 1), (1, 200), (200, 512))]
+        parts = [_fused_session(x[a:b], y[a:b], g[a:b], 2) for a, b in ((0, 1), (1, 200), (200, 512))]
         streamed = path_state().streamed_rows - before
     assert _differing(np.concatenate([p[0] for p in parts]), ref_loss) == 0
     assert _differing(np.concatenate([p[1] for p in parts]), ref_grad) == 0
