@@ -456,8 +456,8 @@ template <> struct AccOf<double> { typedef double type; };
 // ---------------------------------------------------------------------------
 // The training step's AVX-512 rows, picked at run time. On a CPU with
 // AVX-512F/BW/VL and F16C (and unless turned off, see CpuPath), the fused
-// forward and the scale op of 16-bit-free float rows stay on the portable row
-// functions above, except for two things the portable code cannot spell:
+// forward and the scale op run the same row templates as the portable
+// functions above, with two things the portable code cannot spell:
 //   - float16 logits are converted by the hardware (half_f16c) instead of by
 //     integer arithmetic, both ways;
 //   - when the fused forward's backprop is far larger than L2 (CpuPath's
