@@ -420,6 +420,11 @@ template <> struct VecIO<half_f16c> {
 XENT_FN void stream_store(float* p, vfloat v) {
   asm volatile("vmovntps %1, (%0)" : : "r"(p), "v"(v) : "memory");
 }
+// 16 16-bit values to a 32-byte aligned p, likewise.
+template <typename S> XENT_FN void stream_store(S* p, vu16 v) {
+  static_assert(sizeof(S) == 2, "16-bit storage only");
+  asm volatile("vmovntdq %1, (%0)" : : "r"(p), "v"(v) : "memory");
+}
 XENT_FN void store_fence() { asm volatile("sfence" : : : "memory"); }
 #endif  // __x86_64__
 
@@ -762,16 +767,34 @@ XENT_FN LseState<typename Storage<S>::acc> sparse_fused_row(const S* x, int64_t 
   return s;
 }
 
-// dx[j] = g * bp[j], stored in S: the gradient of the fused path.
-template <typename S>
+// dx[j] = g * bp[j], stored in S: the gradient of the fused path. With
+// kStream (host AVX-512 only, 16-bit S: dx is then a fresh buffer, not bp),
+// the 64-byte lines wholly inside the row are written by streaming stores,
+// two vectors of kLanes elements each; the caller fences.
+template <typename S, bool kStream = false>
 XENT_FN void scale_row(const typename Storage<S>::acc* bp, int64_t C,
                        typename Storage<S>::acc g, S* dx) {
   int64_t j = 0;
 #if XENT_HOST_VECTORS
   if constexpr (sizeof(typename Storage<S>::acc) == sizeof(float)) {
+#if XENT_HOST_AVX512
+    if constexpr (kStream) {
+      static_assert(sizeof(S) == 2, "the scale op streams 16-bit rows only");
+      const int64_t head = (-reinterpret_cast<uintptr_t>(dx) & 63) / sizeof(S);
+      for (; j < head && j < C; ++j) dx[j] = Storage<S>::store(g * bp[j]);
+      for (; j + 2 * kLanes <= C; j += 2 * kLanes)
+        for (int half = 0; half < 2; ++half) {
+          S packed[kLanes];
+          VecIO<S>::store(packed, g * VecIO<float>::load(bp + j + half * kLanes));
+          vu16 bits; memcpy(&bits, packed, sizeof bits);
+          stream_store(dx + j + half * kLanes, bits);
+        }
+    }
+#endif
     for (; j + kLanes <= C; j += kLanes) VecIO<S>::store(dx + j, g * VecIO<float>::load(bp + j));
   }
 #endif
+  static_assert(!kStream || XENT_HOST_AVX512, "streaming stores need the host's AVX-512");
   for (; j < C; ++j) dx[j] = Storage<S>::store(g * bp[j]);
 }
 

@@ -30,7 +30,9 @@ class CpuPathState:
     """The library's CPU path: ``avx512`` whether the AVX-512 rows are in
     use, ``supported`` whether this CPU has them, ``stream_min_bytes`` the
     backprop size from which the fused forward streams, and the rows each
-    variant has written in this process (``streamed_rows``, ``f16c_rows``)."""
+    variant has written in this process (``streamed_rows``: rows written
+    with streaming stores, by the fused forward and by the scale op of 16-bit
+    logits; ``f16c_rows``: float16 rows of either op)."""
     avx512: bool
     stream_min_bytes: int
     supported: bool
