@@ -29,8 +29,11 @@ loss-only evaluation at [1024, 32000] is measured in fresh subprocesses
     .venv/bin/python benchmarks/bench_xent.py --write    # and update RESULTS.md
 
 The summary names the CPU (model and whether it has AVX-512F and AMX) and
+which row functions the op's training step runs on it (``ops._cpu_path``), and
 prints, side by side from the same run, the step / exp ratio of every shape on
-one thread and the step's scaling from one to two threads.
+one thread (also in CPU time, the process's user + system time per call, which
+other processes' load inflates far less than wall time) and the step's scaling
+from one to two threads.
 
 Targets: issue 5 (train step >= 3x faster than TF's op, loss only >= 5x,
 loss-only peak memory at least one B x C buffer below TF's); issues 29 and 38
@@ -47,6 +50,7 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -62,18 +66,30 @@ MEMORY_SHAPE = (1024, 32000)
 TIMINGS = ("tf_fwd", "ours_fwd", "tf_step", "ours_step", "copy", "exp")
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process, all its threads (user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _interleaved_medians(fns: dict, repeats: int, inner: int = 3) -> dict:
-    """Median ms of each function, the repeats interleaved across functions."""
+    """Median ms of each function, the repeats interleaved across functions;
+    and as ``cpu_<name>`` the median CPU ms of the process (every thread) per
+    call, which other processes' load does not inflate as it does wall time."""
     for fn in fns.values():
         fn()  # trace and warm up
     times = {name: [] for name in fns}
+    cpu = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), _cpu_seconds()
             for _ in range(inner):
                 fn()
             times[name].append((time.perf_counter() - start) / inner)
-    return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+            cpu[name].append((_cpu_seconds() - start_cpu) / inner)
+    medians = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+    medians.update({f"cpu_{name}": 1e3 * float(np.median(t)) for name, t in cpu.items()})
+    return medians
 
 
 def _time_shape(tf, ops, shape, dtype_name, repeats):
@@ -177,6 +193,16 @@ def _peak_growth_bytes(who: str) -> int:
     return int(out.strip().splitlines()[-1])
 
 
+def _cpu_path_text() -> str:
+    """Which CPU rows the op's training step runs here (AVX-512 or portable)."""
+    from equivtool.ops._cpu_path import path_state
+
+    try:
+        return str(path_state())
+    except AttributeError:  # a library built before the switch existed
+        return "portable rows (a library without the CPU path switch)"
+
+
 def _machine() -> dict:
     import tensorflow as tf
 
@@ -197,7 +223,7 @@ def _machine() -> dict:
         "amx": sorted(f for f in flags if f.startswith("amx")),
         "cores": os.cpu_count(), "load": os.getloadavg(),
         "python": platform.python_version(), "tensorflow": tf.__version__,
-        "numpy": np.__version__, "op": ops.op_status(),
+        "numpy": np.__version__, "op": ops.op_status(), "cpu_path": _cpu_path_text(),
         "gpu": bool(tf.config.list_physical_devices("GPU")),
     }
 
@@ -234,6 +260,8 @@ def floor_summary(rows) -> list:
         ratio = _ratio(r["ours_step"], r["exp"])
         text = (f"{r['shape']} {r['dtype']} step/exp {ratio:.2f}x "
                 f"({'met' if ratio <= target else 'missed'} <= {target:g}x)")
+        if "cpu_ours_step" in r and "cpu_exp" in r:
+            text += f" (CPU time {_ratio(r['cpu_ours_step'], r['cpu_exp']):.2f}x)"
         two = by_key.get((r["shape"], r["dtype"], 2))
         if two is not None:
             scale = _ratio(r["ours_step"], two["ours_step"])
@@ -252,7 +280,8 @@ def render(rows, memory, machine, load_after) -> str:
         f"start, {_load_text(load_after)} at the end), {'with' if machine['gpu'] else 'no'} GPU; "
         f"Python {machine['python']}, TensorFlow {machine['tensorflow']}, NumPy {machine['numpy']}; "
         f"op library built for TF {machine['op']['built_for_tf']} "
-        f"(CUDA kernels compiled in: {'yes' if machine['op']['cuda'] else 'no'}). CPU timings, "
+        f"(CUDA kernels compiled in: {'yes' if machine['op']['cuda'] else 'no'}; CPU training "
+        f"step: {machine.get('cpu_path', 'unknown')}). CPU timings, "
         "median ms of a `tf.function`, each row's timings interleaved in one process whose "
         "TensorFlow runs `threads` intra-op threads (references included). `step`: mean loss "
         "and its gradient w.r.t. the logits, the B x C gradient materialised (ours: the fused "

@@ -376,7 +376,62 @@ template <> struct VecIO<bf16_bits> {
   }
 };
 
+// AVX-512F instructions the portable code has no spelling for: F16C's
+// 512-bit half <-> float conversions and the non-temporal (streaming) store.
+// Written as inline assembly, not intrinsics, so that the shared row
+// templates can be instantiated with them (S = half_f16c, kStream = true)
+// inside functions compiled for AVX-512F (xent_ops.cc's *Avx512 row
+// functions, picked at run time when the CPU has it); intrinsics would have to
+// be inlined into every template on the way, each needing the target too.
+// Never instantiate them elsewhere: the assembler needs zmm registers.
+#if defined(__x86_64__)
+#define XENT_HOST_AVX512 1
+// Half logits converted by the hardware. The bits are half_bits' (the
+// conversions are exact; vcvtps2ph rounds to nearest even and, unlike the
+// float arithmetic, neither it nor vcvtph2ps flushes half subnormals), with
+// one difference kept out of every result: vcvtph2ps quiets a signalling
+// NaN, which the arithmetic after every load does anyway.
+struct half_f16c { uint16_t bits; };
+template <> struct Storage<half_f16c> {
+  typedef float acc;
+  static XENT_FN float load(half_f16c v) { return half_to_float(v.bits); }
+  static XENT_FN half_f16c store(float v) { half_f16c h; h.bits = float_to_half(v); return h; }
+};
+template <> struct VecIO<half_f16c> {
+  static XENT_FN vfloat load(const half_f16c* x) {
+    vu16 h; memcpy(&h, x, sizeof h);
+    vfloat f;
+    asm("vcvtph2ps %1, %0" : "=v"(f) : "v"(h));
+    return f;
+  }
+  static XENT_FN void store(half_f16c* p, vfloat v) {
+    // float_to_half_g turns every NaN into the quiet NaN 0x7E00 with its sign;
+    // vcvtps2ph would keep the payload's top bits, so NaN lanes become the
+    // float NaN whose conversion is exactly that
+    const vfloat nan = bit_cast<vfloat>((bit_cast<vuint>(v) & 0x80000000u) | 0x7FC00000u);
+    const vfloat w = v != v ? nan : v;
+    vu16 h;
+    asm("vcvtps2ph $8, %1, %0" : "=v"(h) : "v"(w));  // 8: nearest even, no exceptions
+    memcpy(p, &h, sizeof h);
+  }
+};
+// 16 floats to a 64-byte aligned p, bypassing the caches (no
+// read-for-ownership of the line); weakly ordered: store_fence() after them.
+XENT_FN void stream_store(float* p, vfloat v) {
+  asm volatile("vmovntps %1, (%0)" : : "r"(p), "v"(v) : "memory");
+}
+// 16 16-bit values to a 32-byte aligned p, likewise.
+template <typename S> XENT_FN void stream_store(S* p, vu16 v) {
+  static_assert(sizeof(S) == 2, "16-bit storage only");
+  asm volatile("vmovntdq %1, (%0)" : : "r"(p), "v"(v) : "memory");
+}
+XENT_FN void store_fence() { asm volatile("sfence" : : : "memory"); }
+#endif  // __x86_64__
+
 #endif  // XENT_HOST_VECTORS
+#ifndef XENT_HOST_AVX512
+#define XENT_HOST_AVX512 0
+#endif
 
 // Dense rows: kLanes online states (element j to lane j % kLanes); blocks of
 // kLanes * kUnroll elements take the block maximum per lane first, so each
@@ -639,49 +694,107 @@ XENT_FN LseState<typename Storage<S>::acc> row_lse_two_pass(const S* x, int64_t 
   return s;
 }
 
-// The fused forward of one sparse row: returns the row's state and writes
-// bp[j] = p_j - [j == label] in acc, p_j = exp(x_j - shift) * scale with the
-// scale sparse_grad_row derives from the same log_norm, so g * bp[j] is
-// bit for bit what sparse_grad_row writes for upstream gradient g. 16-bit
-// logits are converted once, into bp, which the exponential pass then
-// rewrites in place: the same values as converting in each pass.
+// The first two passes of the fused forward of one sparse row: returns the
+// row's state and writes e[j] = exp(x_j - shift) in acc. 16-bit logits are
+// converted once, into e, which the exponential pass then rewrites in place:
+// the same values as converting in each pass.
 template <typename S>
-XENT_FN LseState<typename Storage<S>::acc> sparse_fused_row(const S* x, int64_t C,
-                                                             int64_t label,
-                                                             typename Storage<S>::acc* bp,
-                                                             const RowPrefetch& pf = RowPrefetch()) {
+XENT_FN LseState<typename Storage<S>::acc> sparse_fused_exps(const S* x, int64_t C,
+                                                              typename Storage<S>::acc* e,
+                                                              const RowPrefetch& pf) {
   typedef typename Storage<S>::acc A;
   LseState<A> s;
   if constexpr (sizeof(S) < sizeof(A)) {
-    s.m = row_max<S, true>(x, C, bp);
-    s.d = row_exp_sum<A, true>(bp, C, s.m, bp, pf);
+    s.m = row_max<S, true>(x, C, e);
+    s.d = row_exp_sum<A, true>(e, C, s.m, e, pf);
   } else {
     s.m = row_max<S>(x, C);
-    s.d = row_exp_sum<S, true>(x, C, s.m, bp, pf);
+    s.d = row_exp_sum<S, true>(x, C, s.m, e, pf);
   }
-  const A scale = norm_scale(finish(s).log_norm);
-  int64_t j = 0;
-#if XENT_HOST_VECTORS
-  if constexpr (sizeof(A) == sizeof(float)) {
-    for (; j + kLanes <= C; j += kLanes)
-      VecIO<float>::store(bp + j, VecIO<float>::load(bp + j) * scale);
-  }
-#endif
-  for (; j < C; ++j) bp[j] = bp[j] * scale;
-  bp[label] = bp[label] - A(1);
   return s;
 }
 
-// dx[j] = g * bp[j], stored in S: the gradient of the fused path.
-template <typename S>
+// The last pass: bp[j] = e[j] * scale - [j == label] (e may be bp). With
+// kStream (host AVX-512 only; e is then a scratch row in cache, not bp), the
+// 64-byte lines wholly inside the row are written by streaming stores, the
+// partial lines at its ends by ordinary ones; the caller fences. Same
+// arithmetic, same bits, either way.
+template <bool kStream, typename A>
+XENT_FN void fused_backprop_row(const A* e, int64_t C, A scale, int64_t label, A* bp) {
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(A) == sizeof(float)) {
+#if XENT_HOST_AVX512
+    if constexpr (kStream) {
+      const int64_t head = (-reinterpret_cast<uintptr_t>(bp) & 63) / sizeof(A);
+      for (; j < head && j < C; ++j) bp[j] = e[j] * scale;
+      for (; j + kLanes <= C; j += kLanes) {
+        vfloat v = VecIO<float>::load(e + j) * scale;
+        if (label >= j && label < j + kLanes) v[label - j] = v[label - j] - A(1);
+        stream_store(bp + j, v);
+      }
+      const bool streamed = label >= head && label < j;
+      for (; j < C; ++j) bp[j] = e[j] * scale;
+      if (!streamed) bp[label] = bp[label] - A(1);
+      return;
+    }
+#endif
+    for (; j + kLanes <= C; j += kLanes)
+      VecIO<float>::store(bp + j, VecIO<float>::load(e + j) * scale);
+  }
+#endif
+  static_assert(!kStream || XENT_HOST_AVX512, "streaming stores need the host's AVX-512");
+  for (; j < C; ++j) bp[j] = e[j] * scale;
+  bp[label] = bp[label] - A(1);
+}
+
+// The fused forward of one sparse row: returns the row's state and writes
+// bp[j] = p_j - [j == label] in acc, p_j = exp(x_j - shift) * scale with the
+// scale sparse_grad_row derives from the same log_norm, so g * bp[j] is
+// bit for bit what sparse_grad_row writes for upstream gradient g. With a
+// scratch row (kStream), the exponentials go there and bp is written once, by
+// streaming stores.
+template <typename S, bool kStream = false>
+XENT_FN LseState<typename Storage<S>::acc> sparse_fused_row(const S* x, int64_t C,
+                                                             int64_t label,
+                                                             typename Storage<S>::acc* bp,
+                                                             const RowPrefetch& pf = RowPrefetch(),
+                                                             typename Storage<S>::acc* scratch = nullptr) {
+  typedef typename Storage<S>::acc A;
+  A* e = kStream ? scratch : bp;
+  const LseState<A> s = sparse_fused_exps<S>(x, C, e, pf);
+  fused_backprop_row<kStream>(e, C, norm_scale(finish(s).log_norm), label, bp);
+  return s;
+}
+
+// dx[j] = g * bp[j], stored in S: the gradient of the fused path. With
+// kStream (host AVX-512 only, 16-bit S: dx is then a fresh buffer, not bp),
+// the 64-byte lines wholly inside the row are written by streaming stores,
+// two vectors of kLanes elements each; the caller fences.
+template <typename S, bool kStream = false>
 XENT_FN void scale_row(const typename Storage<S>::acc* bp, int64_t C,
                        typename Storage<S>::acc g, S* dx) {
   int64_t j = 0;
 #if XENT_HOST_VECTORS
   if constexpr (sizeof(typename Storage<S>::acc) == sizeof(float)) {
+#if XENT_HOST_AVX512
+    if constexpr (kStream) {
+      static_assert(sizeof(S) == 2, "the scale op streams 16-bit rows only");
+      const int64_t head = (-reinterpret_cast<uintptr_t>(dx) & 63) / sizeof(S);
+      for (; j < head && j < C; ++j) dx[j] = Storage<S>::store(g * bp[j]);
+      for (; j + 2 * kLanes <= C; j += 2 * kLanes)
+        for (int half = 0; half < 2; ++half) {
+          S packed[kLanes];
+          VecIO<S>::store(packed, g * VecIO<float>::load(bp + j + half * kLanes));
+          vu16 bits; memcpy(&bits, packed, sizeof bits);
+          stream_store(dx + j + half * kLanes, bits);
+        }
+    }
+#endif
     for (; j + kLanes <= C; j += kLanes) VecIO<S>::store(dx + j, g * VecIO<float>::load(bp + j));
   }
 #endif
+  static_assert(!kStream || XENT_HOST_AVX512, "streaming stores need the host's AVX-512");
   for (; j < C; ++j) dx[j] = Storage<S>::store(g * bp[j]);
 }
 

@@ -37,3 +37,19 @@ def test_cpu_text_names_the_model_and_its_vector_extensions():
         "Intel(R) Xeon(R) Processor (avx512f: yes; amx: amx_bf16, amx_int8, amx_tile)")
     assert bench_xent._cpu_text({"cpu": "AMD EPYC", "avx512f": False, "amx": []}) == (
         "AMD EPYC (avx512f: no; amx: no AMX)")
+
+
+def test_floor_summary_adds_the_cpu_time_ratio_when_measured():
+    row = dict(_row(1, "float32", 14.0, 10.0), cpu_ours_step=9.0, cpu_exp=6.0)
+    (text,) = bench_xent.floor_summary([row])
+    assert "step/exp 1.40x (met <= 1.5x) (CPU time 1.50x)" in text
+    # rows without CPU times (an older run's JSON) say nothing about it
+    (text,) = bench_xent.floor_summary([_row(1, "float32", 14.0, 10.0)])
+    assert "CPU time" not in text
+
+
+def test_interleaved_medians_time_wall_and_cpu():
+    calls = []
+    medians = bench_xent._interleaved_medians({"a": lambda: calls.append(1)}, repeats=3, inner=2)
+    assert set(medians) == {"a", "cpu_a"} and len(calls) == 1 + 3 * 2
+    assert medians["a"] >= 0 and medians["cpu_a"] >= 0
