@@ -37,7 +37,19 @@ def gpu_missing_reason() -> str | None:
     return None
 
 
+# The files that take minutes on 2 cores (model-size tests), longest first: collected
+# ahead of the rest, so that pytest-xdist (``--dist loadfile``, a file to a worker)
+# starts them early and the short files fill in around them, instead of the run
+# ending with one worker still in a long file (collection order is alphabetical
+# otherwise). Order within a file is kept.
+LONG_FILES = ("test_slim_suite.py", "test_localize.py", "test_zoo.py", "test_exported_inception.py",
+              "test_inception_resnet_v2.py", "test_notebooks.py", "test_docs.py", "test_ops_packaging.py",
+              "test_ops_build.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return  # TensorFlow is not even imported for runs without GPU tests

@@ -276,3 +276,10 @@ def test_the_test_index_lists_every_module_with_test_files_that_exist():
         assert files, f"{module}: no test file named"
         missing = [f for f in files if not (ROOT / "tests" / f).is_file() or not f.startswith("test_")]
         assert not missing, f"{module}: {missing} are not test files in tests/"
+
+
+def test_the_long_files_collected_first_exist():
+    """conftest.LONG_FILES orders the suite for pytest-xdist; a renamed file would drop out silently."""
+    from conftest import LONG_FILES
+    missing = [name for name in LONG_FILES if not (ROOT / "tests" / name).is_file()]
+    assert LONG_FILES and missing == [], missing
