@@ -180,13 +180,14 @@ class Engine:
 
     def release_pair(self) -> None:
         """Close the shared sessions and drop the shared graphs and layer (layers and
-        graphs hold reference cycles, hence the collection)."""
+        graphs hold reference cycles, hence the collection, once the process has grown
+        enough to be worth one: see :class:`~equivtool._base.memory.StepMemory`)."""
         tf1 = self._halves.get("tf1")
         if not isinstance(tf1, (str, type(None), TF2Half)):  # a TF1Half, or the old interpreter's
             tf1.close()
         if self._halves:
             self._halves.clear()
-            self.give_back_memory()  # cycles collected, and the heap pages handed back to the system
+            self.give_back_memory()  # cycles collected and heap pages handed back, if grown by STEP_GROWTH
 
     def workdir(self) -> str:
         """A temporary folder for files a step writes (a TF1 checkpoint), removed by :meth:`close`."""
