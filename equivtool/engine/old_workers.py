@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from equivtool.engine import registry as _steps
-from equivtool.engine.run import judge, run_side
+from equivtool.engine.run import after_wanted, judge, run_after, run_side
 from equivtool.engine.sides.old_python import OldProgram, own_models_lane
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,11 +52,16 @@ def run_parallel(engine: "Engine", workers: int) -> list:
     pool = ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter")
     own = _own_models_pool(order, workers)
     last_shared = [step for step in order if step.shared][-1:]
+    # A step whose TF1 side has a second half (SplitStep.tf1_after) that needs the TF2
+    # capture: its TF1 thread waits for it there, before the next step's TF1 side.
+    waits = {step.name: Future() for step in order if after_wanted(engine, step)}
 
     def tf1_side(step):
         if not step.shared and own is None:
             _release(engine, "tf1")
         found = run_side(engine, step, "tf1")
+        if step.name in waits:
+            found = run_after(engine, step, found, waits[step.name].result())
         if own is not None and [step] == last_shared:
             _release(engine, "tf1")  # the pair's last step there: its graphs closed
         return found
@@ -66,8 +71,11 @@ def run_parallel(engine: "Engine", workers: int) -> list:
             start = time.perf_counter()
             if not step.shared:
                 _release(engine, "tf2")
-            _finish(engine, step, tf1_future, start, names)
+            _finish(engine, step, tf1_future, start, names, waits)
     finally:
+        for wait in waits.values():  # (the TF1 thread never waits on a step that will not come)
+            if not wait.done():
+                wait.set_result(None)
         # Not waiting: on Ctrl-C or SIGTERM the engine's close stops the TF1
         # interpreter next, which ends a request the thread still waits on;
         # the TF1 sides not started yet never start.
@@ -90,15 +98,21 @@ def _own_models_pool(order: list, workers: int) -> ThreadPoolExecutor | None:
     return ThreadPoolExecutor(1, thread_name_prefix="equivtool-tf1-interpreter-own", initializer=own_models_lane)
 
 
-def _finish(engine: "Engine", step, tf1_future, start: float, names: list) -> None:
+def _finish(engine: "Engine", step, tf1_future, start: float, names: list, waits: dict | None = None) -> None:
     """``step``'s TF2 side here (after the TF1 capture when it needs it), then its
-    judgement, recorded with the seconds since ``start``."""
+    judgement, recorded with the seconds since ``start``. ``waits``: the steps whose TF1
+    thread waits for the TF2 outcome to run the TF1 side's second half there (None:
+    step by step, where it runs here once both sides are in)."""
     if step.runner().tf2_needs_tf1:
         tf1 = tf1_future.result()
         tf2 = run_side(engine, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
     else:
         tf2 = run_side(engine, step, "tf2")
+        if waits is not None and step.name in waits:
+            waits[step.name].set_result(tf2)
         tf1 = tf1_future.result()
+        if waits is None:
+            tf1 = run_after(engine, step, tf1, tf2)
     names.append(step.name)
     result = judge(engine, step, tf1, tf2 if tf1[0] == "ok" else None, 0.0)
     engine.record(dataclasses.replace(result, seconds=time.perf_counter() - start))

@@ -71,6 +71,24 @@ def run_side(engine: "Engine", step: Step, side: str, tf1_capture=None) -> tuple
     return attempt(lambda: split.tf2(engine, tf1_capture if split.tf2_needs_tf1 else None, **params))
 
 
+def after_wanted(engine: "Engine", step: Step) -> bool:
+    """Whether ``step``'s TF1 side has a second half to run for ``engine`` (a runner without
+    ``SplitStep.tf1_after`` has none)."""
+    wanted = getattr(step.runner(), "after_wanted", None)
+    return wanted is not None and wanted(engine)
+
+
+def run_after(engine: "Engine", step: Step, tf1: tuple, tf2: tuple | None) -> tuple:
+    """The TF1 outcome after its second half (``SplitStep.tf1_after``, which needs the TF2
+    capture), where the step has one for this engine and both sides ran: its capture
+    extended, its seconds added. A second half that fails ends the step as a side that
+    fails does."""
+    if tf1[0] != "ok" or tf2 is None or tf2[0] != "ok" or not after_wanted(engine, step):
+        return tf1
+    found = attempt(lambda: step.runner().tf1_after(engine, tf1[1], tf2[1]))
+    return (found[0], *found[1:-1], tf1[-1] + found[-1])
+
+
 def judge(engine: "Engine", step: Step, tf1: tuple, tf2: tuple | None, seconds: float) -> StepResult:
     """The step's result from its sides' outcomes (the TF1 side's first, as it ran
     first); ``seconds`` is the time the sides took, the judgement's is added."""
@@ -225,6 +243,7 @@ class Engine:
         start = time.perf_counter()
         tf1 = run_side(self, step, "tf1")
         tf2 = run_side(self, step, "tf2", tf1[1]) if tf1[0] == "ok" else None
+        tf1 = run_after(self, step, tf1, tf2)
         result = judge(self, step, tf1, tf2, 0.0)
         self.record(dataclasses.replace(result, seconds=time.perf_counter() - start))
 

@@ -45,6 +45,19 @@ class SplitStep:
     judge: Callable[..., StepResult]
     tf2_needs_tf1: bool = False
     notes_on_error: Callable[..., tuple] | None = None
+    #: ``tf1_after(e, tf1, tf2) -> tf1``: the TF1 side's second half, which needs the TF2
+    #: capture: run on the TF1 side's lane after the TF2 side, before the next step's TF1
+    #: side and the judgement, where ``wants_after(e)`` (:func:`equivtool.engine.run.run_after`).
+    tf1_after: Callable[..., dict] | None = None
+    wants_after: Callable[..., bool] | None = None
+
+    def __post_init__(self):
+        if self.tf1_after is not None and self.tf2_needs_tf1:
+            raise ValueError("tf1_after: a step whose TF2 side waits for the TF1 capture cannot have one")
+
+    def after_wanted(self, e: "Engine") -> bool:
+        """Whether the TF1 side's second half runs for this engine."""
+        return self.tf1_after is not None and (self.wants_after is None or bool(self.wants_after(e)))
 
     def error_notes(self, e: "Engine") -> tuple:
         """The notes the step's result keeps when a side or the judgement raises
@@ -55,6 +68,8 @@ class SplitStep:
         """Both sides in this process, TF1 first (a side that raises ends the step)."""
         tf1 = self.tf1(e, **params)
         tf2 = self.tf2(e, tf1 if self.tf2_needs_tf1 else None, **params)
+        if self.after_wanted(e):
+            tf1 = self.tf1_after(e, tf1, tf2)
         return self.judge(e, tf1, tf2, **params)
 
 
