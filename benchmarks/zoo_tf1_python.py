@@ -90,9 +90,11 @@ def rows(name: str, old, here) -> list:
 
 def floors(step) -> dict:
     """``{leaf: (difference, floor)}`` of the step's kernel floor (the last step's value
-    where the step compares several); empty without one."""
+    where the step compares several; where the step passed on its routed kinks,
+    equivtool.engine.kinks, the routed values' floors); empty without one."""
     found = {}
-    for row in (step.data.get("kernel_floor") or {}).get("steps", []):
+    judged = (step.data.get("kink_floor") or {}).get("routed") if step.status == "passed" else None
+    for row in (judged or step.data.get("kernel_floor") or {}).get("steps", []):
         for leaf, (difference, floor) in row.items():
             found[leaf] = (math.nan if difference is None else difference, math.nan if floor is None else floor)
     return found

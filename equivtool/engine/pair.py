@@ -14,9 +14,10 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Callable
 
+from equivtool.engine import kinks as _kinks
 from equivtool.engine.align import tf1_aligned, tf2_aligned
 from equivtool.engine.sides.tf1_side import TF1Side
-from equivtool.engine.sides.tf2_side import TF2Side
+from equivtool.engine.sides.tf2_side import TF2Side, run_tapped
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.registry import SkipStep
 from equivtool.variables import assert_no_variable_creations
@@ -177,6 +178,8 @@ class TF2Half(_Half):
         self.distributed = o.strategy is not None
         self.localize, self._starts = o.localize, {}
         self.want_gradients = o.want_gradients
+        self.tap_kinks = _kinks.wanted(o)  # the training call's kink inputs kept (engine.kinks)
+        self.kinks = None
         self.tool = DeterministicRandomTestTool(seed=o.seed, mode="constant")
         self._aligned = lambda: tf2_aligned(o)
         with self.tool.scope(), self._aligned():  # (a strategy's first call creates the variables)
@@ -197,8 +200,14 @@ class TF2Half(_Half):
             with self.tool.scope():
                 guard = assert_no_variable_creations() if guarded else self._aligned()
                 with guard:
-                    self._results[key] = self.side.forward(self.inputs, training=training,
-                                                           with_gradients=with_gradients)
+                    if training and with_gradients and self.tap_kinks:
+                        tap = _kinks.KinkTap()
+                        self._results[key] = run_tapped(tap, self.side.forward, self.inputs, training=training,
+                                                        with_gradients=with_gradients)
+                        self.kinks = tap.capture()
+                    else:
+                        self._results[key] = self.side.forward(self.inputs, training=training,
+                                                               with_gradients=with_gradients)
             if not training:
                 self._remember_start(key, self.side)
         return self._results[key]

@@ -17,16 +17,26 @@
 # Requests ({"op": ..., ...}) and what they answer besides {"ok": true}:
 #   hello                      versions: python, tensorflow, machine, executable, contrib, cpu_build,
 #                              eager (whether v2 behaviour is on: refused)
-#   open handle fn path inputs structure seed mode tool graph_rewrites loss [kernel_floor]
+#   open handle fn path inputs structure seed mode tool graph_rewrites loss [kernel_floor] [kinks]
 #                              a new graph and session; fn (and loss, when given:
 #                              "module:function") imported; kernel_floor: every pass and
 #                              training built there has rounding injected at every op
 #                              (perturb_ops), and forward/train_build answer kernel_floor
-#                              (what was perturbed and skipped)
+#                              (what was perturbed and skipped); kinks: every pass with
+#                              gradients also builds them routed at its kinks (see route)
 #   forward handle training gradients
 #                              one more forward pass (the first creates the variables):
 #                              variables [{name, op, shape, dtype, trainable}], outputs
-#                              (the structure), loops, flags
+#                              (the structure), loops, flags, kinks [{name, type, shape,
+#                              dtype, attrs, unroutable}] (with kinks and gradients)
+#   route_train handle train steps file kinks
+#                              steps of the training with its kinks routed by file's values
+#                              (kinks: [step, kink index] per value), each in a new session:
+#                              file, names (loss/S, kink/S/I, variables/S/NAME)
+#   route handle pass file     the pass's gradients routed at its kinks by the values in
+#                              file (kink i's input as the other side computed it, "k<i>"),
+#                              beside the gradients as computed and each kink's input here,
+#                              in a new session (first draws): file, names
 #   run handle pass fetch      values of the pass's outputs/regularization/loss/gradients
 #                              in an .npz: file, names
 #   read handle                the variables' values: file, names, same, order (see
@@ -420,12 +430,14 @@ class Side(object):
         self.session = tf.Session(graph=self.graph, config=config)
         self.path = request.get("path") or []
         self.trainings = []
+        self.routed_trainings = []  # per training, with kinks: (kinks, the routed train op)
         self.optimizers = []  # per training: the optimizer instance (restore_training reads its slots)
         self.passes = []
         self.initialized = False
         self.variables = []
         self.draws_random = {}  # pass -> whether it draws random numbers (fetch)
         self.kernel_floor = bool(request.get("kernel_floor"))
+        self.kinks = bool(request.get("kinks"))
         self.known = Known()  # the values both ends hold (handle() gives every side the program's one)
 
     def forward(self, training, gradients, perturb=True):
@@ -440,22 +452,29 @@ class Side(object):
                     outputs = self.fn(self.structured, training)
                 regularization_list = tf.losses.get_regularization_losses()
                 regularization = tf.add_n(regularization_list) if regularization_list else tf.constant(0.0)
-                loss, grads = None, {}
+                loss, grads, kinks, routed = None, {}, [], {}
                 if gradients:
                     loss = self.loss(outputs, regularization)
                     trainable = self.graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
                     for variable, grad in zip(trainable, tf.gradients(loss, trainable)):
                         if grad is not None:
                             grads[variable.name] = grad
+                    if self.kinks:
+                        kinks = [(op, unroutable(op)) for op in kink_ops(self.graph.get_operations()[ops_before:], loss)]
+                        try:
+                            kinks, routed = routed_gradients(loss, [v for v in trainable if v.name in grads], kinks)
+                        except Exception as exc:  # (the step's own gradients stand; no kink is routed)
+                            why = "routing its gradient failed: %s: %s" % (type(exc).__name__, str(exc).split("\n")[0])
+                            kinks, routed = [(op, None, why) for op, _ in kinks], {}
                 updates = self.graph.get_collection(tf.GraphKeys.UPDATE_OPS)[updates_before:]
                 loops = loop_random_ops(self.graph.get_operations()[ops_before:])
-                return outputs, regularization, loss, grads, updates, loops
+                return outputs, regularization, loss, grads, updates, loops, kinks, routed
 
         before = self.tool.count
-        outputs, regularization, loss, grads, updates, loops = self.tool.run(build)
+        outputs, regularization, loss, grads, updates, loops, kinks, routed = self.tool.run(build)
         structure = describe(outputs)
         self.passes.append({"outputs": outputs, "regularization": regularization, "loss": loss,
-                            "gradients": grads, "updates": updates})
+                            "gradients": grads, "updates": updates, "kinks": kinks, "routed": routed})
         kernel = self.perturb_pass(ops_before, len(self.passes) - 1) if self.kernel_floor and perturb else None
         with self.graph.as_default():
             self.variables = list(tf.global_variables())
@@ -470,7 +489,8 @@ class Side(object):
                 "loops": loops, "leaf_flags": [depends_on(t, loops) for t in leaves],
                 "loss_flag": depends_on(loss, loops),
                 "gradient_flags": dict((k, depends_on(g, loops)) for k, g in grads.items()),
-                "random_ops": self.tool.count - before, "kernel_floor": kernel}
+                "random_ops": self.tool.count - before, "kernel_floor": kernel,
+                "kinks": [describe_kink(op, why) for op, _, why in kinks]}
 
     def perturb_pass(self, ops_before, index, training=None):
         """Rounding injected at every op built since ops_before (perturb_ops); the pass's
@@ -487,6 +507,7 @@ class Side(object):
         for key in ("regularization", "loss"):
             built[key] = swap(built[key]) if built[key] is not None else None
         built["gradients"] = dict((k, swap(g)) for k, g in built["gradients"].items())
+        built["routed"] = dict((k, swap(g)) for k, g in built["routed"].items())
         if training is not None:
             loss, train_op = self.trainings[training]
             self.trainings[training] = (swap(loss), train_op)
@@ -523,11 +544,7 @@ class Side(object):
         values, _ = self.session.run((fetches, updates), feed_dict=self.feed())
         arrays = []
         for value in values:
-            if hasattr(value, "indices") and hasattr(value, "values"):  # a sparse gradient, scattered
-                dense = np.zeros(value.dense_shape, dtype=value.values.dtype)
-                np.add.at(dense, value.indices, value.values)
-                value = dense
-            arrays.append(value)
+            arrays.append(dense_value(value))
         return {"file": save_arrays(self.folder, "run", arrays), "names": names}
 
     def read(self):
@@ -577,14 +594,65 @@ class Side(object):
             instance = make()
             with tf.control_dependencies(built["updates"]):
                 train_op = instance.minimize(loss, var_list=tf.trainable_variables())
+            routed = ([], None)
+            if self.kinks:  # the same step with its kinks routed (route_train): the optimizer's own slots
+                routed = self.routed_training(instance, loss, built["updates"], ops_before)
             self.session.run(tf.variables_initializer([v for v in tf.global_variables() if v not in known]))
         self.trainings.append((loss, train_op))
+        self.routed_trainings.append(routed)
         self.optimizers.append(instance)
         kernel = None
         if self.kernel_floor:
             kernel = self.perturb_pass(ops_before, len(self.passes) - 1, training=len(self.trainings) - 1)
         return {"train": len(self.trainings) - 1, "optimizer": type(instance).__name__, "loops": info["loops"],
-                "loss_flag": depends_on(loss, info["loops"]), "kernel_floor": kernel}
+                "loss_flag": depends_on(loss, info["loops"]), "kernel_floor": kernel,
+                "kinks": [describe_kink(op, why) for op, _, why in routed[0]]}
+
+    def routed_training(self, instance, loss, updates, ops_before):
+        """([(kink op, placeholder or None, why not routable)], a train op applying the
+        optimizer's update to the gradients routed at those kinks): routed_gradients, with
+        the optimizer's own compute_gradients and apply_gradients (its slots shared with
+        the step's own train op). Nothing is routed where building it fails."""
+        kinks = [(op, unroutable(op)) for op in kink_ops(self.graph.get_operations()[ops_before:], loss)]
+        trainable = tf.trainable_variables()
+        try:
+            found, pairs = routed_gradients(loss, trainable, kinks,
+                                            lambda: instance.compute_gradients(loss, var_list=trainable))
+            with tf.control_dependencies(updates):
+                return found, instance.apply_gradients(pairs)
+        except Exception as exc:
+            why = "routing its gradient failed: %s: %s" % (type(exc).__name__, str(exc).split("\n")[0])
+            return [(op, None, why) for op, _ in kinks], None
+
+    def route_train(self, index, steps, values):
+        """steps optimizer steps with the training's kinks routed by values ({(step, kink
+        index): the other side's input to it at that step}), each in a new session as
+        train_step: per step the loss before it, each kink's input here and then every
+        variable's value (as read answers them)."""
+        self.initialize()
+        loss, _ = self.trainings[index]
+        kinks, train_op = self.routed_trainings[index]
+        if train_op is None:
+            raise ProtocolError("route_train: training %d has no routed train op" % index)
+        names, arrays = [], []
+        for step in range(steps):
+            self.renew_session()
+            feed = self.feed()
+            for i, (op, stand_in, _) in enumerate(kinks):
+                if stand_in is not None:
+                    if (step, i) not in values:
+                        raise ProtocolError("route_train: no value for kink %d (%s) at step %d" % (i, op.name, step))
+                    feed[stand_in] = values[(step, i)]
+            value, inputs, _ = self.session.run((loss, [op.inputs[0] for op, _, _ in kinks], train_op), feed_dict=feed)
+            names.append("loss/%d" % step)
+            arrays.append(value)
+            for i, found in enumerate(inputs):
+                names.append("kink/%d/%d" % (step, i))
+                arrays.append(found)
+            for variable, found in zip(self.variables, self.session.run(self.variables)):
+                names.append("variables/%d/%s" % (step, variable.name))
+                arrays.append(found)
+        return {"file": save_arrays(self.folder, "route_train", arrays), "names": names}
 
     def renew_session(self):
         """Every global variable's value moved into a new session, so that every stateful
@@ -731,20 +799,148 @@ class Side(object):
             tensors_, updates = self._pass_roots(index)
             found = self.draws_random[index] = any(
                 op.type in _STATEFUL_RANDOM_OPS for op in ancestors([t.op for t in tensors_] + updates))
-        if not found:
-            values = self.session.run(tensors, feed_dict=self.feed())
-        else:
-            with self.graph.as_default():
-                everything = tf.global_variables()
-            current = self.session.run(everything)
-            session = tf.Session(graph=self.graph, config=self.config)
-            try:
-                session.run([v.initializer for v in everything],
-                            feed_dict=dict((v.initializer.inputs[1], value) for v, value in zip(everything, current)))
-                values = session.run(tensors, feed_dict=self.feed())
-            finally:
-                session.close()
+        values = self.session.run(tensors, feed_dict=self.feed()) if not found else self.first_draws(tensors, self.feed())
         return {"file": save_arrays(self.folder, "fetch", values), "names": list(names)}
+
+    def first_draws(self, tensors, feed):
+        """tensors' values in a new session holding the current variable values, so that
+        every random op gives its first draw; the step's session is left as it is."""
+        with self.graph.as_default():
+            everything = tf.global_variables()
+        current = self.session.run(everything)
+        session = tf.Session(graph=self.graph, config=self.config)
+        try:
+            session.run([v.initializer for v in everything],
+                        feed_dict=dict((v.initializer.inputs[1], value) for v, value in zip(everything, current)))
+            return session.run(tensors, feed_dict=feed)
+        finally:
+            session.close()
+
+    def route(self, index, values):
+        """The pass's gradients routed at its kinks by values ({kink index: the other
+        side's input to it}; see routed_gradients), the same gradients as computed, and
+        each kink's input here (after any rounding injected before it), in a new session
+        (every random op at its first draw, as in the step's own run; no UPDATE_OPS)."""
+        self.initialize()
+        built = self.passes[index]
+        feed = self.feed()
+        for i, (op, stand_in, _) in enumerate(built["kinks"]):
+            if stand_in is not None:
+                if i not in values:
+                    raise ProtocolError("route: no value for kink %d (%s)" % (i, op.name))
+                feed[stand_in] = values[i]
+        names, tensors = [], []
+        for prefix, found in (("routed/", built["routed"]), ("gradients/", built["gradients"])):
+            for key, grad in found.items():
+                names.append(prefix + key)
+                tensors.append(grad)
+        for i, (op, _, _) in enumerate(built["kinks"]):
+            names.append("kink/%d" % i)
+            tensors.append(op.inputs[0])
+        arrays = [dense_value(value) for value in self.first_draws(tensors, feed)]
+        return {"file": save_arrays(self.folder, "route", arrays), "names": names}
+
+
+def dense_value(value):
+    """A fetched value as an array: a sparse gradient (tf.IndexedSlices) scattered."""
+    if hasattr(value, "indices") and hasattr(value, "values"):
+        dense = np.zeros(value.dense_shape, dtype=value.values.dtype)
+        np.add.at(dense, value.indices, value.values)
+        return dense
+    return value
+
+
+# -- kinks: a gradient routed as the other side's forward values route it ----------------
+
+# The ops whose gradient is chosen by comparing forward values: ReLU's sign (and ReLU6's
+# 6), max pooling's window maximum. Two correct sets of kernels can put an element on
+# opposite sides there, and the gradient then differs by a whole incoming value
+# (equivtool.engine.kinks says how the check uses routed gradients).
+KINK_TYPES = ("Relu", "Relu6", "LeakyRelu", "MaxPool")
+
+
+def kink_ops(ops, loss):
+    """The ops among ops (creation order) of KINK_TYPES that the loss is computed from."""
+    wanted = ancestors([loss.op])
+    return [op for op in ops if op.type in KINK_TYPES and op in wanted]
+
+
+def unroutable(op):
+    """Why op's gradient cannot be routed (an empty string when it can)."""
+    try:
+        op.get_attr("_gradient_op_type")
+        return "its gradient is overridden (gradient_override_map)"
+    except ValueError:
+        pass
+    if op._get_control_flow_context() is not None:
+        return "in a v1 control-flow context"
+    if not op.inputs[0].shape.is_fully_defined():
+        return "its input's shape is not static"
+    if op.inputs[0].dtype.base_dtype.name not in _ULP_DTYPES:
+        return "its dtype is not float32 or float64"
+    return ""
+
+
+def _routed_kink_gradient(op, grad, stand_in):
+    """op's gradient as if its input had been stand_in (the other side's): the same kernel
+    TensorFlow's own gradient runs, fed the other side's forward values."""
+    if op.type == "Relu":
+        return tf.raw_ops.ReluGrad(gradients=grad, features=stand_in)
+    if op.type == "Relu6":
+        return tf.raw_ops.Relu6Grad(gradients=grad, features=stand_in)
+    if op.type == "LeakyRelu":
+        return tf.raw_ops.LeakyReluGrad(gradients=grad, features=stand_in, alpha=op.get_attr("alpha"))
+    attrs = dict((name, op.get_attr(name)) for name in ("ksize", "strides", "padding", "data_format"))
+    attrs = dict((k, v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items())
+    output = tf.raw_ops.MaxPool(input=stand_in, **attrs)
+    return tf.raw_ops.MaxPoolGrad(orig_input=stand_in, orig_output=output, grad=grad, **attrs)
+
+
+def routed_gradients(loss, variables, kinks, build=None):
+    """The loss's gradients with respect to variables once more, every routable kink's
+    gradient taken at a placeholder standing in for its input (fed the other side's
+    values by route): TensorFlow's gradient functions for KINK_TYPES are swapped in its
+    registry while tf.gradients builds them, and put back on every exit path. Answers
+    ([(op, placeholder or None, why not routable)], {variable name: routed gradient}); with
+    build (a function building gradients, an optimizer's compute_gradients), what it returns."""
+    found, by_name = [], {}
+    for i, (op, why) in enumerate(kinks):
+        stand_in = None
+        if not why:
+            stand_in = tf.placeholder(op.inputs[0].dtype.base_dtype, op.inputs[0].shape,
+                                      name="equivtool_kink_%d" % i)
+            by_name[op.name] = stand_in
+        found.append((op, stand_in, why))
+    registry = sys.modules[getattr(tf.Graph, "__module__")]._gradient_registry._registry  # (framework.ops)
+    saved = dict((kind, registry[kind]) for kind in KINK_TYPES if kind in registry)
+
+    def routed(op, grad):
+        stand_in = by_name.get(op.name)
+        if stand_in is None:
+            return saved[op.type]["type"](op, grad)
+        return _routed_kink_gradient(op, grad, stand_in)
+    try:
+        for kind, entry in saved.items():
+            registry[kind] = dict(entry, type=routed)
+        grads = tf.gradients(loss, variables) if build is None else build()
+    finally:
+        registry.update(saved)
+    if build is not None:
+        return found, grads
+    return found, dict((v.name, g) for v, g in zip(variables, grads) if g is not None)
+
+
+def describe_kink(op, why):
+    attrs = {}
+    if op.type == "MaxPool":
+        attrs = dict((name, op.get_attr(name)) for name in ("ksize", "strides", "padding", "data_format"))
+        attrs = dict((k, v.decode() if isinstance(v, bytes) else list(v) if isinstance(v, (list, tuple)) else v)
+                     for k, v in attrs.items())
+    elif op.type == "LeakyRelu":
+        attrs = {"alpha": op.get_attr("alpha")}
+    shape = op.inputs[0].shape
+    return {"name": op.name, "type": op.type, "shape": None if shape.ndims is None else shape.as_list(),
+            "dtype": op.inputs[0].dtype.base_dtype.name, "attrs": attrs, "unroutable": why}
 
 
 # -- the kernel floor: rounding injected at every op ------------------------------
@@ -997,6 +1193,13 @@ def handle(folder, request, sides, tools, known=None):
         return side.describe(int(request["pass"]))
     if op == "fetch":
         return side.fetch(int(request["pass"]), request["names"])
+    if op == "route_train":
+        values = load_arrays(folder, request["file"])
+        return side.route_train(int(request["train"]), int(request["steps"]),
+                                dict(zip([tuple(int(x) for x in key) for key in request["kinks"]], values)))
+    if op == "route":
+        values = load_arrays(folder, request["file"])
+        return side.route(int(request["pass"]), dict(zip([int(i) for i in request["kinks"]], values)))
     if op == "restore_training":
         return side.restore_training(int(request["train"]), request["path"])
     if op == "resume_step":

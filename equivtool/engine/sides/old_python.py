@@ -51,6 +51,7 @@ from equivtool._base import scratch
 from equivtool._base.slices import slices_arrays
 from equivtool._base.tree import flatten_tensors
 from equivtool.engine import noise_floor
+from equivtool.engine.kinks import routed_on as kinks_routed
 from equivtool.engine.outputs import split_outputs
 from equivtool.engine.pair import _Half
 from equivtool.engine.registry import SkipStep
@@ -329,6 +330,7 @@ class OldForward:
     leaf_flags: list             # per output leaf (flattened), then the regularization
     loss_flag: bool
     gradient_flags: dict
+    kinks: list = dataclasses.field(default_factory=list)  # with kinks routed: [{name, type, shape, ...}]
 
 
 class OldTF1Side(Side):
@@ -360,7 +362,8 @@ class OldTF1Side(Side):
         self.program.request("open", handle=self.handle, fn=o.tf1_fn, path=list(o.tf1_path),
                              inputs=self.program.send("inputs", leaves), structure=_describe(o.inputs),
                              seed=o.seed, mode=mode, tool=tool, graph_rewrites=o.graph_rewrites, loss=o.tf1_loss,
-                             **({"kernel_floor": True} if getattr(e, "kernel_floor_run", False) else {}))
+                             **({"kernel_floor": True} if getattr(e, "kernel_floor_run", False) else {}),
+                             **({"kinks": True} if kinks_routed(e) else {}))
         self.closed = False
         self.variables: list = []   # VariableSpec, in creation order
         self.names: list = []
@@ -380,7 +383,8 @@ class OldTF1Side(Side):
         self.specs = {v["name"]: v for v in variables}
         self.trainable_keys = {key for key, v in zip(self.keys, variables) if v["trainable"]}
         forward = OldForward(answer["pass"], answer["outputs"], answer["gradients"], answer["sparse"],
-                             answer["loops"], answer["leaf_flags"], answer["loss_flag"], answer["gradient_flags"])
+                             answer["loops"], answer["leaf_flags"], answer["loss_flag"], answer["gradient_flags"],
+                             answer.get("kinks") or [])
         self.forwards.append(forward)
         return forward
 
@@ -428,6 +432,47 @@ class OldTF1Side(Side):
         if "gradients" in fetch:
             result["gradients"] = {variable_key(k[len("gradients/"):], self.renamer): v
                                    for k, v in values.items() if k.startswith("gradients/")}
+        return result
+
+    def route(self, forward: OldForward, values: Mapping[int, np.ndarray]) -> dict:
+        """The pass's gradients routed at its kinks by ``values`` (kink index -> the TF2
+        side's input to it; see :mod:`equivtool.engine.kinks`): ``{"routed": {key: dense},
+        "gradients": {key: dense} (as computed, again), "inputs": [each kink's input here]}``."""
+        indices = sorted(values)
+        answer = self.program.request("route", handle=self.handle, kinks=indices,
+                                      file=self.program.send("route", [values[i] for i in indices]),
+                                      **{"pass": forward.index})
+        found = self.program.receive(answer)
+        result: dict = {"routed": {}, "gradients": {}, "inputs": [None] * len(forward.kinks)}
+        for name, value in found.items():
+            part, _, rest = name.partition("/")
+            if part == "kink":
+                result["inputs"][int(rest)] = value
+            else:
+                result[part][variable_key(rest, self.renamer)] = value
+        return result
+
+    def route_training(self, training: dict, steps: int, values: Mapping[tuple, np.ndarray]) -> dict:
+        """``steps`` optimizer steps of ``training`` with its kinks routed by ``values``
+        ((step, kink index) -> the TF2 side's input there), from the state there now:
+        ``{"losses": [...], "inputs": [[each kink's input here] per step], "variables":
+        [{key: value} per step]}``."""
+        keys = sorted(values)
+        answer = self.program.request("route_train", handle=self.handle, train=training["train"], steps=steps,
+                                      kinks=[list(key) for key in keys],
+                                      file=self.program.send("route_train", [values[key] for key in keys]))
+        kinks = len(training.get("kinks") or [])
+        result: dict = {"losses": [None] * steps, "inputs": [[None] * kinks for _ in range(steps)],
+                        "variables": [{} for _ in range(steps)]}
+        for name, value in self.program.receive(answer).items():
+            part, _, rest = name.partition("/")
+            step, _, rest = rest.partition("/")
+            if part == "loss":
+                result["losses"][int(step)] = float(value)
+            elif part == "kink":
+                result["inputs"][int(step)][int(rest)] = value
+            else:
+                result["variables"][int(step)][variable_key(rest, self.renamer)] = value
         return result
 
     def read_variables(self) -> dict:
@@ -565,6 +610,20 @@ class OldTF1Half(_Half):
         fetch = ("outputs", "regularization") + (("loss", "gradients") if self.with_loss else ())
         return self._fetch("training", self.training, self.train_side, fetch)
 
+    def route_training(self, training: dict, start: Mapping, steps: int, values) -> dict:
+        """:meth:`OldTF1Side.route_training` from ``start`` (the global state the step's
+        training started from); the variables and ``start`` put back on every exit path."""
+        with self.preserved():
+            try:
+                self.side.load_global_state(start)
+                return self.side.route_training(training, steps, values)
+            finally:
+                self.side.load_global_state(start)
+
+    def route_kinks(self, values) -> dict:
+        """The training pass's gradients routed at its kinks (:meth:`OldTF1Side.route`)."""
+        return self.train_side.route(self.training, values)
+
     def inference_now(self) -> tuple:
         found = self.side.run(self.inference)
         return found["outputs"], found["regularization"]
@@ -633,7 +692,8 @@ def _gradients(e: "Engine") -> dict:
             "trainable": [k for k in side.keys if k in side.trainable_keys],
             "loss_target": None if o.tf1_loss else "outputs" + _primary_path(found["outputs"]),
             "sparse": [variable_key(k, side.renamer) for k in forward.sparse],
-            "loops": dict(forward.loops), "flags": flags}
+            "loops": dict(forward.loops), "flags": flags,
+            **({"kinks": forward.kinks} if kinks_routed(e) else {})}
 
 
 def _optimizer(e: "Engine") -> dict:
@@ -646,13 +706,14 @@ def _optimizer(e: "Engine") -> dict:
     side = half.side
     half.gradient_pass()  # both sides have had the same calls (batch-norm statistics included)
     losses, values, floor_run = [], [], None
+    routed = kinks_routed(e)
     with half.preserved():
         training = side.build_training(o.optimizers[0], True)
-        start = side.global_state() if o.noise_floor else None
+        start = side.global_state() if o.noise_floor or routed else None
         for _ in range(o.train_steps):
             losses.append(side.train_step(training))
             values.append(side.read_variables())
-        if start is not None:
+        if start is not None and o.noise_floor:
             with side.perturbed(start, o.seed):
                 floor_run = [(side.train_step(training), side.read_variables()) for _ in range(o.train_steps)]
     forward = half.training
@@ -663,8 +724,11 @@ def _optimizer(e: "Engine") -> dict:
             flags[f"step_{step + 1}/loss"] = training["loss_flag"]
             flags.update({f"step_{step + 1}/variables/{variable_key(k, side.renamer)}": flag
                           for k, flag in forward.gradient_flags.items()})
-    return {"losses": losses, "variables": values, "optimizer": training["optimizer"], "floor_run": floor_run,
-            "sparse": [variable_key(k, side.renamer) for k in forward.sparse], "loops": loops, "flags": flags}
+    found = {"losses": losses, "variables": values, "optimizer": training["optimizer"], "floor_run": floor_run,
+             "sparse": [variable_key(k, side.renamer) for k in forward.sparse], "loops": loops, "flags": flags}
+    if routed:  # what engine.kinks.route_optimizer needs to run the same steps with the kinks routed
+        found.update({"kinks": training["kinks"], "_kink_training": training, "_kink_start": start})
+    return found
 
 
 def _primary_path(outputs) -> str:

@@ -13,7 +13,8 @@ import numpy as np
 from equivtool.report import StepResult
 from equivtool._base.tree import dense_gradient
 from equivtool.engine.sides.tf1_side import primary_output_path, variable_key
-from equivtool.engine import _bessel, _sparse_squares, kernel_floor, noise_floor
+from equivtool.engine.sides.tf2_side import run_tapped
+from equivtool.engine import _bessel, _sparse_squares, kernel_floor, kinks, noise_floor
 from equivtool.engine.registry import SkipStep, title
 from equivtool.variables.flavour import variable_name
 
@@ -44,8 +45,11 @@ def _gradients_tf2(e: "Engine", _) -> dict:
     half = e.tf2_half
     _, _, loss, gradients = half.gradient_pass()
     trainable = [variable_key(variable_name(v), half.side.renamer) for v in half.layer.trainable_variables]
-    return {"loss": loss, "gradients": gradients, "trainable": trainable,
-            "sparse": list(half.side.sparse_gradients)}
+    found = {"loss": loss, "gradients": gradients, "trainable": trainable,
+             "sparse": list(half.side.sparse_gradients)}
+    if half.kinks is not None:  # the training call's kink inputs (engine.kinks)
+        found["kinks"] = half.kinks
+    return found
 
 
 def _loss_target(e: "Engine", outputs) -> str | None:
@@ -97,6 +101,7 @@ def _gradients_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     if e.options.kernel_floor:  # the TF1 run with rounding injected at every op (engine.kernel_floor)
         result = kernel_floor.judge_pairs(e, result, tf1, lambda run: [
             ("loss", np.float32(tf1["loss"]), np.float32(run["loss"])), ("gradients", tf1_grads, run["gradients"])])
+        result = kinks.judge_gradients(e, result, tf1, tf2)  # where it failed: judged again at its kinks
     if one_sided:  # the missing key fails the step already; the message says why first
         names = ", ".join(f"{key} (None on the {'TF2' if has == 'TF1' else 'TF1'} side)" for key, has in one_sided[:3])
         result = dataclasses.replace(result, message=f"gradient is None on one side only (disconnected from the "
@@ -106,7 +111,8 @@ def _gradients_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     return judge_loop_random(result, tf1["loops"], tf1["flags"])
 
 
-gradients = SplitStep(_gradients_tf1, _gradients_tf2, _gradients_judge)
+gradients = SplitStep(_gradients_tf1, _gradients_tf2, _gradients_judge, tf1_after=kinks.route_gradients,
+                      wants_after=kinks.routed_on)
 
 
 def _optimizers(e: "Engine") -> tuple:
@@ -163,13 +169,22 @@ def _optimizer_tf2(e: "Engine", _) -> dict:
                 half.side.forward(o.inputs, training=False, with_gradients=True)
             half.side.sparse_gradients = sparse
         moving = _bessel.moving_of(half.side.read_variables())
+        taps = []  # per step, its kinks' inputs (engine.kinks)
         for _ in range(o.train_steps):
             with half.tool.scope():
-                losses.append(half.side.train_step(o.inputs, optimizer, training=not half.distributed))
+                if half.tap_kinks:
+                    taps.append(kinks.KinkTap())
+                    losses.append(run_tapped(taps[-1], half.side.train_step, o.inputs, optimizer,
+                                             training=not half.distributed))
+                else:
+                    losses.append(half.side.train_step(o.inputs, optimizer, training=not half.distributed))
             values.append(half.side.read_variables())
-    return {"losses": losses, "variables": values, "optimizer": type(optimizer).__name__,
-            "sparse": list(half.side.sparse_gradients), "repeated": dict(half.side.repeated_rows),
-            "squares": squares, "moving_start": moving}
+    found = {"losses": losses, "variables": values, "optimizer": type(optimizer).__name__,
+             "sparse": list(half.side.sparse_gradients), "repeated": dict(half.side.repeated_rows),
+             "squares": squares, "moving_start": moving}
+    if taps:
+        found["kinks"] = [tap.capture() for tap in taps]
+    return found
 
 
 def _optimizer_expected(loss, values: Mapping, tf2_values: Mapping) -> dict:
@@ -234,7 +249,10 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     elif floor is not None:
         data["noise_floor"] = floor.data
     result = StepResult.from_comparisons("optimizer", title("optimizer"), comparisons, notes=notes, data=data)
+    if comparable:  # where it failed: judged again with its kinks routed (engine.kinks)
+        result = kinks.judge_optimizer(e, result, tf1, tf2, _optimizer_expected)
     return judge_loop_random(result, tf1["loops"], tf1["flags"])
 
 
-optimizer = SplitStep(_optimizer_tf1, _optimizer_tf2, _optimizer_judge)
+optimizer = SplitStep(_optimizer_tf1, _optimizer_tf2, _optimizer_judge, tf1_after=kinks.route_optimizer,
+                      wants_after=kinks.routed_on)
