@@ -233,18 +233,14 @@ REGISTER_OP("EquivtoolSparseXentStep")
     .Attr("Tlabels: {int32, int64} = DT_INT64")
     .Attr("Tacc: {float, double}")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle logits, labels;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &logits));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &labels));
-      DimensionHandle batch = c->Dim(logits, 0);
-      TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(labels, 0), &batch));
-      c->set_output(0, c->Vector(batch));
+      TF_RETURN_IF_ERROR(ForwardShape(c, false));  // loss [B] (its outputs 1, 2 reset below)
+      const ShapeHandle loss = c->output(0);
       // [B, C] when a guess was made, [0, C] when not (16-bit logits only)
-      c->set_output(1, c->Matrix(c->UnknownDim(), c->Dim(logits, 1)));
+      c->set_output(1, c->Matrix(c->UnknownDim(), c->Dim(c->input(0), 1)));
       c->set_output(2, c->Vector(c->UnknownDim()));
       c->set_output(3, c->Scalar());
-      c->set_output(4, c->Vector(batch));
-      c->set_output(5, c->Vector(batch));
+      c->set_output(4, loss);
+      c->set_output(5, loss);
       return OkStatus();
     })
     .Doc("Sparse softmax cross-entropy and the gradient for the upstream gradient it "
@@ -876,6 +872,17 @@ class SparseXentFusedOp : public OpKernel {
   }
 };
 
+// dx = bp * g[:, None], row by row (the scale op's and the step gradient's).
+template <typename S>
+void ScaleRows(OpKernelContext* ctx, const StepRows<S>& rows, const typename StepRows<S>::A* bp,
+               const S* g, S* dx, int64_t B, int64_t C) {
+  ForEachRow(ctx, B, 2 * C, [&](int64_t b, bool last) {
+    thread_local int64_t done = 0;
+    rows.Scale(bp + b * C, C, ex::Storage<S>::load(g[b]), dx + b * C);
+    rows.EndShard(last, &done, /*fused=*/false);
+  });
+}
+
 // dlogits = backprop * grad_loss[:, None] (CPU), in place when backprop has
 // the logits' type and no other reader.
 template <typename T, typename L>
@@ -908,12 +915,111 @@ class SparseXentScaleOp : public OpKernel {
     const S* g = AsStorage<T>(grad_loss);
     S* dx = AsStorage<T>(dlogits);
     if (dx != reinterpret_cast<const void*>(bp)) CpuPath::MaybePoison(dx, B * C);
-    const StepRows<S> rows(B, C);
-    ForEachRow(ctx, B, 2 * C, [&](int64_t b, bool last) {
-      thread_local int64_t done = 0;
-      rows.Scale(bp + b * C, C, ex::Storage<S>::load(g[b]), dx + b * C);
-      rows.EndShard(last, &done, /*fused=*/false);
+    ScaleRows(ctx, StepRows<S>(B, C), bp, g, dx, B, C);
+  }
+};
+
+class BuildInfoOp : public OpKernel {
+ public:
+  explicit BuildInfoOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    const std::string info = equivtool_xent_build_stamp;
+    out->scalar<tstring>()() = info;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// CPU rows: sharded by ForEachRow, each row reduced by RowFns. Only the CPU
+// checks the label range (the GPU writes NaN for such rows, see the top).
+
+struct CpuImpl {
+  template <typename T, typename L>
+  static Status SparseForward(OpKernelContext* ctx, const ForwardArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const int64_t C = a.C;
+    TF_RETURN_IF_ERROR(CheckLabelRange<L>(*a.labels, C));
+    const S* x = AsStorage<T>(*a.logits);
+    const L* y = a.labels->flat<L>().data();
+    S* out = AsStorage<T>(a.loss);
+    A* sh = a.shift->flat<A>().data();
+    A* ln = a.log_norm->flat<A>().data();
+    ForEachRow(ctx, a.B, 4 * C, [&](int64_t b, bool last) {
+      const S* row = x + b * C;
+      const ex::LseState<A> s =
+          RowFns<S>::Lse(row, C, NextRow<S, A>(row, nullptr, C, last));
+      out[b] = ex::Storage<S>::store(
+          ex::sparse_loss(s, ex::Storage<S>::load(row[y[b]])));
+      const ex::RowStats<A> r = ex::finish(s);
+      sh[b] = r.shift;
+      ln[b] = r.log_norm;
     });
+    return OkStatus();
+  }
+
+  template <typename T, typename L>
+  static Status SparseGrad(OpKernelContext* ctx, const GradArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const int64_t C = a.C;
+    TF_RETURN_IF_ERROR(CheckLabelRange<L>(*a.labels, C));
+    const S* x = AsStorage<T>(*a.logits);
+    const L* y = a.labels->flat<L>().data();
+    const A* sh = a.shift->flat<A>().data();
+    const A* ln = a.log_norm->flat<A>().data();
+    const S* g = AsStorage<T>(*a.grad_loss);
+    S* dx = AsStorage<T>(a.dlogits);
+    ForEachRow(ctx, a.B, 4 * C, [&](int64_t b) {
+      ex::RowStats<A> r;
+      r.shift = sh[b];
+      r.log_norm = ln[b];
+      RowFns<S>::SparseGrad(x + b * C, C, static_cast<int64_t>(y[b]), r,
+                            ex::Storage<S>::load(g[b]), dx + b * C);
+    });
+    return OkStatus();
+  }
+
+  template <typename T>
+  static Status DenseForward(OpKernelContext* ctx, const ForwardArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const int64_t C = a.C;
+    const S* x = AsStorage<T>(*a.logits);
+    const S* y = AsStorage<T>(*a.labels);
+    S* out = AsStorage<T>(a.loss);
+    A* sh = a.shift->flat<A>().data();
+    A* ln = a.log_norm->flat<A>().data();
+    ForEachRow(ctx, a.B, 6 * C, [&](int64_t b) {
+      const ex::DenseState<A> s = RowFns<S>::Dense(x + b * C, y + b * C, C);
+      out[b] = ex::Storage<S>::store(ex::dense_loss(s));
+      const ex::RowStats<A> r = ex::finish(s.lse);
+      sh[b] = r.shift;
+      ln[b] = r.log_norm;
+    });
+    return OkStatus();
+  }
+
+  template <typename T>
+  static Status DenseGrad(OpKernelContext* ctx, const GradArgs& a) {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    const int64_t C = a.C;
+    const S* x = AsStorage<T>(*a.logits);
+    const S* y = AsStorage<T>(*a.labels);
+    const A* sh = a.shift->flat<A>().data();
+    const A* ln = a.log_norm->flat<A>().data();
+    const S* g = AsStorage<T>(*a.grad_loss);
+    S* dx = AsStorage<T>(a.dlogits);
+    ForEachRow(ctx, a.B, 6 * C, [&](int64_t b) {
+      ex::RowStats<A> r;
+      r.shift = sh[b];
+      r.log_norm = ln[b];
+      RowFns<S>::DenseGrad(x + b * C, y + b * C, C, r,
+                           ex::Storage<S>::load(g[b]), a.exact_gradient, dx + b * C);
+    });
+    return OkStatus();
   }
 };
 
@@ -1100,141 +1206,30 @@ class SparseXentStepGradOp : public OpKernel {
       return;
     }
     Tensor* dlogits = nullptr;
-    const StepRows<S> rows(B, C);
     if (kExact && guessed && s == BitsOf(ex::Storage<S>::store(A(1)))) {
       // buffer = softmax - onehot exactly: scale it (in place when no one else reads it)
       OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, logits.shape(), &dlogits));
       const A* bp = reinterpret_cast<const A*>(AsStorage<T>(buffer));
       S* dx = AsStorage<T>(dlogits);
       if (dx != reinterpret_cast<const void*>(bp)) CpuPath::MaybePoison(dx, B * C);
-      ForEachRow(ctx, B, 2 * C, [&](int64_t b) {
-        rows.Scale(bp + b * C, C, ex::Storage<S>::load(g[b]), dx + b * C);
-      });
+      ScaleRows(ctx, StepRows<S>(B, C), bp, g, dx, B, C);
       StepGuess::Calls(1).fetch_add(1, std::memory_order_relaxed);
       return;
     }
     // recompute: the separate gradient op's rows
-    OP_REQUIRES_OK(ctx, CheckLabelRange<L>(labels, C));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
+    GradArgs a;
+    a.logits = &logits;
+    a.labels = &labels;
+    a.shift = &ctx->input(6);
+    a.log_norm = &ctx->input(7);
+    a.grad_loss = &grad_loss;
+    a.B = B;
+    a.C = C;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &a.dlogits));
     if (B == 0 || C == 0) return;
-    const S* x = AsStorage<T>(logits);
-    const L* y = labels.flat<L>().data();
-    const A* sh = ctx->input(6).flat<A>().data();
-    const A* ln = ctx->input(7).flat<A>().data();
-    S* dx = AsStorage<T>(dlogits);
-    CpuPath::MaybePoison(dx, B * C);
-    ForEachRow(ctx, B, 4 * C, [&](int64_t b) {
-      ex::RowStats<A> r;
-      r.shift = sh[b];
-      r.log_norm = ln[b];
-      RowFns<S>::SparseGrad(x + b * C, C, static_cast<int64_t>(y[b]), r,
-                            ex::Storage<S>::load(g[b]), dx + b * C);
-    });
+    CpuPath::MaybePoison(AsStorage<T>(a.dlogits), B * C);
+    OP_REQUIRES_OK(ctx, (CpuImpl::SparseGrad<T, L>(ctx, a)));
     StepGuess::Calls(2).fetch_add(1, std::memory_order_relaxed);
-  }
-};
-
-class BuildInfoOp : public OpKernel {
- public:
-  explicit BuildInfoOp(OpKernelConstruction* c) : OpKernel(c) {}
-  void Compute(OpKernelContext* ctx) override {
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    const std::string info = equivtool_xent_build_stamp;
-    out->scalar<tstring>()() = info;
-  }
-};
-
-// ---------------------------------------------------------------------------
-// CPU rows: sharded by ForEachRow, each row reduced by RowFns. Only the CPU
-// checks the label range (the GPU writes NaN for such rows, see the top).
-
-struct CpuImpl {
-  template <typename T, typename L>
-  static Status SparseForward(OpKernelContext* ctx, const ForwardArgs& a) {
-    typedef typename StorageOf<T>::type S;
-    typedef typename AccOf<T>::type A;
-    const int64_t C = a.C;
-    TF_RETURN_IF_ERROR(CheckLabelRange<L>(*a.labels, C));
-    const S* x = AsStorage<T>(*a.logits);
-    const L* y = a.labels->flat<L>().data();
-    S* out = AsStorage<T>(a.loss);
-    A* sh = a.shift->flat<A>().data();
-    A* ln = a.log_norm->flat<A>().data();
-    ForEachRow(ctx, a.B, 4 * C, [&](int64_t b, bool last) {
-      const S* row = x + b * C;
-      const ex::LseState<A> s =
-          RowFns<S>::Lse(row, C, NextRow<S, A>(row, nullptr, C, last));
-      out[b] = ex::Storage<S>::store(
-          ex::sparse_loss(s, ex::Storage<S>::load(row[y[b]])));
-      const ex::RowStats<A> r = ex::finish(s);
-      sh[b] = r.shift;
-      ln[b] = r.log_norm;
-    });
-    return OkStatus();
-  }
-
-  template <typename T, typename L>
-  static Status SparseGrad(OpKernelContext* ctx, const GradArgs& a) {
-    typedef typename StorageOf<T>::type S;
-    typedef typename AccOf<T>::type A;
-    const int64_t C = a.C;
-    TF_RETURN_IF_ERROR(CheckLabelRange<L>(*a.labels, C));
-    const S* x = AsStorage<T>(*a.logits);
-    const L* y = a.labels->flat<L>().data();
-    const A* sh = a.shift->flat<A>().data();
-    const A* ln = a.log_norm->flat<A>().data();
-    const S* g = AsStorage<T>(*a.grad_loss);
-    S* dx = AsStorage<T>(a.dlogits);
-    ForEachRow(ctx, a.B, 4 * C, [&](int64_t b) {
-      ex::RowStats<A> r;
-      r.shift = sh[b];
-      r.log_norm = ln[b];
-      RowFns<S>::SparseGrad(x + b * C, C, static_cast<int64_t>(y[b]), r,
-                            ex::Storage<S>::load(g[b]), dx + b * C);
-    });
-    return OkStatus();
-  }
-
-  template <typename T>
-  static Status DenseForward(OpKernelContext* ctx, const ForwardArgs& a) {
-    typedef typename StorageOf<T>::type S;
-    typedef typename AccOf<T>::type A;
-    const int64_t C = a.C;
-    const S* x = AsStorage<T>(*a.logits);
-    const S* y = AsStorage<T>(*a.labels);
-    S* out = AsStorage<T>(a.loss);
-    A* sh = a.shift->flat<A>().data();
-    A* ln = a.log_norm->flat<A>().data();
-    ForEachRow(ctx, a.B, 6 * C, [&](int64_t b) {
-      const ex::DenseState<A> s = RowFns<S>::Dense(x + b * C, y + b * C, C);
-      out[b] = ex::Storage<S>::store(ex::dense_loss(s));
-      const ex::RowStats<A> r = ex::finish(s.lse);
-      sh[b] = r.shift;
-      ln[b] = r.log_norm;
-    });
-    return OkStatus();
-  }
-
-  template <typename T>
-  static Status DenseGrad(OpKernelContext* ctx, const GradArgs& a) {
-    typedef typename StorageOf<T>::type S;
-    typedef typename AccOf<T>::type A;
-    const int64_t C = a.C;
-    const S* x = AsStorage<T>(*a.logits);
-    const S* y = AsStorage<T>(*a.labels);
-    const A* sh = a.shift->flat<A>().data();
-    const A* ln = a.log_norm->flat<A>().data();
-    const S* g = AsStorage<T>(*a.grad_loss);
-    S* dx = AsStorage<T>(a.dlogits);
-    ForEachRow(ctx, a.B, 6 * C, [&](int64_t b) {
-      ex::RowStats<A> r;
-      r.shift = sh[b];
-      r.log_norm = ln[b];
-      RowFns<S>::DenseGrad(x + b * C, y + b * C, C, r,
-                           ex::Storage<S>::load(g[b]), a.exact_gradient, dx + b * C);
-    });
-    return OkStatus();
   }
 };
 
@@ -1514,31 +1509,18 @@ struct GpuImpl {
 
 REGISTER_DEVICE(DEVICE_CPU, CpuImpl)
 
-#define REGISTER_FUSED(T, L)                                               \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentFused")                 \
+#define REGISTER_CPU_STEP(NAME, KERNEL, T, L)                              \
+  REGISTER_KERNEL_BUILDER(Name(NAME)                                       \
                               .Device(DEVICE_CPU)                          \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<L>("Tlabels")                \
                               .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentFusedOp<T, L>);                        \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentScale")                 \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<L>("Tlabels")                \
-                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentScaleOp<T, L>);                        \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentStep")                  \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<L>("Tlabels")                \
-                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentStepOp<T, L>);                         \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentStepGrad")              \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<L>("Tlabels")                \
-                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentStepGradOp<T, L>);
+                          KERNEL<T, L>);
+#define REGISTER_FUSED(T, L)                                                  \
+  REGISTER_CPU_STEP("EquivtoolSparseXentFused", SparseXentFusedOp, T, L)      \
+  REGISTER_CPU_STEP("EquivtoolSparseXentScale", SparseXentScaleOp, T, L)      \
+  REGISTER_CPU_STEP("EquivtoolSparseXentStep", SparseXentStepOp, T, L)        \
+  REGISTER_CPU_STEP("EquivtoolSparseXentStepGrad", SparseXentStepGradOp, T, L)
 #define REGISTER_FUSED_T(T) REGISTER_FUSED(T, int32) REGISTER_FUSED(T, int64_t)
 REGISTER_FUSED_T(Eigen::half)
 REGISTER_FUSED_T(bfloat16)
@@ -1546,6 +1528,7 @@ REGISTER_FUSED_T(float)
 REGISTER_FUSED_T(double)
 #undef REGISTER_FUSED_T
 #undef REGISTER_FUSED
+#undef REGISTER_CPU_STEP
 #if GOOGLE_CUDA
 REGISTER_DEVICE(DEVICE_GPU, GpuImpl)
 #endif
