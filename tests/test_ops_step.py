@@ -14,6 +14,7 @@ import equivtool  # noqa: F401  (must precede TensorFlow)
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from equivtool import ops
 from equivtool.ops import xent
@@ -275,3 +276,17 @@ def test_second_order_of_the_step_equals_the_separate_paths(dtype):
     dx_sep, dg_sep = hvp(False)
     assert _differing(dg_step, dg_sep) == 0 and _differing(dx_step, dx_sep) == 0
     assert _nonzero(dx_sep) > dx_sep.size // 2 and _nonzero(dg_sep) == 5
+
+
+def test_a_keras_fit_step_hands_the_forwards_gradient_on():
+    # tf-keras' default reduction (sum over batch size) gives every row the
+    # upstream gradient 1/B: each batch's gradient op finds the guess
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([tf_keras.layers.Dense(5, input_shape=(3,))])
+    model.compile(optimizer="sgd",
+                  loss=lambda y, logits: ops.sparse_softmax_cross_entropy_with_logits(
+                      labels=tf.cast(tf.reshape(y, [-1]), tf.int64), logits=logits))
+    x = np.random.default_rng(0).standard_normal((24, 3)).astype("float32")
+    before = step_calls()
+    model.fit(x, np.arange(24) % 5, batch_size=8, epochs=1, verbose=0)
+    assert _delta(before, step_calls()) == (3, 0, 0)  # 3 batches, none fell back
