@@ -290,3 +290,24 @@ def test_a_keras_fit_step_hands_the_forwards_gradient_on():
     before = step_calls()
     model.fit(x, np.arange(24) % 5, batch_size=8, epochs=1, verbose=0)
     assert _delta(before, step_calls()) == (3, 0, 0)  # 3 batches, none fell back
+
+
+def test_a_library_built_before_the_step_op_runs_the_fused_pair(monkeypatch):
+    # an op library compiled from the sources before the step op (still
+    # loadable: same TensorFlow) has no equivtool_sparse_xent_step; a training
+    # step then runs the fused op and the scale op, with the same bits
+    lib = load_library()
+
+    class Older:
+        def __getattr__(self, name):
+            if name.startswith("equivtool_sparse_xent_step"):
+                raise AttributeError(name)
+            return getattr(lib, name)
+
+    monkeypatch.setattr(xent, "load_library", Older)
+    x, y, g = _case(tf.float32, (7, 37), seed=10)
+    step = _tape_step()
+    types = [o.type for o in step.get_concrete_function(x, y, g).graph.get_operations()]
+    assert xent.SPARSE_FUSED_OP in types and xent.SPARSE_STEP_OP not in types, types
+    _, grad = step(x, y, g)
+    assert _differing(grad.numpy(), _separate(x, y, g)[1]) == 0

@@ -120,6 +120,8 @@ def _sparse_rows_fused(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     this op's gradient saw last), and its gradient op hands that on when the
     guess holds in every row, else scales or recomputes it (same bits)."""
     lib = load_library()
+    if not hasattr(lib, "equivtool_sparse_xent_step"):
+        return _sparse_rows_fused_pair(lib, logits, labels)  # a library built before the step op
     acc = _acc_dtype(logits.dtype)
 
     @tf.custom_gradient
@@ -132,6 +134,26 @@ def _sparse_rows_fused(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
             return lib.equivtool_sparse_xent_step_grad(
                 dlogits_guess=dlogits_guess, guess=guess, site=site, grad_loss=grad_loss,
                 logits=x, labels=labels, shift=shift, log_norm=log_norm)
+        return loss, grad
+
+    return fused(logits)
+
+
+def _sparse_rows_fused_pair(lib, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """The fused path of a library without the one-pass step op: the fused op
+    writes softmax - onehot, its gradient scales the rows (a second B x C
+    pass; the same bits)."""
+    acc = _acc_dtype(logits.dtype)
+
+    @tf.custom_gradient
+    @tf.autograph.experimental.do_not_convert  # plain op calls; nothing to convert
+    def fused(x):
+        loss, backprop = lib.equivtool_sparse_xent_fused(logits=x, labels=labels, Tacc=acc)
+
+        def grad(grad_loss):
+            # x and labels ride along for the second-order gradient only
+            return lib.equivtool_sparse_xent_scale(backprop=backprop, grad_loss=grad_loss,
+                                                   logits=x, labels=labels)
         return loss, grad
 
     return fused(logits)
