@@ -17,7 +17,9 @@ one bfloat16 shape, timed as a training step uses them:
   the **exp floor**, ``tf.exp`` over the same elements (float32 cross-entropy
   on a CPU is bound by computing exponentials, not by memory bandwidth; the
   train step needs at least one exponential per element, and ours computes
-  one: under the tape the fused op writes softmax - onehot while it has them);
+  one: under the tape the fused op writes the gradient for the upstream
+  gradient it expects, a mean's 1/B, while it has them, and the gradient op
+  hands it on: one read of the logits and one write of B x C, as ``tf.exp``);
 - the timings of a row are interleaved (TF, ours, copy, exp, TF, ours, ...)
   so that a change in the machine's load hits all of them alike.
 
@@ -285,7 +287,7 @@ def render(rows, memory, machine, load_after) -> str:
         "median ms of a `tf.function`, each row's timings interleaved in one process whose "
         "TensorFlow runs `threads` intra-op threads (references included). `step`: mean loss "
         "and its gradient w.r.t. the logits, the B x C gradient materialised (ours: the fused "
-        "path, one exponential per element); `copy`: one "
+        "path, one exponential per element, one B x C write); `copy`: one "
         "element-wise pass `x * 1`; `exp`: `tf.exp` over the logits, the compute floor. On a "
         "loaded machine the absolute times are inflated; read the ratios within a row.", "",
         "| threads | shape | dtype | TF fwd | ours fwd | fwd speed-up (>= 5x) | TF step "

@@ -17,6 +17,16 @@
 //     bits EquivtoolSparseXentGrad gives (logits and labels are its inputs only
 //     for the second-order gradient). equivtool/ops/xent.py runs them when a
 //     gradient tape records the logits; otherwise the loss-only op above.
+//   EquivtoolSparseXentStep(logits, labels) -> loss, dlogits_guess, guess, site, shift, log_norm (CPU)
+//   EquivtoolSparseXentStepGrad(dlogits_guess, guess, site, grad_loss, logits, labels, shift,
+//                               log_norm) -> dlogits (CPU)
+//     The training step in one B x C pass (issue 38): the forward writes the
+//     final dlogits for the upstream gradient it expects (guess: 1/B, a mean's,
+//     or what the step's gradient op saw last time, see StepGuess), and the
+//     gradient op hands them on when every grad_loss is that value; otherwise it
+//     scales them in place (float/double written for 1) or recomputes them.
+//     Every way gives EquivtoolSparseXentGrad's bits. xent.py runs these
+//     instead of Fused/Scale, which stay for tests and direct callers.
 //   EquivtoolXentBuildInfo()                         -> build description (string)
 //
 // The forward ops read the logits once and allocate nothing of size B x C;
@@ -35,6 +45,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <unordered_map>
 #include <type_traits>
 #include <string>
 #include <vector>
@@ -208,6 +220,59 @@ REGISTER_OP("EquivtoolSparseXentScale")
     })
     .Doc("backprop * grad_loss[:, None] in T: the fused path's gradient; deterministic.");
 
+REGISTER_OP("EquivtoolSparseXentStep")
+    .Input("logits: T")
+    .Input("labels: Tlabels")
+    .Output("loss: T")
+    .Output("dlogits_guess: T")
+    .Output("guess: T")
+    .Output("site: int64")
+    .Output("shift: Tacc")
+    .Output("log_norm: Tacc")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("Tlabels: {int32, int64} = DT_INT64")
+    .Attr("Tacc: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ForwardShape(c, false));  // loss [B] (its outputs 1, 2 reset below)
+      const ShapeHandle loss = c->output(0);
+      // [B, C] when a guess was made, [0, C] when not (16-bit logits only)
+      c->set_output(1, c->Matrix(c->UnknownDim(), c->Dim(c->input(0), 1)));
+      c->set_output(2, c->Vector(c->UnknownDim()));
+      c->set_output(3, c->Scalar());
+      c->set_output(4, loss);
+      c->set_output(5, loss);
+      return OkStatus();
+    })
+    .Doc("Sparse softmax cross-entropy and the gradient for the upstream gradient it "
+         "guesses, one exponential per element; deterministic.");
+
+REGISTER_OP("EquivtoolSparseXentStepGrad")
+    .Input("dlogits_guess: T")
+    .Input("guess: T")
+    .Input("site: int64")
+    .Input("grad_loss: T")
+    .Input("logits: T")
+    .Input("labels: Tlabels")
+    .Input("shift: Tacc")
+    .Input("log_norm: Tacc")
+    .Output("dlogits: T")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("Tlabels: {int32, int64} = DT_INT64")
+    .Attr("Tacc: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle logits, v;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &logits));
+      DimensionHandle batch = c->Dim(logits, 0);
+      for (int i : {3, 5, 6, 7}) {
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &v));
+        TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(v, 0), &batch));
+      }
+      c->set_output(0, c->Matrix(batch, c->Dim(logits, 1)));
+      return OkStatus();
+    })
+    .Doc("(softmax(logits) - onehot(labels)) * grad_loss[:, None]: the step's gradient, "
+         "dlogits_guess itself when grad_loss is guess in every row; deterministic.");
+
 REGISTER_OP("EquivtoolXent")
     .Input("logits: T")
     .Input("labels: T")
@@ -337,6 +402,11 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
                                      ex::Storage<S>::acc g, S* dx) {            \
     ex::scale_row<S>(bp, c, g, dx);                                             \
   }                                                                             \
+  XENT_CLONES ex::LseState<ex::Storage<S>::acc> SparseStepRow_##SUFFIX(         \
+      const S* x, int64_t c, int64_t label, ex::Storage<S>::acc s, S* dx,       \
+      const ex::RowPrefetch& pf, ex::Storage<S>::acc* scratch) {                \
+    return ex::sparse_step_row<S>(x, c, label, s, dx, pf, scratch);             \
+  }                                                                             \
   XENT_CLONES ex::DenseState<ex::Storage<S>::acc> DenseRow_##SUFFIX(            \
       const S* x, const S* y, int64_t c) {                                      \
     return ex::dense_row_lanes<S>(x, y, c);                                     \
@@ -367,6 +437,11 @@ Status CheckLabelRange(const Tensor& labels, int64_t num_classes) {
     static void Scale(const ex::Storage<S>::acc* bp, int64_t c,                 \
                       ex::Storage<S>::acc g, S* dx) {                           \
       ScaleRow_##SUFFIX(bp, c, g, dx);                                          \
+    }                                                                           \
+    static ex::LseState<ex::Storage<S>::acc> SparseStep(                        \
+        const S* x, int64_t c, int64_t label, ex::Storage<S>::acc s, S* dx,     \
+        const ex::RowPrefetch& pf, ex::Storage<S>::acc* scratch) {              \
+      return SparseStepRow_##SUFFIX(x, c, label, s, dx, pf, scratch);           \
     }                                                                           \
     static ex::DenseState<ex::Storage<S>::acc> Dense(const S* x, const S* y,    \
                                                      int64_t c) {               \
@@ -497,6 +572,15 @@ XENT_AVX512 void ScaleRowAvx512(const float* bp, int64_t c, float g, S* dx) {
   ex::scale_row<H, kStream>(bp, c, g, reinterpret_cast<H*>(dx));
 }
 
+template <typename S, bool kStream>
+XENT_AVX512 ex::LseState<float> SparseStepRowAvx512(const S* x, int64_t c, int64_t label, float s,
+                                                    S* dx, const ex::RowPrefetch& pf,
+                                                    float* scratch) {
+  typedef typename HardwareStorage<S>::type H;
+  return ex::sparse_step_row<H, kStream>(reinterpret_cast<const H*>(x), c, label, s,
+                                         reinterpret_cast<H*>(dx), pf, scratch);
+}
+
 XENT_AVX512 void StoreFenceAvx512() { ex::store_fence(); }
 #else
 bool CpuHasAvx512() { return false; }
@@ -549,6 +633,14 @@ float* ScratchRow(int64_t C) {
   return scratch.data();
 }
 
+// The one-pass step's scratch row for 16-bit logits (their exponentials, in
+// acc) or a streamed float row: per thread, kept between calls.
+template <typename A> A* StepScratch(int64_t C) {
+  thread_local std::vector<A> scratch;
+  if (int64_t(scratch.size()) < C) scratch.resize(C);
+  return scratch.data();
+}
+
 // The training step's rows of one call (the fused forward's and the scale
 // op's): RowFns, or the AVX-512 variants above.
 template <typename S> struct StepRows {
@@ -589,6 +681,28 @@ template <typename S> struct StepRows {
     }
 #endif
     return RowFns<S>::SparseFused(row, C, label, bp, NextRow(row, bp, C, last));
+  }
+
+  // The one-pass step's row (sparse_step_row): float streams as the fused
+  // forward's backprop does; 16-bit rows are written by ordinary stores from a
+  // scratch row of their exponentials.
+  ex::LseState<A> Step(const S* row, int64_t C, int64_t label, A s, S* dx, bool last) const {
+    constexpr bool kHalf = sizeof(S) < sizeof(A);
+#if XENT_AVX512_ROWS
+    if constexpr (std::is_same<A, float>::value) {
+      if constexpr (!kHalf) {
+        if (stream_fused)
+          return SparseStepRowAvx512<S, true>(row, C, label, s, dx,
+                                              NextRow<S, S>(row, nullptr, C, last),
+                                              StepScratch<A>(C));
+      }
+      if (avx512)
+        return SparseStepRowAvx512<S, false>(row, C, label, s, dx, NextRow(row, dx, C, last),
+                                             kHalf ? StepScratch<A>(C) : nullptr);
+    }
+#endif
+    return RowFns<S>::SparseStep(row, C, label, s, dx, NextRow(row, dx, C, last),
+                                 kHalf ? StepScratch<A>(C) : nullptr);
   }
 
   // (a 16-bit dx is a fresh buffer, never bp, so it can be streamed)
@@ -758,6 +872,17 @@ class SparseXentFusedOp : public OpKernel {
   }
 };
 
+// dx = bp * g[:, None], row by row (the scale op's and the step gradient's).
+template <typename S>
+void ScaleRows(OpKernelContext* ctx, const StepRows<S>& rows, const typename StepRows<S>::A* bp,
+               const S* g, S* dx, int64_t B, int64_t C) {
+  ForEachRow(ctx, B, 2 * C, [&](int64_t b, bool last) {
+    thread_local int64_t done = 0;
+    rows.Scale(bp + b * C, C, ex::Storage<S>::load(g[b]), dx + b * C);
+    rows.EndShard(last, &done, /*fused=*/false);
+  });
+}
+
 // dlogits = backprop * grad_loss[:, None] (CPU), in place when backprop has
 // the logits' type and no other reader.
 template <typename T, typename L>
@@ -790,12 +915,7 @@ class SparseXentScaleOp : public OpKernel {
     const S* g = AsStorage<T>(grad_loss);
     S* dx = AsStorage<T>(dlogits);
     if (dx != reinterpret_cast<const void*>(bp)) CpuPath::MaybePoison(dx, B * C);
-    const StepRows<S> rows(B, C);
-    ForEachRow(ctx, B, 2 * C, [&](int64_t b, bool last) {
-      thread_local int64_t done = 0;
-      rows.Scale(bp + b * C, C, ex::Storage<S>::load(g[b]), dx + b * C);
-      rows.EndShard(last, &done, /*fused=*/false);
-    });
+    ScaleRows(ctx, StepRows<S>(B, C), bp, g, dx, B, C);
   }
 };
 
@@ -900,6 +1020,216 @@ struct CpuImpl {
                            ex::Storage<S>::load(g[b]), a.exact_gradient, dx + b * C);
     });
     return OkStatus();
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The training step in one B x C pass (EquivtoolSparseXentStep, then
+// EquivtoolSparseXentStepGrad). The upstream gradient of a row's loss is
+// known only in the backward, but in a training step it is nearly always one
+// value for every row: fl(1 / B) for a mean (tf.reduce_mean, Keras'
+// sum_over_batch_size), 1 for a sum, a loss scale over B. So the forward
+// guesses it and writes the final dlogits while it has the exponentials; the
+// gradient op checks the guess against every row's grad_loss (B values) and
+// hands the buffer on when it holds, which makes a step one read of the
+// logits and one write of B x C, as tf.exp. When the guess fails, the
+// gradient op still gives the same bits: float and double buffers written for
+// 1 (softmax - onehot itself) are scaled in place, anything else is
+// recomputed from the logits and the forward's shift and log_norm (the
+// separate gradient op's rows). The guess never changes a result, only the
+// work: each forward kernel (a site) remembers what its gradient op last saw.
+struct StepGuess {
+  enum Kind { kMean, kConst, kMixed };  // fl(1/B) | one value | rows differ
+  struct Seen { Kind kind; uint64_t bits; };
+
+  static int64_t NewSite() {
+    static std::atomic<int64_t> next{0};
+    return ++next;
+  }
+  static bool Lookup(int64_t site, Seen* seen) {
+    std::lock_guard<std::mutex> lock(Mu());
+    auto it = Map().find(site);
+    if (it == Map().end()) return false;
+    *seen = it->second;
+    return true;
+  }
+  static void Record(int64_t site, Seen seen) {
+    std::lock_guard<std::mutex> lock(Mu());
+    if (Map().size() >= 4096 && Map().count(site) == 0) Map().clear();  // bounded
+    Map()[site] = seen;
+  }
+  // The mean's upstream gradient as TensorFlow's Mean gradient computes it:
+  // 1 / B in T (16-bit: B and the quotient rounded to T, the quotient in float).
+  template <typename S> static S Mean(int64_t B) {
+    typedef typename ex::Storage<S>::acc A;
+    const A b = ex::Storage<S>::load(ex::Storage<S>::store(A(B)));
+    return ex::Storage<S>::store(A(1) / b);
+  }
+  // 0: the forward's buffer handed on; 1: scaled in place; 2: recomputed.
+  static std::atomic<int64_t>& Calls(int which) {
+    static std::atomic<int64_t> calls[3];
+    return calls[which];
+  }
+
+ private:
+  static std::mutex& Mu() {
+    static std::mutex mu;
+    return mu;
+  }
+  static std::unordered_map<int64_t, Seen>& Map() {
+    static std::unordered_map<int64_t, Seen> map;
+    return map;
+  }
+};
+
+template <typename S> uint64_t BitsOf(S v) {
+  uint64_t bits = 0;
+  memcpy(&bits, &v, sizeof v);
+  return bits;
+}
+template <typename S> S FromBits(uint64_t bits) {
+  S v;
+  memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+template <typename T, typename L>
+class SparseXentStepOp : public OpKernel {
+ public:
+  explicit SparseXentStepOp(OpKernelConstruction* c) : OpKernel(c), site_(StepGuess::NewSite()) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    constexpr bool kExact = std::is_same<T, A>::value;  // S holds softmax - onehot exactly
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, /*dense=*/false));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckLabelRange<L>(labels, C));
+    // the guess: what this site's gradient last saw, else a mean's; where the
+    // rows differed, 1 for float/double (then scaled in place), none for 16-bit
+    StepGuess::Seen seen{StepGuess::kMean, 0};
+    StepGuess::Lookup(site_, &seen);
+    bool guessed = true;
+    S s = StepGuess::Mean<S>(B);
+    if (seen.kind == StepGuess::kConst) s = FromBits<S>(seen.bits);
+    if (seen.kind == StepGuess::kMixed) {
+      s = ex::Storage<S>::store(A(1));
+      guessed = kExact;
+    }
+    Tensor *loss, *dx_t, *guess, *site, *shift, *log_norm;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &loss));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({guessed ? B : 0, C}), &dx_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({guessed ? 1 : 0}), &guess));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &site));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({B}), &shift));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({B}), &log_norm));
+    site->scalar<int64_t>()() = site_;
+    if (guessed) AsStorage<T>(guess)[0] = s;
+    if (B == 0) return;
+    const S* x = AsStorage<T>(logits);
+    const L* y = labels.flat<L>().data();
+    S* out = AsStorage<T>(loss);
+    A* sh = shift->flat<A>().data();
+    A* ln = log_norm->flat<A>().data();
+    S* dx = guessed ? AsStorage<T>(dx_t) : nullptr;
+    if (guessed) CpuPath::MaybePoison(dx, B * C);
+    StepRows<S> rows(B, C);
+    if (!kExact) rows.stream_fused = false;  // 16-bit step rows are not streamed
+    const A sa = ex::Storage<S>::load(s);
+    ForEachRow(ctx, B, 6 * C, [&](int64_t b, bool last) {
+      thread_local int64_t done = 0;
+      const S* row = x + b * C;
+      const int64_t label = static_cast<int64_t>(y[b]);
+      const ex::LseState<A> st =
+          guessed ? rows.Step(row, C, label, sa, dx + b * C, last)
+                  : RowFns<S>::Lse(row, C, NextRow<S, A>(row, nullptr, C, last));
+      out[b] = ex::Storage<S>::store(ex::sparse_loss(st, ex::Storage<S>::load(row[label])));
+      const ex::RowStats<A> r = ex::finish(st);
+      sh[b] = r.shift;
+      ln[b] = r.log_norm;
+      if (guessed) rows.EndShard(last, &done, /*fused=*/true);
+    });
+  }
+
+ private:
+  const int64_t site_;
+};
+
+template <typename T, typename L>
+class SparseXentStepGradOp : public OpKernel {
+ public:
+  explicit SparseXentStepGradOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    typedef typename StorageOf<T>::type S;
+    typedef typename AccOf<T>::type A;
+    constexpr bool kExact = std::is_same<T, A>::value;
+    const Tensor& buffer = ctx->input(0);
+    const Tensor& guess = ctx->input(1);
+    const Tensor& site = ctx->input(2);
+    const Tensor& grad_loss = ctx->input(3);
+    const Tensor& logits = ctx->input(4);
+    const Tensor& labels = ctx->input(5);
+    OP_REQUIRES_OK(ctx, CheckLogitsAndLabels(logits, labels, /*dense=*/false));
+    const int64_t B = logits.dim_size(0), C = logits.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckRowVector(grad_loss, B, "grad_loss"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(6), B, "shift"));
+    OP_REQUIRES_OK(ctx, CheckRowVector(ctx->input(7), B, "log_norm"));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(site.shape()),
+                errors::InvalidArgument("site must be a scalar, got shape ",
+                                        site.shape().DebugString()));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(guess.shape()) && guess.NumElements() <= 1,
+                errors::InvalidArgument("guess must have shape [0] or [1], got ",
+                                        guess.shape().DebugString()));
+    const bool guessed = guess.NumElements() == 1;
+    OP_REQUIRES(ctx, !guessed || buffer.shape() == logits.shape(),
+                errors::InvalidArgument("dlogits_guess must have the logits' shape ",
+                                        logits.shape().DebugString(), ", but got shape ",
+                                        buffer.shape().DebugString()));
+    const S* g = AsStorage<T>(grad_loss);
+    // what the upstream gradient was: one value (whose bits) or rows differ
+    bool uniform = true;
+    const uint64_t g0 = B > 0 ? BitsOf(g[0]) : 0;
+    for (int64_t b = 1; b < B && uniform; ++b) uniform = BitsOf(g[b]) == g0;
+    if (B > 0) {
+      StepGuess::Seen seen{StepGuess::kMixed, 0};
+      if (uniform) {
+        const bool mean = g0 == BitsOf(StepGuess::Mean<S>(B));
+        seen = StepGuess::Seen{mean ? StepGuess::kMean : StepGuess::kConst, g0};
+      }
+      StepGuess::Record(site.scalar<int64_t>()(), seen);
+    }
+    const uint64_t s = guessed ? BitsOf(AsStorage<T>(guess)[0]) : 0;
+    if (guessed && (B == 0 || C == 0 || (uniform && g0 == s))) {
+      ctx->set_output(0, buffer);  // the forward wrote exactly these
+      StepGuess::Calls(0).fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    Tensor* dlogits = nullptr;
+    if (kExact && guessed && s == BitsOf(ex::Storage<S>::store(A(1)))) {
+      // buffer = softmax - onehot exactly: scale it (in place when no one else reads it)
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, logits.shape(), &dlogits));
+      const A* bp = reinterpret_cast<const A*>(AsStorage<T>(buffer));
+      S* dx = AsStorage<T>(dlogits);
+      if (dx != reinterpret_cast<const void*>(bp)) CpuPath::MaybePoison(dx, B * C);
+      ScaleRows(ctx, StepRows<S>(B, C), bp, g, dx, B, C);
+      StepGuess::Calls(1).fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    // recompute: the separate gradient op's rows
+    GradArgs a;
+    a.logits = &logits;
+    a.labels = &labels;
+    a.shift = &ctx->input(6);
+    a.log_norm = &ctx->input(7);
+    a.grad_loss = &grad_loss;
+    a.B = B;
+    a.C = C;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &a.dlogits));
+    if (B == 0 || C == 0) return;
+    CpuPath::MaybePoison(AsStorage<T>(a.dlogits), B * C);
+    OP_REQUIRES_OK(ctx, (CpuImpl::SparseGrad<T, L>(ctx, a)));
+    StepGuess::Calls(2).fetch_add(1, std::memory_order_relaxed);
   }
 };
 
@@ -1179,19 +1509,18 @@ struct GpuImpl {
 
 REGISTER_DEVICE(DEVICE_CPU, CpuImpl)
 
-#define REGISTER_FUSED(T, L)                                               \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentFused")                 \
+#define REGISTER_CPU_STEP(NAME, KERNEL, T, L)                              \
+  REGISTER_KERNEL_BUILDER(Name(NAME)                                       \
                               .Device(DEVICE_CPU)                          \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<L>("Tlabels")                \
                               .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentFusedOp<T, L>);                        \
-  REGISTER_KERNEL_BUILDER(Name("EquivtoolSparseXentScale")                 \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<L>("Tlabels")                \
-                              .TypeConstraint<AccOf<T>::type>("Tacc"),     \
-                          SparseXentScaleOp<T, L>);
+                          KERNEL<T, L>);
+#define REGISTER_FUSED(T, L)                                                  \
+  REGISTER_CPU_STEP("EquivtoolSparseXentFused", SparseXentFusedOp, T, L)      \
+  REGISTER_CPU_STEP("EquivtoolSparseXentScale", SparseXentScaleOp, T, L)      \
+  REGISTER_CPU_STEP("EquivtoolSparseXentStep", SparseXentStepOp, T, L)        \
+  REGISTER_CPU_STEP("EquivtoolSparseXentStepGrad", SparseXentStepGradOp, T, L)
 #define REGISTER_FUSED_T(T) REGISTER_FUSED(T, int32) REGISTER_FUSED(T, int64_t)
 REGISTER_FUSED_T(Eigen::half)
 REGISTER_FUSED_T(bfloat16)
@@ -1199,6 +1528,7 @@ REGISTER_FUSED_T(float)
 REGISTER_FUSED_T(double)
 #undef REGISTER_FUSED_T
 #undef REGISTER_FUSED
+#undef REGISTER_CPU_STEP
 #if GOOGLE_CUDA
 REGISTER_DEVICE(DEVICE_GPU, GpuImpl)
 #endif
@@ -1314,6 +1644,12 @@ __attribute__((visibility("default"))) void equivtool_xent_cpu_path(int avx512,
   if (poison >= 0) CpuPath::Poison().store(poison != 0);
   if (avx512 >= 0) CpuPath::Avx512().store(avx512 != 0 && ::tensorflow::CpuHasAvx512());
   if (stream_min_bytes >= 0) CpuPath::StreamMinBytes().store(stream_min_bytes);
+}
+
+// The one-pass step's gradient calls so far (see StepGuess), into out[0..2]:
+// the forward's buffer handed on, scaled in place, recomputed.
+__attribute__((visibility("default"))) void equivtool_xent_step_calls(int64_t* out) {
+  for (int i = 0; i < 3; ++i) out[i] = ::tensorflow::StepGuess::Calls(i).load();
 }
 
 }  // extern "C"

@@ -798,6 +798,69 @@ XENT_FN void scale_row(const typename Storage<S>::acc* bp, int64_t C,
   for (; j < C; ++j) dx[j] = Storage<S>::store(g * bp[j]);
 }
 
+// The training step's one-pass gradient (issue 38): the fused forward of a
+// step whose upstream gradient it expects to be s for every row writes the
+// final dlogits itself, dx[j] = s * (e[j] * scale - [j == label]) stored in
+// S: the bits scale_row writes from sparse_fused_row's backprop for g = s, and
+// so the separate gradient pass's. The step's gradient op then only checks
+// that the upstream gradient was s and hands dx on: one read of the logits
+// and one write of B x C in all, as tf.exp. e may be dx itself when S is
+// acc; with kStream (host AVX-512, float only; e is then a scratch row) the
+// 64-byte lines wholly inside the row are streamed, as fused_backprop_row.
+template <bool kStream, typename S>
+XENT_FN void step_grad_row(const typename Storage<S>::acc* e, int64_t C,
+                           typename Storage<S>::acc scale, int64_t label,
+                           typename Storage<S>::acc s, S* dx) {
+  typedef typename Storage<S>::acc A;
+  int64_t j = 0;
+#if XENT_HOST_VECTORS
+  if constexpr (sizeof(A) == sizeof(float)) {
+#if XENT_HOST_AVX512
+    if constexpr (kStream) {
+      static_assert(sizeof(S) == sizeof(float), "the step streams float rows only");
+      const int64_t head = (-reinterpret_cast<uintptr_t>(dx) & 63) / sizeof(S);
+      for (; j < head && j < C; ++j) {
+        const A t = e[j] * scale;
+        dx[j] = Storage<S>::store(s * (j == label ? t - A(1) : t));
+      }
+      for (; j + kLanes <= C; j += kLanes) {
+        vfloat t = VecIO<float>::load(e + j) * scale;
+        if (label >= j && label < j + kLanes) t[label - j] = t[label - j] - A(1);
+        stream_store(reinterpret_cast<float*>(dx + j), s * t);
+      }
+    }
+#endif
+    for (; j + kLanes <= C; j += kLanes) {
+      vfloat t = VecIO<float>::load(e + j) * scale;
+      if (label >= j && label < j + kLanes) t[label - j] = t[label - j] - A(1);
+      VecIO<S>::store(dx + j, s * t);
+    }
+  }
+#endif
+  static_assert(!kStream || XENT_HOST_AVX512, "streaming stores need the host's AVX-512");
+  for (; j < C; ++j) {
+    const A t = e[j] * scale;
+    dx[j] = Storage<S>::store(s * (j == label ? t - A(1) : t));
+  }
+}
+
+// The fused forward of one sparse row of a step (see step_grad_row): returns
+// the row's state (the loss-only forward's) and writes dx for upstream
+// gradient s. The exponentials go to dx itself when S is acc and nothing is
+// streamed, else to scratch (C elements of acc, in cache).
+template <typename S, bool kStream = false>
+XENT_FN LseState<typename Storage<S>::acc> sparse_step_row(const S* x, int64_t C, int64_t label,
+                                                            typename Storage<S>::acc s, S* dx,
+                                                            const RowPrefetch& pf,
+                                                            typename Storage<S>::acc* scratch) {
+  typedef typename Storage<S>::acc A;
+  A* e = scratch;
+  if constexpr (sizeof(S) == sizeof(A) && !kStream) e = reinterpret_cast<A*>(dx);
+  const LseState<A> st = sparse_fused_exps<S>(x, C, e, pf);
+  step_grad_row<kStream, S>(e, C, norm_scale(finish(st).log_norm), label, s, dx);
+  return st;
+}
+
 }  // namespace equivtool_xent
 
 #endif  // EQUIVTOOL_CUSTOM_OPS_XENT_XENT_ROW_H_

@@ -274,14 +274,14 @@ def test_keras_model_fitted_before_is_retraced_when_passed_to_the_block():
         with ops.deterministic_xent():
             pass
     # a training step runs the fused op (a gradient tape records the logits)
-    before = _train_functions_holding(xent.SPARSE_FUSED_OP)
+    before = _train_functions_holding(xent.SPARSE_STEP_OP)
     old_traces = _trace_names(model.train_function)
     assert old_traces <= set(swap.traced_functions_holding_tf_xent())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", swap.StaleTraceWarning)
         with ops.deterministic_xent(model):
             model.fit(x, y, epochs=1, verbose=0)
-            routed = _train_functions_holding(xent.SPARSE_FUSED_OP) - before
+            routed = _train_functions_holding(xent.SPARSE_STEP_OP) - before
     reported = " ".join(str(w.message) for w in caught)
     assert not any(name in reported for name in old_traces), reported  # released, not stale
     assert routed, "fit inside deterministic_xent(model) did not trace with equivtool's op"

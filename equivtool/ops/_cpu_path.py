@@ -66,6 +66,31 @@ def _call(avx512: int, stream_min_bytes: int, poison: int) -> CpuPathState:
                         poison=bool(out[5]))
 
 
+@dataclasses.dataclass(frozen=True)
+class StepCalls:
+    """How the one-pass training step's gradient op has finished in this
+    process: ``handed_on`` the forward's guess held and its buffer became the
+    gradient (no B x C pass), ``scaled`` a float/double buffer of
+    ``softmax - onehot`` was scaled by the upstream gradient, ``recomputed``
+    the gradient was recomputed from the logits."""
+    handed_on: int
+    scaled: int
+    recomputed: int
+
+
+def step_calls() -> StepCalls:
+    """The one-pass step's gradient calls so far, by how each finished."""
+    from equivtool.ops._load import library_path, load_library
+
+    load_library()
+    fn = ctypes.CDLL(library_path()).equivtool_xent_step_calls
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    fn.restype = None
+    out = (ctypes.c_int64 * 3)()
+    fn(out)
+    return StepCalls(handed_on=int(out[0]), scaled=int(out[1]), recomputed=int(out[2]))
+
+
 def path_state() -> CpuPathState:
     """The CPU path now in force and the rows each variant has written."""
     with _lock:

@@ -28,9 +28,11 @@ composite of TensorFlow ops (``tf.test.compute_gradient`` checks both).
 The training step (sparse labels, CPU): when a gradient tape records the
 logits (eager, or a ``tf.function`` traced around a tape, as Keras' ``fit``
 is) and TensorFlow sees no GPU, the loss comes from a fused op that computes
-one exponential per element and writes ``softmax - onehot`` (B x C, in the
-accumulation dtype) while it has them, as TensorFlow's fused kernel writes its
-backprop; the gradient only scales those rows by the upstream gradient. Its
+one exponential per element and, while it has them, writes the gradient for
+the upstream gradient it guesses (one value for every row: a mean's 1/B, or
+what this op's gradient saw last time); the gradient op hands those rows on
+when every row's upstream gradient is the guess, so a training step touches
+B x C memory once, and otherwise scales or recomputes them. Its
 loss and gradient are bit for bit those of the separate path (loss-only
 forward, then a gradient kernel that recomputes the exponentials), which
 serves everything else: no tape (inference, ``tf.stop_gradient``, TF1
@@ -71,6 +73,8 @@ DENSE_OP = "EquivtoolXent"
 DENSE_GRAD_OP = "EquivtoolXentGrad"
 SPARSE_FUSED_OP = "EquivtoolSparseXentFused"
 SPARSE_SCALE_OP = "EquivtoolSparseXentScale"
+SPARSE_STEP_OP = "EquivtoolSparseXentStep"
+SPARSE_STEP_GRAD_OP = "EquivtoolSparseXentStepGrad"
 
 _FLOAT_TYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _LABEL_TYPES = (tf.int32, tf.int64)
@@ -111,9 +115,34 @@ def _fused_step(logits: tf.Tensor) -> bool:
 
 
 def _sparse_rows_fused(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    """Loss of [B, C] logits and [B] labels by the fused op; its gradient
-    scales the op's softmax - onehot rows by the upstream gradient."""
+    """Loss of [B, C] logits and [B] labels by the one-pass step op: it writes
+    the gradient for the upstream gradient it guesses (a mean's 1/B, or what
+    this op's gradient saw last), and its gradient op hands that on when the
+    guess holds in every row, else scales or recomputes it (same bits)."""
     lib = load_library()
+    if not hasattr(lib, "equivtool_sparse_xent_step"):
+        return _sparse_rows_fused_pair(lib, logits, labels)  # a library built before the step op
+    acc = _acc_dtype(logits.dtype)
+
+    @tf.custom_gradient
+    @tf.autograph.experimental.do_not_convert  # plain op calls; nothing to convert
+    def fused(x):
+        loss, dlogits_guess, guess, site, shift, log_norm = lib.equivtool_sparse_xent_step(
+            logits=x, labels=labels, Tacc=acc)
+
+        def grad(grad_loss):
+            return lib.equivtool_sparse_xent_step_grad(
+                dlogits_guess=dlogits_guess, guess=guess, site=site, grad_loss=grad_loss,
+                logits=x, labels=labels, shift=shift, log_norm=log_norm)
+        return loss, grad
+
+    return fused(logits)
+
+
+def _sparse_rows_fused_pair(lib, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """The fused path of a library without the one-pass step op: the fused op
+    writes softmax - onehot, its gradient scales the rows (a second B x C
+    pass; the same bits)."""
     acc = _acc_dtype(logits.dtype)
 
     @tf.custom_gradient
@@ -253,6 +282,23 @@ def _sparse_xent_grad_grad(op, grad_dlogits):
     logits (through the softmax Jacobian) and none to shift and log_norm.
     """
     logits, labels, shift, log_norm, grad_loss = op.inputs
+    return _sparse_grad_grad(logits, labels, shift, log_norm, grad_loss, grad_dlogits)
+
+
+@_tf_ops.RegisterGradient(SPARSE_STEP_GRAD_OP)
+def _sparse_xent_step_grad_grad(op, grad_dlogits):
+    """Second order of the one-pass step: the same derivative as
+    SPARSE_GRAD_OP's, from the step's logits and statistics (its guessed
+    buffer may hold dlogits for another upstream gradient: never read here)."""
+    _, _, _, grad_loss, logits, labels, shift, log_norm = op.inputs
+    d_logits, _, _, _, d_grad_loss = _sparse_grad_grad(logits, labels, shift, log_norm,
+                                                       grad_loss, grad_dlogits)
+    return None, None, None, d_grad_loss, d_logits, None, None, None
+
+
+def _sparse_grad_grad(logits, labels, shift, log_norm, grad_loss, grad_dlogits):
+    """SPARSE_GRAD_OP's input gradients (logits, labels, shift, log_norm,
+    grad_loss) for upstream grad_dlogits."""
     p = _probabilities(logits, shift, log_norm)
     onehot = tf.one_hot(labels, tf.shape(logits)[1], dtype=p.dtype)
     d_logits, d_grad_loss = _sparse_second_order(p, p - onehot, grad_dlogits, grad_loss)
