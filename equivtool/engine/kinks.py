@@ -18,8 +18,8 @@ step's TF2 training call runs with an op callback recording, in execution order,
 the input of every ReLU, ReLU6, leaky ReLU and max pool (:class:`KinkTap`); the TF1
 interpreter builds the same gradients a second time with those ops' gradient
 kernels fed a stand-in for their forward input, in its reference graph and in the
-kernel floor's perturbed one. After the TF2 side, the TF1 side's lane sends the TF2
-inputs there (ops aligned by order, type and shape; :func:`route_gradients`) and
+kernel floor's perturbed one. After the TF2 side, where the step fails as computed,
+the TF1 side's lane sends the TF2 inputs there (ops aligned by order, type and shape; :func:`route_gradients`) and
 gets back the TF1 gradients *routed as the TF2 side's forward values route them*,
 the gradients as computed again (which must reproduce the step's bit for bit), and
 each kink's TF1 input. A step that failed passes only when both hold

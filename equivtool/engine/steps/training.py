@@ -111,8 +111,16 @@ def _gradients_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     return judge_loop_random(result, tf1["loops"], tf1["flags"])
 
 
-gradients = SplitStep(_gradients_tf1, _gradients_tf2, _gradients_judge, tf1_after=kinks.route_gradients,
-                      wants_after=kinks.routed_on)
+def _where_failed(route, judge):
+    """``route`` (the kinks' second TF1 half) run only where ``judge`` fails the step
+    without it: a step that passes needs no routed run."""
+    def after(e: "Engine", tf1: dict, tf2: dict) -> dict:
+        return route(e, tf1, tf2) if judge(e, tf1, tf2).status == "failed" else tf1
+    return after
+
+
+gradients = SplitStep(_gradients_tf1, _gradients_tf2, _gradients_judge,
+                      tf1_after=_where_failed(kinks.route_gradients, _gradients_judge), wants_after=kinks.routed_on)
 
 
 def _optimizers(e: "Engine") -> tuple:
@@ -254,5 +262,5 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
     return judge_loop_random(result, tf1["loops"], tf1["flags"])
 
 
-optimizer = SplitStep(_optimizer_tf1, _optimizer_tf2, _optimizer_judge, tf1_after=kinks.route_optimizer,
-                      wants_after=kinks.routed_on)
+optimizer = SplitStep(_optimizer_tf1, _optimizer_tf2, _optimizer_judge,
+                      tf1_after=_where_failed(kinks.route_optimizer, _optimizer_judge), wants_after=kinks.routed_on)
