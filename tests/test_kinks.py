@@ -140,9 +140,9 @@ def _options(**kwargs):
 
 
 @pytest.mark.parametrize("change, routed", [({}, True), ({"kernel_floor": False}, False),
-                                            ({"tf_function": True}, False), ({"tf1_python": None}, False),
+                                            ({"tf_function": True}, True), ({"tf1_python": None}, False),
                                             ({"strategy": object()}, False)])
-def test_kinks_are_routed_only_with_the_kernel_floor_an_eager_tf2_side_and_the_old_interpreter(change, routed):
+def test_kinks_are_routed_only_with_the_kernel_floor_the_old_interpreter_and_no_strategy(change, routed):
     assert kinks.wanted(_options(**change)) is routed
 
 
@@ -167,12 +167,45 @@ def test_the_tap_keeps_each_kinks_input_in_order_and_changes_no_number():
     assert [np.shape(v) for v in found["inputs"]] == [(1, 4, 4, 2), (1, 4, 4, 2), (1, 2, 2, 2)]
 
 
-def test_under_tf_function_the_tap_says_it_saw_no_values():
+def _traced_grads(tap=None):
+    import tensorflow as tf
+    from equivtool.engine.sides.tf2_side import run_tapped
+    x = tf.constant(np.random.RandomState(0).standard_normal((1, 4, 4, 2)).astype(np.float32))
+    w = tf.Variable(np.random.RandomState(1).standard_normal((3, 3, 2, 2)).astype(np.float32))
+
+    @tf.function
+    def grads():
+        with tf.GradientTape() as tape:
+            h = tf.nn.max_pool2d(tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME")), 2, 2, "VALID")
+            loss = tf.reduce_sum(tf.nn.relu6(h - 0.5) ** 2)
+        return tape.gradient(loss, w), h
+    found = grads() if tap is None else run_tapped(tap, grads)
+    return [t.numpy() for t in found]
+
+
+def test_under_tf_function_the_tap_keeps_each_kinks_input_as_the_function_runs_and_changes_no_number():
+    bare, pooled = _traced_grads()
+    tap = kinks.KinkTap()
+    tapped, _ = _traced_grads(tap)
+    assert tapped.tobytes() == bare.tobytes()
+    found = tap.capture()
+    assert found["types"] == ["Relu", "MaxPool", "Relu6"]
+    np.testing.assert_array_equal(found["inputs"][2], pooled - 0.5)  # the value the op ran on
+
+
+def test_under_tf_function_without_sinks_the_tap_keeps_nothing_and_says_why():
+    tap = kinks.KinkTap(sinks=False)
+    _traced_grads(tap)
+    assert "tensorflow_default" in tap.capture()["error"]
+    assert kinks.tap(types.SimpleNamespace(graph_rewrites="tensorflow_default")).sinks is False
+
+
+def test_a_traced_function_that_never_runs_its_sinks_keeps_nothing():
     import tensorflow as tf
     from equivtool.engine.sides.tf2_side import run_tapped
     tap = kinks.KinkTap()
-    run_tapped(tap, tf.function(lambda t: tf.nn.relu(t)), tf.constant([1.0, -1.0]))
-    assert "traced a graph" in tap.capture()["error"]
+    run_tapped(tap, lambda: tf.function(lambda t: tf.nn.relu(t)).get_concrete_function(tf.constant([1.0])))
+    assert "ran 0 of its 1 kink sinks" in tap.capture()["error"]
 
 
 def test_misaligned_kinks_are_not_routed_and_say_why():
@@ -308,3 +341,10 @@ def test_planted_slips_stay_not_equivalent_in_the_optimizer_step_with_kinks_rout
     step = found.step("optimizer")
     assert step.status == "failed" and not found.passed, str(found)
     assert any(says in note for note in step.notes), step.notes
+
+
+def test_under_tf_function_the_kinks_are_routed_as_eagerly(tf1_python):
+    found = _check(tf1_python, 1e-30, kernel_floor=True, tf_function=True)
+    step = found.step("gradients")
+    assert step.status == "passed" and found.passed, str(found)
+    assert step.data["kink_floor"]["flipped_elements"] == 72

@@ -13,9 +13,9 @@ elements of 10 batch norms, the stem's gradient 0.25 apart). The kernel floor
 whether its own perturbed run flips the same kinks is chance, so it cannot judge
 this. Widening a floor until the step passes would be a guess.
 
-How, with ``kernel_floor=True`` (eager TF2 side, no strategy): the ``gradients``
-step's TF2 training call runs with an op callback recording, in execution order,
-the input of every ReLU, ReLU6, leaky ReLU and max pool (:class:`KinkTap`); the TF1
+How, with ``kernel_floor=True`` (no strategy): the ``gradients`` and ``optimizer``
+steps' TF2 training calls run with an op callback recording, in program order, the
+input of every ReLU, ReLU6, leaky ReLU and max pool (:class:`KinkTap`); the TF1
 interpreter builds the same gradients a second time with those ops' gradient
 kernels fed a stand-in for their forward input, in its reference graph and in the
 kernel floor's perturbed one. After the TF2 side, where the step fails as computed,
@@ -70,10 +70,15 @@ KINK = noise_floor.FloorWording(
 def wanted(o: "Options", kernel_floor_on: bool | None = None) -> bool:
     """Whether kinks are routed (in the ``gradients`` and ``optimizer`` steps): the kernel
     floor on (``kernel_floor_on``: the shadow engine's own flag), the TF1 side in the TF1
-    interpreter, an eager TF2 side (under ``tf.function`` the callback sees a graph being
-    traced, not values) and no strategy."""
+    interpreter and no strategy (each replica would route its own part of the batch)."""
     on = o.kernel_floor if kernel_floor_on is None else kernel_floor_on
-    return bool(on and o.tf1_python is not None and not o.tf_function and o.strategy is None)
+    return bool(on and o.tf1_python is not None and o.strategy is None)
+
+
+def tap(o: "Options") -> KinkTap:
+    """A tap for the TF2 side's training call (sinks in a traced graph only with
+    ``graph_rewrites="as_written"``: see :class:`KinkTap`)."""
+    return KinkTap(sinks=o.graph_rewrites == "as_written")
 
 
 def routed_on(e: "Engine") -> bool:
@@ -87,30 +92,58 @@ def routed_on(e: "Engine") -> bool:
 
 class KinkTap:
     """An op callback (install it with ``tf2_side.run_tapped``) keeping the input of
-    every op of :data:`KINK_TYPES` that runs eagerly on the installing thread, in
-    execution order; under ``tf.function`` it only notes that a graph was traced."""
+    every op of :data:`KINK_TYPES` that runs on the installing thread, in program
+    order: an eager op's as it runs; an op of a ``tf.function`` being traced through a
+    ``numpy_function`` sink that keeps it when the function runs (numbered in trace
+    order, which is program order, whatever order the sinks run in). A sink is one
+    more consumer of the op's input: with ``graph_rewrites="tensorflow_default"`` a
+    graph rewrite could fuse differently because of it, so there (``sinks=False``)
+    traced kinks are only noted, not kept."""
 
-    def __init__(self):
+    def __init__(self, sinks: bool = True):
         self.thread = threading.get_ident()
-        self.records: list = []   # (op type, input as NumPy)
-        self.traced = False
+        self.sinks = sinks
+        self.records: list = []   # (op type, input as NumPy), eager
+        self.traced: list = []    # op types, traced
+        self.sunk: dict = {}      # trace number -> input as NumPy, once the function ran
+        self.busy = False
 
     def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
-        if threading.get_ident() != self.thread:
+        if threading.get_ident() != self.thread or self.busy:
             return None
         if isinstance(op_type, bytes):  # eager execution passes the type as bytes
             op_type = op_type.decode("utf-8")
-        if op_type in KINK_TYPES:
-            if graph is not None:
-                self.traced = True
-            else:
-                self.records.append((op_type, inputs[0].numpy()))
+        if op_type not in KINK_TYPES:
+            return None
+        if graph is None:
+            self.records.append((op_type, inputs[0].numpy()))
+            return None
+        number = len(self.traced)
+        self.traced.append(op_type)
+        if self.sinks:
+            import tensorflow as tf
+
+            def sink(value, number=number):
+                self.sunk[number] = np.array(value)
+                return np.zeros((), np.int8)
+            self.busy = True  # (the sink is an op too)
+            try:
+                tf.numpy_function(sink, [inputs[0]], tf.int8, stateful=True, name="equivtool_kink_sink")
+            finally:
+                self.busy = False
         return None
 
     def capture(self) -> dict:
         """``{"types": [...], "inputs": [...]}``, or ``{"error": why}``."""
+        if self.traced and self.records:
+            return {"error": "the TF2 call ran kinks both eagerly and in a traced graph"}
         if self.traced:
-            return {"error": "the TF2 call traced a graph (its kinks' inputs are not values there)"}
+            if not self.sinks:
+                return {"error": "under tf.function with graph_rewrites='tensorflow_default' a kink's input is not "
+                                 "kept (a sink could change how the graph is rewritten)"}
+            if sorted(self.sunk) != list(range(len(self.traced))):
+                return {"error": f"the traced function ran {len(self.sunk)} of its {len(self.traced)} kink sinks"}
+            return {"types": list(self.traced), "inputs": [self.sunk[i] for i in range(len(self.traced))]}
         return {"types": [t for t, _ in self.records], "inputs": [x for _, x in self.records]}
 
 

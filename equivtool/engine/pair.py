@@ -178,7 +178,8 @@ class TF2Half(_Half):
         self.distributed = o.strategy is not None
         self.localize, self._starts = o.localize, {}
         self.want_gradients = o.want_gradients
-        self.tap_kinks = _kinks.wanted(o)  # the training call's kink inputs kept (engine.kinks)
+        # the training calls' kink inputs kept (engine.kinks): a tap per call, or None
+        self.kink_tap = (lambda: _kinks.tap(o)) if _kinks.wanted(o) else None
         self.kinks = None
         self.tool = DeterministicRandomTestTool(seed=o.seed, mode="constant")
         self._aligned = lambda: tf2_aligned(o)
@@ -200,8 +201,8 @@ class TF2Half(_Half):
             with self.tool.scope():
                 guard = assert_no_variable_creations() if guarded else self._aligned()
                 with guard:
-                    if training and with_gradients and self.tap_kinks:
-                        tap = _kinks.KinkTap()
+                    if training and with_gradients and self.kink_tap is not None:
+                        tap = self.kink_tap()
                         self._results[key] = run_tapped(tap, self.side.forward, self.inputs, training=training,
                                                         with_gradients=with_gradients)
                         self.kinks = tap.capture()

@@ -180,8 +180,8 @@ def _optimizer_tf2(e: "Engine", _) -> dict:
         taps = []  # per step, its kinks' inputs (engine.kinks)
         for _ in range(o.train_steps):
             with half.tool.scope():
-                if half.tap_kinks:
-                    taps.append(kinks.KinkTap())
+                if half.kink_tap is not None:
+                    taps.append(half.kink_tap())
                     losses.append(run_tapped(taps[-1], half.side.train_step, o.inputs, optimizer,
                                              training=not half.distributed))
                 else:
