@@ -29,6 +29,7 @@ from equivtool._platform import tf_internals as _tf_internals
 from equivtool._platform.graph_rewrites import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
 from equivtool.engine import noise_floor
 from equivtool.engine.sides.tf1_graph_reading import STATEFUL_RANDOM_OPS, align_pass_keys, loop_random_ops
+from equivtool.engine.sides._fed_reads import ReadPlan, read_plan
 from equivtool._base.graph import ancestors
 from equivtool._base.names import strip_output_index
 from equivtool._base.tree import expand_composites, flatten_tensors, pack_like
@@ -315,11 +316,32 @@ class TF1Side(Side):
         result, _ = self.session.run((fetches, list(update_ops)), feed_dict=self.feed(inputs))
         return expand_composites(result)  # ragged/sparse values as their parts, as the TF2 side's
 
-    def read_variables(self) -> dict:
+    def read_plan(self, fetches, update_ops=()) -> ReadPlan:
+        """Which variables a run of ``fetches`` and ``update_ops`` only reads (their
+        reads can be fed) and which it needs in the session (:mod:`._fed_reads`)."""
+        flat = [x for x in tf.nest.flatten(fetches, expand_composites=True) if x is not None]
+        return read_plan(self.variables, flat + list(update_ops))
+
+    def run_fed(self, fetches, feeds: Mapping, update_ops=()):
+        """:meth:`run` with ``feeds`` (read tensor -> value, from :meth:`read_plan`) added to
+        the inputs, and nothing initialised first: the variables the run needs in the
+        session are the caller's to set."""
+        result, _ = self.session.run((fetches, list(update_ops)), feed_dict={**self.feed(), **feeds})
+        return expand_composites(result)
+
+    def initialize_variables(self, variables) -> None:
+        """Run the initializers of ``variables`` only (no new op in the graph)."""
+        if variables:
+            self.session.run([v.initializer for v in variables])
+
+    def read_variables(self, wanted: Callable[[str], bool] | None = None) -> dict:
+        """``{key: value}`` of every variable, or of those whose key ``wanted`` accepts
+        (the others are not fetched)."""
         if not self._initialized:
             self.initialize()
-        values = self.session.run(self.variables)
-        return dict(zip(self.keys, values))
+        pairs = [(v, k) for v, k in zip(self.variables, self.keys) if wanted is None or wanted(k)]
+        values = self.session.run([v for v, _ in pairs])
+        return dict(zip((k for _, k in pairs), values))
 
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
         """Set every variable whose key is in ``values_by_key``, a chunk at a time
@@ -329,14 +351,16 @@ class TF1Side(Side):
             load_by_initializer(self.session, [(variable, values_by_key[key]) for variable, key in run])
         self._initialized = True
 
-    def copy_variables_from(self, other: "TF1Side") -> None:
-        """Give every variable that ``other`` has under the same key ``other``'s current
-        value, a chunk at a time; in a session not yet initialised, the other
-        variables are initialised first (a copied variable's initializer is not
-        run: its values would be overwritten)."""
+    def copy_variables_from(self, other: "TF1Side", keys=None) -> None:
+        """Give every variable that ``other`` has under the same key (of ``keys``, when
+        given) ``other``'s current value, a chunk at a time; in a session not yet
+        initialised, the other variables are initialised first (a copied variable's
+        initializer is not run: its values would be overwritten)."""
         if not other._initialized:
             other.initialize()
         source = dict(zip(other.keys, other.variables))
+        if keys is not None:
+            source = {key: variable for key, variable in source.items() if key in keys}
         pairs = [(variable, source[key]) for variable, key in zip(self.variables, self.keys) if key in source]
         if not self._initialized:
             rest = [variable for variable, key in zip(self.variables, self.keys) if key not in source]
