@@ -97,7 +97,8 @@ class TF1Half(_Half):
     build: built second in the same graph, its name scopes would be uniquified
     (``net_1/...``) and change name-derived output keys, op names and
     name-scoped collections. Its variables mirror the first graph's around
-    every run (:meth:`_fetch`), as shared variables would.
+    every run (:meth:`_fetch`), as shared variables would: the values it only
+    reads are fed to their reads, those it updates copied in and back out.
     """
 
     def __init__(self, o: "Options"):
