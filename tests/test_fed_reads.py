@@ -169,3 +169,14 @@ def test_read_variables_with_nothing_wanted_reads_nothing(wanted):
     found = half.side.read_variables(wanted=wanted)
     assert (found == {}) == (wanted is not None)
     half.close()
+
+
+def test_fixed_values_start_where_tensorflow_feeds_them_without_a_copy():
+    for shape, dtype in (([3, 5], np.float32), ([1000], np.float16), ([], np.float64), ([2, 0], np.float32)):
+        value = runners.fixed_value("net/w", shape, dtype)
+        assert value.shape == tuple(shape) and value.dtype == dtype
+        assert value.ctypes.data % runners.FEED_ALIGNMENT == 0 or value.size == 0
+    # the same numbers as before the alignment (the pattern is the only source)
+    assert np.array_equal(runners.fixed_value("net/w", [7], np.float32),
+                          (0.0 + np.sqrt(3.0 / 7) * np.sin(np.arange(7) * runners._ANGLE + (
+                              __import__("zlib").crc32(b"net/w") % 10007) / 10007.0 * 2.0 * np.pi)).astype(np.float32))
