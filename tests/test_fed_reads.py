@@ -180,3 +180,31 @@ def test_fixed_values_start_where_tensorflow_feeds_them_without_a_copy():
     assert np.array_equal(runners.fixed_value("net/w", [7], np.float32),
                           (0.0 + np.sqrt(3.0 / 7) * np.sin(np.arange(7) * runners._ANGLE + (
                               __import__("zlib").crc32(b"net/w") % 10007) / 10007.0 * 2.0 * np.pi)).astype(np.float32))
+
+
+def _raising_training_run(monkeypatch, before_raising):
+    half = _half()
+    start = half.side.read_variables()
+
+    def fails(side, fetches, feeds, update_ops=()):
+        before_raising(half)
+        raise RuntimeError("the pass failed")
+
+    monkeypatch.setattr(runners.TF1Side, "run_fed", fails)
+    with pytest.raises(RuntimeError, match="the pass failed"):
+        half.training_pass()
+    after = half.side.read_variables()
+    half.close()
+    return all(np.array_equal(start[k], after[k]) for k in start)
+
+
+def test_a_fed_training_pass_that_raises_leaves_the_inference_graphs_values_as_they_were(monkeypatch):
+    assert _raising_training_run(monkeypatch, lambda half: None)
+
+
+def test_a_pass_that_wrote_the_inference_graph_before_raising_would_be_caught(monkeypatch):
+    """The test above can fail: a planted fault that writes before the pass raises."""
+    def writes(half):
+        key = half.side.keys[0]
+        runners.TF1Side.assign_variables(half.side, {key: half.side.read_variables()[key] + 1.0})
+    assert not _raising_training_run(monkeypatch, writes)
