@@ -208,3 +208,13 @@ def test_a_pass_that_wrote_the_inference_graph_before_raising_would_be_caught(mo
         key = half.side.keys[0]
         runners.TF1Side.assign_variables(half.side, {key: half.side.read_variables()[key] + 1.0})
     assert not _raising_training_run(monkeypatch, writes)
+
+
+def test_a_fetched_value_is_moved_once_to_where_a_feed_needs_no_copy():
+    odd = np.arange(13, dtype=np.float32)[1:]  # NumPy's own alignment plus 4 bytes
+    assert odd.ctypes.data % runners.FEED_ALIGNMENT != 0
+    moved = runners.feedable(odd)
+    assert moved.ctypes.data % runners.FEED_ALIGNMENT == 0 and np.array_equal(moved, odd)
+    assert runners.feedable(moved) is moved  # already there: not copied again
+    strided = np.arange(24, dtype=np.float64).reshape(4, 6)[:, ::2]
+    assert np.array_equal(runners.feedable(strided), strided) and runners.feedable(strided).flags.c_contiguous

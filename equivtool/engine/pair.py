@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from equivtool.engine.align import tf1_aligned, tf2_aligned
-from equivtool.engine.sides.tf1_side import TF1Side
+from equivtool.engine.sides.tf1_side import TF1Side, feedable
 from equivtool.engine.sides.tf2_side import TF2Side
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.registry import SkipStep
@@ -155,6 +155,8 @@ class TF1Half(_Half):
         real = {side.keys[i] for i in plan.real if side.keys[i] in theirs}
         fed = {side.keys[i]: reads for i, reads in plan.fed.items() if side.keys[i] in theirs}
         values = self.side.read_variables(wanted=(real | set(fed)).__contains__)  # one run (all: a capture's)
+        for key in fed:  # fetched arrays are fed by copy: each moved once to where a feed needs none
+            values[key] = feedable(values[key])
         side.initialize_variables([v for v, key in zip(side.variables, side.keys) if key not in theirs])
         side.assign_variables({key: values[key] for key in real})
         feeds = {tensor: values[key] for key, reads in fed.items() for tensor in reads}

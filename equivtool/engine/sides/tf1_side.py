@@ -128,6 +128,18 @@ def aligned_empty(size: int, dtype) -> np.ndarray:
     return raw[start:start + size * dtype.itemsize].view(dtype)
 
 
+def feedable(value) -> np.ndarray:
+    """``value`` as an array TensorFlow feeds without copying: itself when its data is
+    contiguous and starts on :data:`FEED_ALIGNMENT` (a session's fetched values do
+    not), else such a copy."""
+    value = np.asarray(value)
+    if value.flags.c_contiguous and value.ctypes.data % FEED_ALIGNMENT == 0:
+        return value
+    copy = aligned_empty(value.size, value.dtype).reshape(value.shape)
+    copy[...] = value
+    return copy
+
+
 # The pattern is sin(2 * 0.61803398875 * k + phase) for element k. np.sin per
 # element cost a 50-million-parameter model seconds per side; the angle-addition
 # formula makes it two multiplications and an addition per element, from a table
