@@ -191,6 +191,32 @@ def test_a_fixed_weights_that_left_its_values_behind_would_be_caught(monkeypatch
         yield self.side.read_variables()
 
     monkeypatch.setattr(_pair._Half, "preserved", keeps_its_values)
+    monkeypatch.setattr(_pair.TF1Half, "inference_on", lambda self, values: None)  # the TF1 side assigns too
+    after = _recorded_captures(monkeypatch, ["fixed_weights", "random", "gradients"])
+    assert not _same(alone, after)
+
+
+def test_a_fed_fixed_weights_that_wrote_its_values_would_be_caught(monkeypatch):
+    """The TF1 side feeds the fixed values (nothing to put back); were they written
+    instead and left, on both sides, the test above's comparison would see it."""
+    import contextlib
+
+    from equivtool.engine import pair as _pair
+
+    alone = _recorded_captures(monkeypatch, ["random", "gradients"])
+    fed = _pair.TF1Half.inference_on
+
+    def writes_them(self, values):
+        self.side.assign_variables(values)
+        return fed(self, values)
+
+    @contextlib.contextmanager
+    def keeps_its_values(self):
+        self.inference_pass()
+        yield self.side.read_variables()
+
+    monkeypatch.setattr(_pair.TF1Half, "inference_on", writes_them)
+    monkeypatch.setattr(_pair.TF2Half, "preserved", keeps_its_values)
     after = _recorded_captures(monkeypatch, ["fixed_weights", "random", "gradients"])
     assert not _same(alone, after)
 

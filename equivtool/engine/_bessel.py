@@ -41,7 +41,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["moving_start", "moving_of", "bessel_notes", "first_step_notes"]
+__all__ = ["moving_start", "moving_of", "is_moving_variance", "bessel_notes", "first_step_notes"]
 
 _SUFFIX = "moving_variance"
 
@@ -52,13 +52,18 @@ def moving_start(half) -> dict | None:
     half.inference_pass()  # initialised (TF1) or built (TF2); changes no moving statistic
     if half.ran("training"):
         return None
-    return {k: v for k, v in half.side.read_variables().items() if k.rsplit("/", 1)[-1] == _SUFFIX}
+    return half.side.read_variables(wanted=is_moving_variance)  # only these fetched: not the whole model
+
+
+def is_moving_variance(key: str) -> bool:
+    """Whether ``key`` names a moving variance (what the Bessel test reads)."""
+    return key.rsplit("/", 1)[-1] == _SUFFIX
 
 
 def moving_of(values: Mapping) -> dict:
     """The moving variances among ``values`` (``{key: array}``): a training run's
     start, for the ``optimizer`` and ``resume`` steps' first step."""
-    return {k: v for k, v in values.items() if k.rsplit("/", 1)[-1] == _SUFFIX}
+    return {k: v for k, v in values.items() if is_moving_variance(k)}
 
 
 def _batch_size(inputs) -> int | None:

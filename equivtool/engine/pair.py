@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from equivtool.engine import kinks as _kinks
 from equivtool.engine.align import tf1_aligned, tf2_aligned
-from equivtool.engine.sides.tf1_side import TF1Side
+from equivtool.engine.sides.tf1_side import TF1Side, feedable
 from equivtool.engine.sides.tf2_side import TF2Side, run_tapped
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.registry import SkipStep
@@ -98,7 +98,8 @@ class TF1Half(_Half):
     build: built second in the same graph, its name scopes would be uniquified
     (``net_1/...``) and change name-derived output keys, op names and
     name-scoped collections. Its variables mirror the first graph's around
-    every run (:meth:`_fetch`), as shared variables would.
+    every run (:meth:`_fetch`), as shared variables would: the values it only
+    reads are fed to their reads, those it updates copied in and back out.
     """
 
     def __init__(self, o: "Options"):
@@ -129,16 +130,61 @@ class TF1Half(_Half):
             side = self.side if side is None else side
             fetches = (forward.outputs, forward.regularization, forward.loss, forward.gradients)
             wanted = tuple(x for x in fetches if x is not None)
-            if side is not self.side:  # the first graph's current values, in
-                side.copy_variables_from(self.side)  # (a variable only the training pass creates keeps its own)
-            self._remember_start(key, side)
             # Eager training calls update batch-norm statistics as they run; the
             # TF1 pass runs its UPDATE_OPS alongside so both sides stay equal.
-            values = iter(side.run(wanted, update_ops=forward.update_ops))
-            if side is not self.side:  # and the updated values back out
-                self.side.copy_variables_from(side)
+            if side is not self.side and not self.localize:
+                values = iter(self._fed_run(side, wanted, forward))
+            else:
+                if side is not self.side:  # the first graph's current values, in (localization re-runs
+                    side.copy_variables_from(self.side)  # the pass there; a variable only it creates keeps its own)
+                self._remember_start(key, side)
+                values = iter(side.run(wanted, update_ops=forward.update_ops))
+                if side is not self.side:  # and the updated values back out
+                    self.side.copy_variables_from(side)
             self._results[key] = tuple(None if x is None else next(values) for x in fetches)
         return self._results[key]
+
+    def _fed_run(self, side: TF1Side, wanted: tuple, forward) -> list:
+        """The pass on ``side`` (the training graph) with the first graph's current
+        values, moved once (see :mod:`equivtool.engine.sides._fed_reads`): fed to the
+        reads of the variables the pass only reads, so they are never copied in or
+        back; set in ``side`` for those it uses otherwise (the moving statistics it
+        updates), which are copied back after it; a variable only ``side`` has is
+        initialised there, as the copying path does."""
+        plan = side.read_plan(wanted, forward.update_ops)
+        theirs = set(self.side.keys)
+        real = {side.keys[i] for i in plan.real if side.keys[i] in theirs}
+        fed = {side.keys[i]: reads for i, reads in plan.fed.items() if side.keys[i] in theirs}
+        values = self.side.read_variables(wanted=(real | set(fed)).__contains__)  # one run (all: a capture's)
+        for key in fed:  # fetched arrays are fed by copy: each moved once to where a feed needs none
+            values[key] = feedable(values[key])
+        side.initialize_variables([v for v, key in zip(side.variables, side.keys) if key not in theirs])
+        side.assign_variables({key: values[key] for key in real})
+        feeds = {tensor: values[key] for key, reads in fed.items() for tensor in reads}
+        del values  # the feeds hold what the run needs
+        result = side.run_fed(wanted, feeds, update_ops=forward.update_ops)
+        del feeds
+        if real:  # what the pass may have changed, back out
+            self.side.copy_variables_from(side, keys=real)
+        return result
+
+    def inference_on(self, values) -> tuple | None:
+        """A fresh inference pass with ``values`` (``{key: value}``; a mapping that
+        computes values on access is read once per variable) fed to the variables'
+        reads: ``(outputs, regularization)``, no variable written. None, with nothing
+        run, when the pass uses a variable other than by reading it, or a variable
+        has no value in ``values``: then the values must be assigned."""
+        self.inference_pass()  # the inference graph's runs in the order the assigning path makes them
+        fetches = (self.inference.outputs, self.inference.regularization)
+        plan = self.side.read_plan(fetches)
+        keys = self.side.keys
+        if plan.real or any(keys[i] not in values for i in plan.fed):
+            return None
+        feeds = {}
+        for i, reads in plan.fed.items():
+            value = values[keys[i]]
+            feeds.update((tensor, value) for tensor in reads)
+        return tuple(self.side.run_fed(fetches, feeds))
 
     def inference_pass(self) -> tuple:
         """``(outputs, regularization, loss, gradients)`` of the first inference run."""

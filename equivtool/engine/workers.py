@@ -388,7 +388,7 @@ class _Parallel:
                         continue
                     worker = next(w for w in busy if w.conn is ready)
                     try:
-                        message = worker.conn.recv()
+                        message = _send.receive(worker.conn)
                     except (EOFError, OSError):
                         message = None
                     with self.lock:
@@ -477,8 +477,8 @@ def _serve(conn: Connection) -> "Engine | None":
 
             def send(step, outcome):
                 names_seen = engine.layer_names if engine is not None else ()
-                conn.send(("capture", step.name, side, outcome,
-                           sorted(n for n in names_seen if isinstance(n, str))))
+                _send.send_with_buffers(conn, ("capture", step.name, side, outcome,
+                                               sorted(n for n in names_seen if isinstance(n, str))))
 
             if broken:
                 for step in steps:

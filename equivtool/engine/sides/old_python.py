@@ -43,7 +43,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -475,9 +475,11 @@ class OldTF1Side(Side):
                 result["variables"][int(step)][variable_key(rest, self.renamer)] = value
         return result
 
-    def read_variables(self) -> dict:
+    def read_variables(self, wanted: Callable[[str], bool] | None = None) -> dict:
+        """``{key: value}``, of the keys ``wanted`` accepts when given (all are read there)."""
         values = self.program.receive_values("read", handle=self.handle)
-        return {variable_key(name, self.renamer): value for name, value in values.items()}
+        found = ((variable_key(name, self.renamer), value) for name, value in values.items())
+        return {key: value for key, value in found if wanted is None or wanted(key)}
 
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
         pairs = [(name, values_by_key[key]) for name, key in zip(self.names, self.keys) if key in values_by_key]

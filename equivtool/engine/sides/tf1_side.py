@@ -29,6 +29,7 @@ from equivtool._platform import tf_internals as _tf_internals
 from equivtool._platform.graph_rewrites import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
 from equivtool.engine import noise_floor
 from equivtool.engine.sides.tf1_graph_reading import STATEFUL_RANDOM_OPS, align_pass_keys, loop_random_ops
+from equivtool.engine.sides._fed_reads import ReadPlan, read_plan
 from equivtool._base.graph import ancestors
 from equivtool._base.names import strip_output_index
 from equivtool._base.tree import expand_composites, flatten_tensors, pack_like
@@ -107,11 +108,36 @@ def fixed_value(name: str, shape, dtype) -> np.ndarray:
     else:
         fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else max(size, 1)
         offset, amplitude = 0.0, math.sqrt(3.0 / max(fan_in, 1))
-    values = np.empty(size, dtype.as_numpy_dtype)
+    values = aligned_empty(size, dtype.as_numpy_dtype)
     for start in range(0, size, _PATTERN_ROWS * _PATTERN_STEP):
         block = values[start:start + _PATTERN_ROWS * _PATTERN_STEP]
         block[:] = offset + amplitude * _sine_run(start, block.size, phase)
     return values.reshape(shape)
+
+
+#: TensorFlow feeds an array whose data starts on this boundary without copying it
+#: (NumPy's own arrays start on 16 bytes: a fed model's worth of them is copied once more).
+FEED_ALIGNMENT = 64
+
+
+def aligned_empty(size: int, dtype) -> np.ndarray:
+    """An uninitialised 1-D array of ``size`` elements whose data starts on :data:`FEED_ALIGNMENT`."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(size * dtype.itemsize + FEED_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % FEED_ALIGNMENT
+    return raw[start:start + size * dtype.itemsize].view(dtype)
+
+
+def feedable(value) -> np.ndarray:
+    """``value`` as an array TensorFlow feeds without copying: itself when its data is
+    contiguous and starts on :data:`FEED_ALIGNMENT` (a session's fetched values do
+    not), else such a copy."""
+    value = np.asarray(value)
+    if value.flags.c_contiguous and value.ctypes.data % FEED_ALIGNMENT == 0:
+        return value
+    copy = aligned_empty(value.size, value.dtype).reshape(value.shape)
+    copy[...] = value
+    return copy
 
 
 # The pattern is sin(2 * 0.61803398875 * k + phase) for element k. np.sin per
@@ -315,11 +341,32 @@ class TF1Side(Side):
         result, _ = self.session.run((fetches, list(update_ops)), feed_dict=self.feed(inputs))
         return expand_composites(result)  # ragged/sparse values as their parts, as the TF2 side's
 
-    def read_variables(self) -> dict:
+    def read_plan(self, fetches, update_ops=()) -> ReadPlan:
+        """Which variables a run of ``fetches`` and ``update_ops`` only reads (their
+        reads can be fed) and which it needs in the session (:mod:`._fed_reads`)."""
+        flat = [x for x in tf.nest.flatten(fetches, expand_composites=True) if x is not None]
+        return read_plan(self.variables, flat + list(update_ops))
+
+    def run_fed(self, fetches, feeds: Mapping, update_ops=()):
+        """:meth:`run` with ``feeds`` (read tensor -> value, from :meth:`read_plan`) added to
+        the inputs, and nothing initialised first: the variables the run needs in the
+        session are the caller's to set."""
+        result, _ = self.session.run((fetches, list(update_ops)), feed_dict={**self.feed(), **feeds})
+        return expand_composites(result)
+
+    def initialize_variables(self, variables) -> None:
+        """Run the initializers of ``variables`` only (no new op in the graph)."""
+        if variables:
+            self.session.run([v.initializer for v in variables])
+
+    def read_variables(self, wanted: Callable[[str], bool] | None = None) -> dict:
+        """``{key: value}`` of every variable, or of those whose key ``wanted`` accepts
+        (the others are not fetched)."""
         if not self._initialized:
             self.initialize()
-        values = self.session.run(self.variables)
-        return dict(zip(self.keys, values))
+        pairs = [(v, k) for v, k in zip(self.variables, self.keys) if wanted is None or wanted(k)]
+        values = self.session.run([v for v, _ in pairs])
+        return dict(zip((k for _, k in pairs), values))
 
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
         """Set every variable whose key is in ``values_by_key``, a chunk at a time
@@ -329,14 +376,16 @@ class TF1Side(Side):
             load_by_initializer(self.session, [(variable, values_by_key[key]) for variable, key in run])
         self._initialized = True
 
-    def copy_variables_from(self, other: "TF1Side") -> None:
-        """Give every variable that ``other`` has under the same key ``other``'s current
-        value, a chunk at a time; in a session not yet initialised, the other
-        variables are initialised first (a copied variable's initializer is not
-        run: its values would be overwritten)."""
+    def copy_variables_from(self, other: "TF1Side", keys=None) -> None:
+        """Give every variable that ``other`` has under the same key (of ``keys``, when
+        given) ``other``'s current value, a chunk at a time; in a session not yet
+        initialised, the other variables are initialised first (a copied variable's
+        initializer is not run: its values would be overwritten)."""
         if not other._initialized:
             other.initialize()
         source = dict(zip(other.keys, other.variables))
+        if keys is not None:
+            source = {key: variable for key, variable in source.items() if key in keys}
         pairs = [(variable, source[key]) for variable, key in zip(self.variables, self.keys) if key in source]
         if not self._initialized:
             rest = [variable for variable, key in zip(self.variables, self.keys) if key not in source]

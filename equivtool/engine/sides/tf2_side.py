@@ -162,9 +162,12 @@ class TF2Side(Side):
     def keys(self) -> list[str]:
         return [variable_key(variable_name(v), self.renamer) for v in layer_variables(self.layer)]
 
-    def read_variables(self) -> dict:
+    def read_variables(self, wanted: Callable[[str], bool] | None = None) -> dict:
+        """``{key: value}`` of every variable, or of those whose key ``wanted`` accepts
+        (the others are not read)."""
         return {key: tf1_value(self.renamer, key, v.numpy())
-                for key, v in ((variable_key(variable_name(v), self.renamer), v) for v in layer_variables(self.layer))}
+                for key, v in ((variable_key(variable_name(v), self.renamer), v) for v in layer_variables(self.layer))
+                if wanted is None or wanted(key)}
 
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
         for variable in layer_variables(self.layer):

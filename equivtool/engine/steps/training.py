@@ -136,7 +136,7 @@ def _optimizer_tf1(e: "Engine") -> dict:
     losses, values = [], []
     with half.preserved():
         training = half.side.build_training(make_tf1, not half.distributed)
-        moving = _bessel.moving_of(half.side.read_variables())
+        moving = half.side.read_variables(wanted=_bessel.is_moving_variance)
         start = half.side.global_state() if o.noise_floor else None
         for _ in range(o.train_steps):
             # Every step sees each random op's first draw on both sides: a
@@ -176,7 +176,7 @@ def _optimizer_tf2(e: "Engine", _) -> dict:
             with half.tool.scope():
                 half.side.forward(o.inputs, training=False, with_gradients=True)
             half.side.sparse_gradients = sparse
-        moving = _bessel.moving_of(half.side.read_variables())
+        moving = half.side.read_variables(wanted=_bessel.is_moving_variance)
         taps = []  # per step, its kinks' inputs (engine.kinks)
         for _ in range(o.train_steps):
             with half.tool.scope():
