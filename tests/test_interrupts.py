@@ -85,14 +85,31 @@ def _communicate(process, what: str):
         pytest.fail(f"the run did not end within {STOP_DEADLINE} s of {what}; its threads:\n{err[-6000:]}")
 
 
+# A process started from a terminal has SIGINT at its default action and unblocked. One
+# started from a test inherits the test process's: where an earlier test in the same pytest
+# worker left SIGINT ignored or blocked, Python keeps it so (it installs KeyboardInterrupt
+# only over a default action), and the child never sees the test's Ctrl-C (the flake of
+# sessions 6 and 8). The launcher puts the terminal's state back, says on stderr what it
+# inherited when that differed, and execs the command.
+LAUNCH = """
+import os, signal, sys
+inherited = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+if inherited[0] is not signal.SIG_DFL or signal.SIGINT in inherited[1] or signal.SIGTERM in inherited[1]:
+    sys.stderr.write("launcher: inherited SIGINT %r, blocked %r\\n" % (inherited[0], sorted(inherited[1])))
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
 def _start(command, tmp_path, workers: int = 2, **env):
     ready, temp = tmp_path / "ready", tmp_path / "tmp"
     ready.mkdir()
     temp.mkdir()
     env = dict(os.environ, EQUIVTOOL_TEST_READY=str(ready), TMPDIR=str(temp), TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join([ROOT, TESTS]), PYTHONFAULTHANDLER="1", **env)
-    process = subprocess.Popen(command, env=env, cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+    process = subprocess.Popen([sys.executable, "-c", LAUNCH, *command], env=env, cwd=TESTS, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def started():
         pids = {int(name) for name in os.listdir(ready)}
@@ -156,7 +173,8 @@ def test_ctrl_c_on_the_cli_prints_one_line_and_exits_130(tmp_path):
         os.killpg(process.pid, signal.SIGINT)
         out, err = _communicate(process, "SIGINT to the group")
         assert process.returncode == 130, out[-2000:] + err[-3000:]
-        assert err.strip() == "interrupted", err[-3000:]  # nothing from the worker, no traceback
+        told = "\n".join(line for line in err.splitlines() if not line.startswith("launcher: "))
+        assert told.strip() == "interrupted", err[-3000:]  # nothing from the worker, no traceback
         assert "Traceback" not in out
         _wait_for(lambda: not any(_alive(pid) for pid in workers), STOP_DEADLINE, "the workers to end")
     finally:
