@@ -180,16 +180,19 @@ def test_user_layer_instance_values_are_restored_when_a_step_raises(monkeypatch)
     layer(X)
     before = [v.numpy().copy() for v in layer.variables]
     calls = {"n": 0}
-    original = runners.TF1Side.run
 
-    def failing_run(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] >= 2:  # after fixed values were assigned
-            raise RuntimeError("session died")
-        return original(self, *args, **kwargs)
+    def failing(original):  # the TF1 side's runs, plain or with the fixed values fed to its reads
+        def run(self, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] >= 2:  # the run with the fixed values (the first is the pair's inference pass)
+                raise RuntimeError("session died")
+            return original(self, *args, **kwargs)
+        return run
 
-    monkeypatch.setattr(runners.TF1Side, "run", failing_run)
+    monkeypatch.setattr(runners.TF1Side, "run", failing(runners.TF1Side.run))
+    monkeypatch.setattr(runners.TF1Side, "run_fed", failing(runners.TF1Side.run_fed))
     report = equivtool.check_equivalence(slim_net, layer, X, steps=["fixed_weights"])
+    assert calls["n"] == 2
     assert report.step("fixed_weights").status == "error"
     assert "session died" in report.step("fixed_weights").message
     for old, variable in zip(before, layer.variables):

@@ -612,6 +612,12 @@ class OldTF1Half(_Half):
         fetch = ("outputs", "regularization") + (("loss", "gradients") if self.with_loss else ())
         return self._fetch("training", self.training, self.train_side, fetch)
 
+    def inference_on(self, values) -> None:
+        """As :meth:`equivtool.engine.pair.TF1Half.inference_on`, whose None means "assign
+        the values instead": there the values cross to the interpreter either way, and
+        the program assigns what it receives (feeding them is not built there)."""
+        return None
+
     def route_training(self, training: dict, start: Mapping, steps: int, values) -> dict:
         """:meth:`OldTF1Side.route_training` from ``start`` (the global state the step's
         training started from); the variables and ``start`` put back on every exit path."""
