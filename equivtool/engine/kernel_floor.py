@@ -50,7 +50,7 @@ from equivtool.report import StepResult
 if TYPE_CHECKING:  # pragma: no cover
     from equivtool.engine.run import Engine
 
-__all__ = ["KERNEL", "KEY", "STEPS", "PERTURBATION", "close", "judge_optimizer", "judge_pairs", "measured", "rejudged",
+__all__ = ["KERNEL", "KEY", "STEPS", "PERTURBATION", "close", "floors_by_name", "judge_optimizer", "judge_pairs", "measured", "rejudged",
            "second_run", "unmeasured_note"]
 
 #: The steps whose TF1 side runs again with rounding injected (those that compare computed values).
@@ -138,7 +138,9 @@ def _unmeasured(tf1: Mapping) -> str | None:
     return None
 
 
-def _floors_by_name(found: StepResult) -> dict:
+def floors_by_name(found: StepResult) -> dict:
+    """``{comparison name: {leaf name: largest difference (NaN: nothing compared)}}`` of a
+    step compared as a floor run (its differences are the floors)."""
     return {c.name: {leaf.name: (leaf.max_abs if leaf.values_compared else math.nan) for leaf in c.leaves}
             for c in found.comparisons}
 
@@ -164,7 +166,7 @@ def judge_pairs(e: "Engine", result: StepResult, tf1: Mapping, floor_pairs: Call
         return dataclasses.replace(result, notes=result.notes + (why,)) if why else result
     run = tf1[KEY]
     found = e.compare_step(result.name, floor_pairs(run["run"]))
-    by_name = _floors_by_name(found)
+    by_name = floors_by_name(found)
     floors = [by_name.get(c.name, {}) for c in result.comparisons]
     judged = noise_floor.judge(result.comparisons, floors, e.options.noise_floor_multiple, None, KERNEL)
     return rejudged(result, judged, [_ops_note(run["ops"])], {"kernel_floor": {**judged.data, "ops": run["ops"]}})

@@ -405,8 +405,7 @@ def judge_gradients(e: "Engine", result: StepResult, tf1: Mapping, tf2: Mapping)
     floors = e.compare_step(result.name, [("loss", np.float32(tf1["loss"]), np.float32(run["loss"])),
                                           ("gradients", routed, {k: floor_run["routed"][k] for k in keys
                                                                  if k in floor_run["routed"]})])
-    by_name = {c.name: {leaf.name: (leaf.max_abs if leaf.values_compared else math.nan) for leaf in c.leaves}
-               for c in floors.comparisons}
+    by_name = kernel_floor.floors_by_name(floors)
     return _routed_judged(e, result, again.comparisons, [by_name.get(c.name, {}) for c in again.comparisons],
                           summary, lead)
 
