@@ -13,12 +13,15 @@
 // (V = 16 bytes of logits; elements past C read as -inf, which adds exactly
 // zero). PlanFor (xent_plan.h) picks T and u: a warp per row up to 1024 elements
 // (2048 for 16-bit types), a 256-thread block up to 8192 (16384), chunks of
-// that size beyond, whose states a second kernel merges (float64: half).
+// that size beyond (float64: half), whose states the block that completes a
+// row's last chunk merges (last_chunk) or, when there are many chunks in all,
+// a merge kernel does, in the same order.
 // A thread takes the maximum of its elements first and then sums one
 // exponential per element in float (double for double logits); the T thread
 // states merge in a fixed tree (warp shuffles, then across warps), the chunk
 // states of a row in a fixed fold-then-tree. Merges and the final log are in
-// double (xent_row.h). No atomics touch a value, so every result is bitwise
+// double (xent_row.h). No atomics touch a value (a counter only says which
+// block merges, never in what order), so every result is bitwise
 // reproducible, whatever the stream, the concurrency or the launch order.
 // Vector (16-byte) loads are only a way of reading the same elements: rows
 // that are not 16-byte aligned read them one by one and give the same bits.
@@ -53,6 +56,12 @@ __device__ __forceinline__ float ex2_approx_ftz(float x) {
   return y;
 }
 
+#if defined(EQUIVTOOL_XENT_GPU_HOST_EXP)
+// A measurement build only (benchmarks/gpu, issue 39's CPU-equals-GPU
+// question): the CPU kernels' exponential (xent_row.h's exp_nonpos_g; every
+// argument here is <= 0 or NaN) in place of the hardware one.
+__device__ __forceinline__ float exp_fast(float y) { return exp_nonpos_g<float>(y); }
+#else
 __device__ __forceinline__ float exp_fast(float y) {
   const float kLog2eHi = 1.44269502162933349609375f;   // float(log2 e)
   const float kLog2eLo = 1.925963033500011079e-8f;    // log2 e - kLog2eHi
@@ -64,6 +73,7 @@ __device__ __forceinline__ float exp_fast(float y) {
   const float r = ex2_approx_ftz(t);
   return __fmaf_rn(r, lo * kLn2, r);
 }
+#endif  // EQUIVTOOL_XENT_GPU_HOST_EXP
 __device__ __forceinline__ double exp_fast(double y) { return exp(y); }
 
 
@@ -338,16 +348,116 @@ __device__ __forceinline__ void finish_dense(int64_t row, const DState<typename 
 }
 
 // ---------------------------------------------------------------------------
+// Rows of several chunks. Each chunk's block writes its state to `part` and
+// takes a ticket from the row's counter; the block that takes the last one
+// merges the row's states, all of them, in a fixed order: lane l of its first
+// warp folds chunks l, l + 32, ... in order, then the warp tree. So the
+// merged state depends on the chunk count only, never on which block came
+// last, and a forward is one launch. The counter goes back to zero for the
+// next launch on the stream (xent_launch.h keeps counters per stream).
+// States are read back through L2 (__ldcg): other blocks wrote them during
+// this launch, and only the tickets order them.
+template <typename A> __device__ __forceinline__ LseState<A> load_cg(const LseState<A>* p) {
+  LseState<A> o;
+  o.m = __ldcg(&p->m);
+  o.d = __ldcg(&p->d);
+  return o;
+}
+template <typename A> __device__ __forceinline__ DState<A> load_cg(const DState<A>* p) {
+  DState<A> o;
+  o.lse = load_cg<A>(&p->lse);
+  o.ysum = __ldcg(&p->ysum);
+  o.yx = __ldcg(&p->yx);
+  return o;
+}
+template <typename A> __device__ __forceinline__ wide load_cg(const wide* p) { return __ldcg(p); }
+
+// The fold reads kAhead of a lane's states before merging any (their L2
+// round trips overlap: a [1, 1048576] float32 row has 4 per lane); the order
+// of the merges is the same.
+template <typename A, typename St>
+__device__ __forceinline__ St merge_chunks(const St* part, int64_t row, int64_t chunks) {
+  constexpr int kAhead = 4;
+  const int lane = threadIdx.x % kWarp;
+  const St* base = part + row * chunks;
+  St s;
+  empty<A>(s);
+  bool first = true;
+  for (int64_t c0 = lane; c0 < chunks; c0 += int64_t(kWarp) * kAhead) {
+    St o[kAhead];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int64_t c = c0 + int64_t(k) * kWarp;
+      if (c < chunks) o[k] = load_cg<A>(base + c); else empty<A>(o[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      if (c0 + int64_t(k) * kWarp >= chunks) break;
+      if (first) s = o[k]; else merge<A>(s, o[k]);
+      first = false;
+    }
+  }
+  warp_tree<A>(s);
+  return s;
+}
+
+// A ticket from the row's counter that publishes the state written before it
+// and, for the block that takes the last one, sees every other block's
+// (acquire-release at GPU scope: sm_70 and later; older GPUs fence fully).
+__device__ __forceinline__ unsigned take_ticket(unsigned* counter) {
+#if __CUDA_ARCH__ >= 700
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+#else
+  __threadfence();
+  return atomicAdd(counter, 1u);
+#endif
+}
+
+__device__ __forceinline__ void acquire_fence() {
+#if __CUDA_ARCH__ >= 700
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+  __threadfence();
+#endif
+}
+
+// Called by every thread of a 256-thread block after group_tree, once thread
+// 0 has written the chunk's state s to part[item]. True, in every thread, in
+// the block that completed the row; its thread 0 then holds the row's merged
+// state in s.
+template <typename A, typename St>
+__device__ __forceinline__ bool last_chunk(St* part, unsigned* counters, int64_t item,
+                                           int64_t row, int64_t chunks, St& s) {
+  __shared__ unsigned ticket;
+  if (threadIdx.x == 0) ticket = take_ticket(counters + row);  // publishes part[item]
+  __syncthreads();
+  const bool last = ticket == unsigned(chunks - 1);
+  __syncthreads();  // ticket is rewritten by the block's next item
+  if (!last) return false;
+  acquire_fence();  // every other chunk's state, published before its ticket, is seen
+  if (threadIdx.x < kWarp) {
+    const St merged = merge_chunks<A>(part, row, chunks);
+    if (threadIdx.x == 0) {
+      s = merged;
+      counters[row] = 0u;
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
 // Forward: one work item per (row, chunk). With one chunk the item finishes
-// the row; otherwise it writes its chunk state to `part` and MergeKernel
-// finishes the row.
+// the row; otherwise the block completing the row's last chunk does (given
+// counters), or SparseMergeKernel / DenseMergeKernel (counters == nullptr).
 template <typename S, typename L, int T>
 __global__ void __launch_bounds__(kBlock, Shape<S>::kMinBlocksForward)
 SparseForwardKernel(const S* __restrict__ x, const L* __restrict__ y, int64_t rows,
                     int64_t C, Plan plan, bool aligned, S* __restrict__ loss,
                     typename Storage<S>::acc* __restrict__ shift,
                     typename Storage<S>::acc* __restrict__ log_norm,
-                    LseState<typename Storage<S>::acc>* __restrict__ part) {
+                    LseState<typename Storage<S>::acc>* part, unsigned* counters) {
   typedef typename Storage<S>::acc A;
   const int64_t items = rows * plan.chunks;
   for (int64_t item = Items<T>::first(); item < items; item += Items<T>::stride()) {
@@ -355,10 +465,14 @@ SparseForwardKernel(const S* __restrict__ x, const L* __restrict__ y, int64_t ro
     const S* xr = x + row * C;
     LseState<A> s = thread_lse<S, T>(xr, C, chunk * plan.chunk, plan.u, aligned);
     group_tree<A, T>(s);
-    if (Items<T>::thread() == 0) {
-      if (plan.chunks == 1) finish_sparse<S, L>(xr, y, row, C, s, loss, shift, log_norm);
-      else part[item] = s;
+    bool done = plan.chunks == 1;
+    if constexpr (T == kBlock) {
+      if (!done) {  // the row is finished by its last chunk's block, or by SparseMergeKernel
+        if (threadIdx.x == 0) part[item] = s;
+        if (counters != nullptr) done = last_chunk<A>(part, counters, item, row, plan.chunks, s);
+      }
     }
+    if (done && Items<T>::thread() == 0) finish_sparse<S, L>(xr, y, row, C, s, loss, shift, log_norm);
   }
 }
 
@@ -368,7 +482,7 @@ DenseForwardKernel(const S* __restrict__ x, const S* __restrict__ y, int64_t row
                    Plan plan, bool aligned, S* __restrict__ loss,
                    typename Storage<S>::acc* __restrict__ shift,
                    typename Storage<S>::acc* __restrict__ log_norm,
-                   DState<typename Storage<S>::acc>* __restrict__ part) {
+                   DState<typename Storage<S>::acc>* part, unsigned* counters) {
   typedef typename Storage<S>::acc A;
   const int64_t items = rows * plan.chunks;
   for (int64_t item = Items<T>::first(); item < items; item += Items<T>::stride()) {
@@ -376,50 +490,43 @@ DenseForwardKernel(const S* __restrict__ x, const S* __restrict__ y, int64_t row
     DState<A> s = thread_dense<S, T>(x + row * C, y + row * C, C, chunk * plan.chunk, plan.u,
                                      aligned);
     group_tree<A, T>(s);
-    if (Items<T>::thread() == 0) {
-      if (plan.chunks == 1) finish_dense<S>(row, s, loss, shift, log_norm);
-      else part[item] = s;
+    bool done = plan.chunks == 1;
+    if constexpr (T == kBlock) {
+      if (!done) {  // the row is finished by its last chunk's block, or by DenseMergeKernel
+        if (threadIdx.x == 0) part[item] = s;
+        if (counters != nullptr) done = last_chunk<A>(part, counters, item, row, plan.chunks, s);
+      }
     }
+    if (done && Items<T>::thread() == 0) finish_dense<S>(row, s, loss, shift, log_norm);
   }
 }
 
-// Per-chunk label sums of dense rows with several chunks.
+// The label sums of dense rows with several chunks (the exact gradient),
+// merged like the forward's states.
 template <typename S>
 __global__ void __launch_bounds__(kBlock)
 LabelSumKernel(const S* __restrict__ y, int64_t rows, int64_t C, Plan plan, bool aligned,
-               wide* __restrict__ part) {
+               wide* part, unsigned* counters, wide* __restrict__ ysums) {
   typedef typename Storage<S>::acc A;
   const int64_t items = rows * plan.chunks;
   for (int64_t item = Items<kBlock>::first(); item < items; item += Items<kBlock>::stride()) {
     const int64_t row = item / plan.chunks, chunk = item % plan.chunks;
     wide s = thread_ysum<S, kBlock>(y + row * C, C, chunk * plan.chunk, plan.u, aligned);
     group_tree<A, kBlock>(s);
-    if (threadIdx.x == 0) part[item] = s;
+    if (threadIdx.x == 0) part[item] = s;  // summed here by the last chunk, or by LabelSumMergeKernel
+    if (counters != nullptr && last_chunk<A>(part, counters, item, row, plan.chunks, s) &&
+        threadIdx.x == 0)
+      ysums[row] = s;
   }
 }
 
-// A row's chunk states, one warp per row: lane l folds chunks l, l + 32, ...
-// in order, then the warp tree. The shape depends on the chunk count only.
-template <typename A, typename St>
-__device__ __forceinline__ St merge_chunks(const St* __restrict__ part, int64_t row,
-                                           int64_t chunks) {
-  const int lane = threadIdx.x % kWarp;
-  St s;
-  empty<A>(s);
-  bool first = true;
-  for (int64_t c = lane; c < chunks; c += kWarp) {
-    const St o = part[row * chunks + c];
-    if (first) s = o; else merge<A>(s, o);
-    first = false;
-  }
-  warp_tree<A>(s);
-  return s;
-}
-
+// The merges as kernels of their own, one warp per row, for rows of several
+// chunks when there are many chunks in all (xent_launch.h: FusedMerge): the
+// same fold and tree as last_chunk's, so the same bits.
 template <typename S, typename L>
 __global__ void __launch_bounds__(kBlock)
 SparseMergeKernel(const S* __restrict__ x, const L* __restrict__ y, int64_t rows, int64_t C,
-                  int64_t chunks, const LseState<typename Storage<S>::acc>* __restrict__ part,
+                  int64_t chunks, const LseState<typename Storage<S>::acc>* part,
                   S* __restrict__ loss, typename Storage<S>::acc* __restrict__ shift,
                   typename Storage<S>::acc* __restrict__ log_norm) {
   typedef typename Storage<S>::acc A;
@@ -431,9 +538,8 @@ SparseMergeKernel(const S* __restrict__ x, const L* __restrict__ y, int64_t rows
 
 template <typename S>
 __global__ void __launch_bounds__(kBlock)
-DenseMergeKernel(int64_t rows, int64_t chunks,
-                 const DState<typename Storage<S>::acc>* __restrict__ part, S* __restrict__ loss,
-                 typename Storage<S>::acc* __restrict__ shift,
+DenseMergeKernel(int64_t rows, int64_t chunks, const DState<typename Storage<S>::acc>* part,
+                 S* __restrict__ loss, typename Storage<S>::acc* __restrict__ shift,
                  typename Storage<S>::acc* __restrict__ log_norm) {
   typedef typename Storage<S>::acc A;
   for (int64_t row = Items<kWarp>::first(); row < rows; row += Items<kWarp>::stride()) {
@@ -444,12 +550,11 @@ DenseMergeKernel(int64_t rows, int64_t chunks,
 
 template <typename S>
 __global__ void __launch_bounds__(kBlock)
-LabelSumMergeKernel(int64_t rows, int64_t chunks, const wide* __restrict__ part,
-                    wide* __restrict__ ysum) {
+LabelSumMergeKernel(int64_t rows, int64_t chunks, const wide* part, wide* __restrict__ ysums) {
   typedef typename Storage<S>::acc A;
   for (int64_t row = Items<kWarp>::first(); row < rows; row += Items<kWarp>::stride()) {
     const wide s = merge_chunks<A>(part, row, chunks);
-    if (threadIdx.x % kWarp == 0) ysum[row] = s;
+    if (threadIdx.x % kWarp == 0) ysums[row] = s;
   }
 }
 
@@ -498,7 +603,7 @@ SparseGradKernel(const S* __restrict__ x, const L* __restrict__ y, int64_t rows,
 }
 
 // TensorFlow's gradient uses ysum = 1 (softmax - labels); with exact_gradient
-// ysum is the row's label sum: from LabelSum{,Merge}Kernel (ysums), or, when
+// ysum is the row's label sum: from LabelSumKernel (ysums), or, when
 // the row is one chunk (ysums == nullptr), summed by the item itself in the
 // same order.
 template <typename S, int T>

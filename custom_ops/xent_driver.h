@@ -6,6 +6,10 @@
 // driver; Api().error then says why the GPU kernels are not enabled. The
 // declarations below are the driver's stable C ABI (cuda.h, CUDA 12).
 //
+// What is launched, and in what order, is xent_launch.h's recipe (the same as
+// the CUDA-runtime launchers'); DriverBackend below is how this API launches
+// one kernel and where a stream's workspace comes from.
+//
 // Contexts: a kernel runs in the context that owns its operands, found from
 // the logits' device pointer (CU_POINTER_ATTRIBUTE_CONTEXT): TensorFlow's
 // primary context of the op's device, whatever context is current on the
@@ -27,6 +31,8 @@
 #include <utility>
 #include <vector>
 
+#include "xent_launch.h"
+
 namespace equivtool_xent {
 namespace driver {
 
@@ -41,6 +47,8 @@ typedef unsigned long long CUdeviceptr;  // NOLINT: the driver's own type
 constexpr int kPointerAttributeContext = 1;        // CU_POINTER_ATTRIBUTE_CONTEXT
 constexpr int kComputeCapabilityMajor = 75;        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 constexpr int kComputeCapabilityMinor = 76;        // ..._MINOR
+constexpr unsigned kStreamNonBlocking = 1;         // CU_STREAM_NON_BLOCKING
+constexpr int kCaptureModeRelaxed = 2;             // CU_STREAM_CAPTURE_MODE_RELAXED
 
 struct Api {
   std::string error;  // empty when every entry point below was found
@@ -57,6 +65,12 @@ struct Api {
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+  CUresult (*cuStreamCreate)(CUstream*, unsigned);
+  CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuStreamDestroy)(CUstream);
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int*);
 };
 
 template <typename F>
@@ -90,6 +104,13 @@ inline const Api& GetApi() {
     Resolve(lib, "cuModuleLoadData", &a->cuModuleLoadData, &a->error);
     Resolve(lib, "cuModuleGetFunction", &a->cuModuleGetFunction, &a->error);
     Resolve(lib, "cuLaunchKernel", &a->cuLaunchKernel, &a->error);
+    Resolve(lib, "cuMemAlloc_v2", &a->cuMemAlloc, &a->error);
+    Resolve(lib, "cuMemsetD8Async", &a->cuMemsetD8Async, &a->error);
+    Resolve(lib, "cuStreamCreate", &a->cuStreamCreate, &a->error);
+    Resolve(lib, "cuStreamSynchronize", &a->cuStreamSynchronize, &a->error);
+    Resolve(lib, "cuStreamDestroy_v2", &a->cuStreamDestroy, &a->error);
+    Resolve(lib, "cuThreadExchangeStreamCaptureMode", &a->cuThreadExchangeStreamCaptureMode,
+            &a->error);
     if (a->error.empty() && a->cuInit(0) != 0) a->error = "cuInit failed: no usable NVIDIA GPU";
     if (a->error.empty() && a->cuDriverGetVersion(&a->version) != 0)
       a->error = "cuDriverGetVersion failed";
@@ -210,6 +231,94 @@ inline std::string Launch(CUcontext ctx, CUfunction f, unsigned grid, unsigned t
                                              static_cast<CUstream>(stream), params, nullptr);
   return e == 0 ? "" : ErrorText(e, "cuLaunchKernel");
 }
+
+// Lets this thread allocate while some stream is being captured into a graph.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() : mode_(kCaptureModeRelaxed) { GetApi().cuThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { GetApi().cuThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  int mode_;
+};
+
+// Workspace memory for xent_launch.h's pool, keyed by (context, stream):
+// allocated in that context, zeroed on a stream of its own and waited for.
+struct DriverMem {
+  typedef std::pair<CUcontext, CUstream> Key;
+  std::string Alloc(const Key& key, size_t bytes, void** p) const {
+    ScopedContext scope(key.first);
+    if (!scope.ok()) return "cuCtxPushCurrent failed";
+    RelaxedCapture relaxed;
+    CUdeviceptr ptr = 0;
+    const CUresult e = GetApi().cuMemAlloc(&ptr, bytes);
+    if (e != 0) return ErrorText(e, "cuMemAlloc(workspace)");
+    *p = reinterpret_cast<void*>(ptr);
+    return "";
+  }
+  std::string Zero(const Key& key, void* p, size_t bytes) const {
+    const Api& api = GetApi();
+    ScopedContext scope(key.first);
+    if (!scope.ok()) return "cuCtxPushCurrent failed";
+    RelaxedCapture relaxed;
+    CUstream side = nullptr;
+    CUresult e = api.cuStreamCreate(&side, kStreamNonBlocking);
+    if (e != 0) return ErrorText(e, "cuStreamCreate(workspace)");
+    e = api.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p), 0, bytes, side);
+    if (e == 0) e = api.cuStreamSynchronize(side);
+    api.cuStreamDestroy(side);
+    return e == 0 ? "" : ErrorText(e, "zeroing the workspace");
+  }
+};
+
+inline gpu::WorkspacePool<DriverMem>& Pool() {
+  static gpu::WorkspacePool<DriverMem>* pool = new gpu::WorkspacePool<DriverMem>(DriverMem());
+  return *pool;  // never destroyed: kernels may run at exit
+}
+
+// xent_launch.h's Backend: launches on `stream` in the context owning
+// `operand` (a device buffer of the call with at least one element). State
+// buffers come from the pool, or from `states` when one is given (the op
+// takes them from TensorFlow's allocator); counters always from the pool.
+class DriverBackend {
+ public:
+  typedef std::string (*StatesFn)(void* arg, size_t bytes, void** out);
+
+  DriverBackend(void* stream, const void* operand, StatesFn states = nullptr,
+                void* states_arg = nullptr)
+      : stream_(stream), operand_(operand), states_(states), states_arg_(states_arg) {}
+
+  std::string Workspace(int64_t counters, size_t bytes, unsigned** c, void** p) {
+    const Api& api = GetApi();
+    if (!api.error.empty()) return api.error;
+    CUcontext ctx = nullptr;
+    const CUresult e = api.cuPointerGetAttribute(&ctx, kPointerAttributeContext,
+                                                 reinterpret_cast<CUdeviceptr>(operand_));
+    if (e != 0) return ErrorText(e, "cuPointerGetAttribute(CONTEXT)");
+    const DriverMem::Key key(ctx, static_cast<CUstream>(stream_));
+    if (states_ == nullptr) return Pool().Get(key, counters, bytes, c, p);
+    std::string error = Pool().Get(key, counters, 0, c, nullptr);
+    return error.empty() ? states_(states_arg_, bytes, p) : error;
+  }
+
+  template <gpu::KernelId K, typename S, typename L, int T, typename... P>
+  std::string Launch(int64_t blocks, P... params) {
+    void* args[] = {static_cast<void*>(&params)...};
+    const std::string key = gpu::KernelKey<K, S, L, T>();
+    CUcontext ctx = nullptr;
+    CUfunction f = nullptr;
+    std::string error = Function(operand_, key, &ctx, &f);
+    if (error.empty())
+      error = driver::Launch(ctx, f, gpu::GridFor(blocks), gpu::kBlock, stream_, args);
+    return error.empty() ? error : "launching " + key + " failed: " + error;
+  }
+
+ private:
+  void* stream_;
+  const void* operand_;
+  StatesFn states_;
+  void* states_arg_;
+};
 
 }  // namespace driver
 }  // namespace equivtool_xent

@@ -1,89 +1,138 @@
 // Launchers of the CUDA kernels (xent_device.cuh) through the CUDA runtime:
 // the ahead-of-time build with nvcc (equivtool/ops/_build.py, when nvcc is
-// found) and the standalone harness (benchmarks/gpu/). The run-time path
-// (NVRTC and the driver API, xent_ops.cc) launches the same kernels with the
-// same plan (xent_plan.h) and needs none of this file.
+// found) and the standalone harness (benchmarks/gpu/). What they launch, and
+// in what order, is xent_launch.h's recipe, which the driver-API path (NVRTC
+// cubins, xent_driver.h) runs too; this file only says how the runtime
+// launches a kernel and where a stream's workspace comes from.
 
 #include <cuda_runtime.h>
 
 #include <stdint.h>
 
+#include <string>
+#include <type_traits>
+#include <utility>
+
 #include "xent_device.cuh"
 #include "xent_kernels.h"
+#include "xent_launch.h"
 #include "xent_plan.h"
 
 namespace equivtool_xent {
 namespace gpu {
 namespace {
 
-// Launching. Every launch goes through cudaLaunchKernelEx, whose return value
-// is this launch's own result (cudaGetLastError would read a per-thread
-// state that other code on the thread shares).
-const char* ErrorString(cudaError_t e) { return e == cudaSuccess ? nullptr : cudaGetErrorString(e); }
-
-template <typename... P, typename... Args>
-cudaError_t Launch(cudaStream_t stream, int64_t blocks, void (*kernel)(P...), Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(GridFor(blocks));
-  config.blockDim = dim3(kBlock);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = nullptr;
-  config.numAttrs = 0;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<P>(args)...);
+std::string Error(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return "";
+  return std::string(what) + ": " + cudaGetErrorString(e);
 }
 
-// Stream-ordered scratch for the chunk states of rows with several chunks.
-class Scratch {
+// The kernel functions behind the recipe's names.
+template <KernelId K, typename S, typename L, int T> struct KernelFn;
+template <typename S, typename L, int T> struct KernelFn<KernelId::SparseForward, S, L, T> {
+  static auto get() { return &SparseForwardKernel<S, L, T>; }
+};
+template <typename S, typename L, int T> struct KernelFn<KernelId::SparseGrad, S, L, T> {
+  static auto get() { return &SparseGradKernel<S, L, T>; }
+};
+template <typename S, int T> struct KernelFn<KernelId::DenseForward, S, void, T> {
+  static auto get() { return &DenseForwardKernel<S, T>; }
+};
+template <typename S, int T> struct KernelFn<KernelId::DenseGrad, S, void, T> {
+  static auto get() { return &DenseGradKernel<S, T>; }
+};
+template <typename S> struct KernelFn<KernelId::LabelSum, S, void, 0> {
+  static auto get() { return &LabelSumKernel<S>; }
+};
+template <typename S, typename L> struct KernelFn<KernelId::SparseMerge, S, L, 0> {
+  static auto get() { return &SparseMergeKernel<S, L>; }
+};
+template <typename S> struct KernelFn<KernelId::DenseMerge, S, void, 0> {
+  static auto get() { return &DenseMergeKernel<S>; }
+};
+template <typename S> struct KernelFn<KernelId::LabelSumMerge, S, void, 0> {
+  static auto get() { return &LabelSumMergeKernel<S>; }
+};
+
+// Lets this thread allocate while some stream is being captured into a
+// graph (cudaMalloc is refused then in the default, global mode).
+class RelaxedCapture {
  public:
-  explicit Scratch(cudaStream_t s) : stream_(s) {}
-  ~Scratch() {
-    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  RelaxedCapture() : mode_(cudaStreamCaptureModeRelaxed) { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_;
+};
+
+// Workspace memory for xent_launch.h's pool: keyed by (device, stream);
+// zeroed on a stream of its own (never captured, ordered with nothing else)
+// and waited for.
+struct RuntimeMem {
+  typedef std::pair<int, cudaStream_t> Key;
+  std::string Alloc(const Key&, size_t bytes, void** p) const {
+    RelaxedCapture relaxed;
+    return Error(cudaMalloc(p, bytes), "cudaMalloc(workspace)");
   }
-  cudaError_t Get(size_t bytes, void** out) {
-    const cudaError_t e = cudaMallocAsync(&ptr_, bytes, stream_);
-    *out = e == cudaSuccess ? ptr_ : nullptr;
-    if (e != cudaSuccess) ptr_ = nullptr;
-    return e;
+  std::string Zero(const Key&, void* p, size_t bytes) const {
+    RelaxedCapture relaxed;
+    cudaStream_t side;
+    cudaError_t e = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return Error(e, "cudaStreamCreate(workspace)");
+    e = cudaMemsetAsync(p, 0, bytes, side);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(side);
+    cudaStreamDestroy(side);
+    return Error(e, "zeroing the workspace");
+  }
+};
+
+WorkspacePool<RuntimeMem>& Pool() {
+  static WorkspacePool<RuntimeMem>* pool = new WorkspacePool<RuntimeMem>(RuntimeMem());
+  return *pool;  // never destroyed: kernels may run at exit
+}
+
+// xent_launch.h's Backend on one stream of the current device.
+class RuntimeBackend {
+ public:
+  explicit RuntimeBackend(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {}
+
+  std::string Workspace(int64_t counters, size_t bytes, unsigned** c, void** p) {
+    int device = 0;
+    if (cudaError_t e = cudaGetDevice(&device)) return Error(e, "cudaGetDevice");
+    return Pool().Get({device, stream_}, counters, bytes, c, p);
+  }
+
+  // Every launch goes through cudaLaunchKernelEx, whose return value is this
+  // launch's own result (cudaGetLastError would read a per-thread state that
+  // other code on the thread shares).
+  template <KernelId K, typename S, typename L, int T, typename... P>
+  std::string Launch(int64_t blocks, P... params) {
+    auto kernel = KernelFn<K, S, L, T>::get();
+    static_assert(std::is_same<decltype(kernel), void (*)(P...)>::value,
+                  "xent_launch.h passes other parameters than the kernel takes");
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(GridFor(blocks));
+    config.blockDim = dim3(kBlock);
+    config.dynamicSmemBytes = 0;
+    config.stream = stream_;
+    config.attrs = nullptr;
+    config.numAttrs = 0;
+    return Error(cudaLaunchKernelEx(&config, kernel, params...), KernelName(K));
   }
 
  private:
   cudaStream_t stream_;
-  void* ptr_ = nullptr;
 };
 
 }  // namespace
-
 
 template <typename S, typename L>
 const char* LaunchSparseForward(void* stream, const S* logits, const L* labels,
                                 int64_t rows, int64_t classes, S* loss,
                                 typename Storage<S>::acc* shift,
                                 typename Storage<S>::acc* log_norm) {
-  typedef typename Storage<S>::acc A;
-  if (rows <= 0) return nullptr;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Plan plan = PlanFor<S>(classes);
-  const bool aligned = Aligned(logits, logits, classes, Shape<S>::V);
-  const int64_t items = rows * plan.chunks;
-  LseState<A>* part = nullptr;
-  Scratch scratch(s);
-  if (plan.chunks > 1) {
-    void* p;
-    if (cudaError_t e = scratch.Get(sizeof(LseState<A>) * size_t(items), &p)) return ErrorString(e);
-    part = static_cast<LseState<A>*>(p);
-  }
-  cudaError_t e;
-  if (plan.threads == kWarp)
-    e = Launch(s, BlocksFor(items, kWarp), SparseForwardKernel<S, L, kWarp>, logits, labels,
-               rows, classes, plan, aligned, loss, shift, log_norm, part);
-  else
-    e = Launch(s, BlocksFor(items, kBlock), SparseForwardKernel<S, L, kBlock>, logits, labels,
-               rows, classes, plan, aligned, loss, shift, log_norm, part);
-  if (e == cudaSuccess && plan.chunks > 1)
-    e = Launch(s, BlocksFor(rows, kWarp), SparseMergeKernel<S, L>, logits, labels, rows, classes,
-               plan.chunks, part, loss, shift, log_norm);
-  return ErrorString(e);
+  RuntimeBackend b(stream);
+  return ErrorOrNull(SparseForward(b, logits, labels, rows, classes, loss, shift, log_norm));
 }
 
 template <typename S, typename L>
@@ -92,19 +141,8 @@ const char* LaunchSparseGrad(void* stream, const S* logits, const L* labels,
                              const typename Storage<S>::acc* shift,
                              const typename Storage<S>::acc* log_norm,
                              const S* grad_loss, S* dlogits) {
-  if (rows <= 0 || classes <= 0) return nullptr;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Plan plan = PlanFor<S>(classes);
-  const bool aligned = Aligned(logits, dlogits, classes, Shape<S>::V);
-  const int64_t items = rows * plan.chunks;
-  cudaError_t e;
-  if (plan.threads == kWarp)
-    e = Launch(s, BlocksFor(items, kWarp), SparseGradKernel<S, L, kWarp>, logits, labels, rows,
-               classes, plan, aligned, shift, log_norm, grad_loss, dlogits);
-  else
-    e = Launch(s, BlocksFor(items, kBlock), SparseGradKernel<S, L, kBlock>, logits, labels, rows,
-               classes, plan, aligned, shift, log_norm, grad_loss, dlogits);
-  return ErrorString(e);
+  RuntimeBackend b(stream);
+  return ErrorOrNull(SparseGrad(b, logits, labels, rows, classes, shift, log_norm, grad_loss, dlogits));
 }
 
 template <typename S>
@@ -112,30 +150,8 @@ const char* LaunchDenseForward(void* stream, const S* logits, const S* labels,
                                int64_t rows, int64_t classes, S* loss,
                                typename Storage<S>::acc* shift,
                                typename Storage<S>::acc* log_norm) {
-  typedef typename Storage<S>::acc A;
-  if (rows <= 0) return nullptr;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Plan plan = PlanFor<S>(classes);
-  const bool aligned = Aligned(logits, labels, classes, Shape<S>::V);
-  const int64_t items = rows * plan.chunks;
-  DState<A>* part = nullptr;
-  Scratch scratch(s);
-  if (plan.chunks > 1) {
-    void* p;
-    if (cudaError_t e = scratch.Get(sizeof(DState<A>) * size_t(items), &p)) return ErrorString(e);
-    part = static_cast<DState<A>*>(p);
-  }
-  cudaError_t e;
-  if (plan.threads == kWarp)
-    e = Launch(s, BlocksFor(items, kWarp), DenseForwardKernel<S, kWarp>, logits, labels, rows,
-               classes, plan, aligned, loss, shift, log_norm, part);
-  else
-    e = Launch(s, BlocksFor(items, kBlock), DenseForwardKernel<S, kBlock>, logits, labels, rows,
-               classes, plan, aligned, loss, shift, log_norm, part);
-  if (e == cudaSuccess && plan.chunks > 1)
-    e = Launch(s, BlocksFor(rows, kWarp), DenseMergeKernel<S>, rows, plan.chunks, part, loss,
-               shift, log_norm);
-  return ErrorString(e);
+  RuntimeBackend b(stream);
+  return ErrorOrNull(DenseForward(b, logits, labels, rows, classes, loss, shift, log_norm));
 }
 
 template <typename S>
@@ -144,37 +160,9 @@ const char* LaunchDenseGrad(void* stream, const S* logits, const S* labels,
                             const typename Storage<S>::acc* shift,
                             const typename Storage<S>::acc* log_norm,
                             const S* grad_loss, bool exact_gradient, S* dlogits) {
-  if (rows <= 0 || classes <= 0) return nullptr;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Plan plan = PlanFor<S>(classes);
-  const bool aligned = Aligned(logits, labels, classes, Shape<S>::V) &&
-                       Aligned(dlogits, dlogits, classes, Shape<S>::V);
-  const int64_t items = rows * plan.chunks;
-  wide* ysums = nullptr;
-  Scratch scratch(s);
-  cudaError_t e = cudaSuccess;
-  if (exact_gradient && plan.chunks > 1) {
-    void* p;
-    if ((e = scratch.Get(sizeof(wide) * size_t(items + rows), &p))) return ErrorString(e);
-    wide* part = static_cast<wide*>(p);
-    ysums = part + items;
-    e = Launch(s, BlocksFor(items, kBlock), LabelSumKernel<S>, labels, rows, classes, plan,
-               aligned, part);
-    if (e == cudaSuccess)
-      e = Launch(s, BlocksFor(rows, kWarp), LabelSumMergeKernel<S>, rows, plan.chunks,
-                 static_cast<const wide*>(part), ysums);
-  }
-  if (e == cudaSuccess) {
-    if (plan.threads == kWarp)
-      e = Launch(s, BlocksFor(items, kWarp), DenseGradKernel<S, kWarp>, logits, labels, rows,
-                 classes, plan, aligned, exact_gradient, static_cast<const wide*>(ysums), shift, log_norm,
-                 grad_loss, dlogits);
-    else
-      e = Launch(s, BlocksFor(items, kBlock), DenseGradKernel<S, kBlock>, logits, labels, rows,
-                 classes, plan, aligned, exact_gradient, static_cast<const wide*>(ysums), shift, log_norm,
-                 grad_loss, dlogits);
-  }
-  return ErrorString(e);
+  RuntimeBackend b(stream);
+  return ErrorOrNull(DenseGrad(b, logits, labels, rows, classes, shift, log_norm, grad_loss,
+                          exact_gradient, dlogits));
 }
 
 #define INSTANTIATE_SPARSE(S, L)                                                   \

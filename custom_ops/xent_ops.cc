@@ -1240,170 +1240,85 @@ void* CudaStream(OpKernelContext* ctx) {
 // ---------------------------------------------------------------------------
 // GPU rows, compiled at run time: the kernels of xent_device.cuh compiled by
 // NVRTC (equivtool/ops/_nvrtc.py) and launched through the driver API
-// (xent_driver.h) on TensorFlow's stream, with the plan (xent_plan.h) and the
-// launch sequence of xent_kernels.cu.cc's launchers; scratch comes from
-// TensorFlow's allocator. Registered for DEVICE_GPU at run time, by
-// equivtool_xent_enable_gpu below, once the cubins are in, and only in a
-// library without ahead-of-time kernels.
+// (xent_driver.h) on TensorFlow's stream, by xent_launch.h's recipe, the
+// one the ahead-of-time launchers run; chunk states come from TensorFlow's
+// allocator, the per-row counters from the stream's workspace. Registered
+// for DEVICE_GPU at run time, by equivtool_xent_enable_gpu below, once the
+// cubins are in, and only in a library without ahead-of-time kernels.
 
 namespace gk = ::equivtool_xent::gpu;
 namespace drv = ::equivtool_xent::driver;
 
-template <typename T> const char* TypeKey();
-template <> const char* TypeKey<Eigen::half>() { return "float16"; }
-template <> const char* TypeKey<bfloat16>() { return "bfloat16"; }
-template <> const char* TypeKey<float>() { return "float32"; }
-template <> const char* TypeKey<double>() { return "float64"; }
-template <typename L> const char* LabelKey() { return sizeof(L) == 4 ? "int32" : "int64"; }
-
-// Kernel keys, as _nvrtc.kernel_names spells them: "SparseForward:float32:int64:32".
-std::string Key(const char* kernel, const char* type, const char* label = nullptr,
-                int threads = 0) {
-  std::string key = std::string(kernel) + ":" + type;
-  if (label != nullptr) key += std::string(":") + label;
-  if (threads != 0) key += ":" + std::to_string(threads);
-  return key;
-}
-
-// Launches kernels on the op's stream in the context owning `operand` (a
-// device buffer of the op with at least one element).
-class DriverLauncher {
- public:
-  DriverLauncher(OpKernelContext* ctx, const void* operand, const char* op)
-      : stream_(CudaStream(ctx)), operand_(operand), op_(op) {}
-  Status Run(const std::string& key, int64_t blocks, void** params) {
-    drv::CUcontext cu = nullptr;
-    drv::CUfunction f = nullptr;
-    std::string error = drv::Function(operand_, key, &cu, &f);
-    if (error.empty()) error = drv::Launch(cu, f, gk::GridFor(blocks), gk::kBlock, stream_, params);
-    if (error.empty()) return OkStatus();
-    return errors::Internal(op_, ": launching ", key, " failed: ", error);
-  }
-
- private:
-  void* stream_;
-  const void* operand_;
-  const char* op_;
+// Chunk states in a temporary tensor, alive until the op returns (TensorFlow
+// reuses it only for work queued after ours on the stream).
+struct TempStates {
+  OpKernelContext* ctx;
+  Tensor tensor;
 };
 
-// Device scratch of `bytes` from TensorFlow's allocator, alive until `t` dies.
-template <typename P>
-Status Scratch(OpKernelContext* ctx, int64_t bytes, Tensor* t, P** out) {
-  TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({bytes}), t));
-  *out = reinterpret_cast<P*>(t->flat<int8>().data());
-  return OkStatus();
+std::string AllocateStates(void* arg, size_t bytes, void** out) {
+  TempStates* t = static_cast<TempStates*>(arg);
+  Status s = t->ctx->allocate_temp(DT_INT8, TensorShape({static_cast<int64_t>(bytes)}), &t->tensor);
+  if (!s.ok()) return s.ToString();
+  *out = t->tensor.flat<int8>().data();
+  return "";
+}
+
+Status DriverStatus(const std::string& error, const char* op) {
+  if (error.empty()) return OkStatus();
+  return errors::Internal(op, ": ", error);
 }
 
 struct DriverImpl {
   template <typename T, typename L>
   static Status SparseForward(OpKernelContext* ctx, const ForwardArgs& a) {
-    typedef typename StorageOf<T>::type S;
     typedef typename AccOf<T>::type A;
-    const S* x = AsStorage<T>(*a.logits);
-    const L* y = a.labels->flat<L>().data();
-    S* loss = AsStorage<T>(a.loss);
-    A* shift = a.shift->flat<A>().data();
-    A* log_norm = a.log_norm->flat<A>().data();
-    int64_t rows = a.B, C = a.C;
-    gk::Plan plan = gk::PlanFor<S>(C);
-    bool aligned = gk::Aligned(x, x, C, gk::Shape<S>::V);
-    const int64_t items = rows * plan.chunks;
-    Tensor scratch;
-    ex::LseState<A>* part = nullptr;
-    if (plan.chunks > 1)
-      TF_RETURN_IF_ERROR(Scratch(ctx, sizeof(ex::LseState<A>) * items, &scratch, &part));
-    DriverLauncher run(ctx, loss, "EquivtoolSparseXent");  // B > 0 elements, even when C == 0
-    void* args[] = {&x, &y, &rows, &C, &plan, &aligned, &loss, &shift, &log_norm, &part};
-    TF_RETURN_IF_ERROR(run.Run(Key("SparseForward", TypeKey<T>(), LabelKey<L>(), plan.threads),
-                               gk::BlocksFor(items, plan.threads), args));
-    if (plan.chunks == 1) return OkStatus();
-    int64_t chunks = plan.chunks;
-    void* merge[] = {&x, &y, &rows, &C, &chunks, &part, &loss, &shift, &log_norm};
-    return run.Run(Key("SparseMerge", TypeKey<T>(), LabelKey<L>()),
-                   gk::BlocksFor(rows, gk::kWarp), merge);
+    TempStates temp{ctx, Tensor()};
+    auto* loss = AsStorage<T>(a.loss);
+    drv::DriverBackend b(CudaStream(ctx), loss, &AllocateStates, &temp);
+    return DriverStatus(
+        gk::SparseForward(b, AsStorage<T>(*a.logits), a.labels->flat<L>().data(), a.B, a.C, loss,
+                          a.shift->flat<A>().data(), a.log_norm->flat<A>().data()),
+        "EquivtoolSparseXent");
   }
 
   template <typename T, typename L>
   static Status SparseGrad(OpKernelContext* ctx, const GradArgs& a) {
-    typedef typename StorageOf<T>::type S;
     typedef typename AccOf<T>::type A;
-    const S* x = AsStorage<T>(*a.logits);
-    const L* y = a.labels->flat<L>().data();
-    const A* shift = a.shift->flat<A>().data();
-    const A* log_norm = a.log_norm->flat<A>().data();
-    const S* grad_loss = AsStorage<T>(*a.grad_loss);
-    S* dx = AsStorage<T>(a.dlogits);
-    int64_t rows = a.B, C = a.C;
-    if (C == 0) return OkStatus();
-    gk::Plan plan = gk::PlanFor<S>(C);
-    bool aligned = gk::Aligned(x, dx, C, gk::Shape<S>::V);
-    DriverLauncher run(ctx, dx, "EquivtoolSparseXentGrad");
-    void* args[] = {&x, &y, &rows, &C, &plan, &aligned, &shift, &log_norm, &grad_loss, &dx};
-    return run.Run(Key("SparseGrad", TypeKey<T>(), LabelKey<L>(), plan.threads),
-                   gk::BlocksFor(rows * plan.chunks, plan.threads), args);
+    auto* dx = AsStorage<T>(a.dlogits);
+    drv::DriverBackend b(CudaStream(ctx), dx);
+    return DriverStatus(
+        gk::SparseGrad(b, AsStorage<T>(*a.logits), a.labels->flat<L>().data(), a.B, a.C,
+                       static_cast<const A*>(a.shift->flat<A>().data()),
+                       static_cast<const A*>(a.log_norm->flat<A>().data()),
+                       AsStorage<T>(*a.grad_loss), dx),
+        "EquivtoolSparseXentGrad");
   }
 
   template <typename T>
   static Status DenseForward(OpKernelContext* ctx, const ForwardArgs& a) {
-    typedef typename StorageOf<T>::type S;
     typedef typename AccOf<T>::type A;
-    const S* x = AsStorage<T>(*a.logits);
-    const S* y = AsStorage<T>(*a.labels);
-    S* loss = AsStorage<T>(a.loss);
-    A* shift = a.shift->flat<A>().data();
-    A* log_norm = a.log_norm->flat<A>().data();
-    int64_t rows = a.B, C = a.C;
-    gk::Plan plan = gk::PlanFor<S>(C);
-    bool aligned = gk::Aligned(x, y, C, gk::Shape<S>::V);
-    const int64_t items = rows * plan.chunks;
-    Tensor scratch;
-    ex::DenseState<A>* part = nullptr;
-    if (plan.chunks > 1)
-      TF_RETURN_IF_ERROR(Scratch(ctx, sizeof(ex::DenseState<A>) * items, &scratch, &part));
-    DriverLauncher run(ctx, loss, "EquivtoolXent");
-    void* args[] = {&x, &y, &rows, &C, &plan, &aligned, &loss, &shift, &log_norm, &part};
-    TF_RETURN_IF_ERROR(run.Run(Key("DenseForward", TypeKey<T>(), nullptr, plan.threads),
-                               gk::BlocksFor(items, plan.threads), args));
-    if (plan.chunks == 1) return OkStatus();
-    int64_t chunks = plan.chunks;
-    void* merge[] = {&rows, &chunks, &part, &loss, &shift, &log_norm};
-    return run.Run(Key("DenseMerge", TypeKey<T>()), gk::BlocksFor(rows, gk::kWarp), merge);
+    TempStates temp{ctx, Tensor()};
+    auto* loss = AsStorage<T>(a.loss);
+    drv::DriverBackend b(CudaStream(ctx), loss, &AllocateStates, &temp);
+    return DriverStatus(
+        gk::DenseForward(b, AsStorage<T>(*a.logits), AsStorage<T>(*a.labels), a.B, a.C, loss,
+                         a.shift->flat<A>().data(), a.log_norm->flat<A>().data()),
+        "EquivtoolXent");
   }
 
   template <typename T>
   static Status DenseGrad(OpKernelContext* ctx, const GradArgs& a) {
-    typedef typename StorageOf<T>::type S;
     typedef typename AccOf<T>::type A;
-    const S* x = AsStorage<T>(*a.logits);
-    const S* y = AsStorage<T>(*a.labels);
-    const A* shift = a.shift->flat<A>().data();
-    const A* log_norm = a.log_norm->flat<A>().data();
-    const S* grad_loss = AsStorage<T>(*a.grad_loss);
-    S* dx = AsStorage<T>(a.dlogits);
-    int64_t rows = a.B, C = a.C;
-    bool exact = a.exact_gradient;
-    gk::Plan plan = gk::PlanFor<S>(C);
-    bool aligned = gk::Aligned(x, y, C, gk::Shape<S>::V) && gk::Aligned(dx, dx, C, gk::Shape<S>::V);
-    const int64_t items = rows * plan.chunks;
-    DriverLauncher run(ctx, dx, "EquivtoolXentGrad");
-    Tensor scratch;
-    ex::wide* part = nullptr;
-    ex::wide* ysums = nullptr;  // per-row label sums when rows have several chunks
-    if (exact && plan.chunks > 1) {
-      TF_RETURN_IF_ERROR(Scratch(ctx, sizeof(ex::wide) * (items + rows), &scratch, &part));
-      ysums = part + items;
-      void* sums[] = {&y, &rows, &C, &plan, &aligned, &part};
-      TF_RETURN_IF_ERROR(run.Run(Key("LabelSum", TypeKey<T>()), gk::BlocksFor(items, gk::kBlock),
-                                 sums));
-      int64_t chunks = plan.chunks;
-      void* merge[] = {&rows, &chunks, &part, &ysums};
-      TF_RETURN_IF_ERROR(run.Run(Key("LabelSumMerge", TypeKey<T>()),
-                                 gk::BlocksFor(rows, gk::kWarp), merge));
-    }
-    void* args[] = {&x, &y, &rows, &C, &plan, &aligned, &exact, &ysums,
-                    &shift, &log_norm, &grad_loss, &dx};
-    return run.Run(Key("DenseGrad", TypeKey<T>(), nullptr, plan.threads),
-                   gk::BlocksFor(items, plan.threads), args);
+    TempStates temp{ctx, Tensor()};
+    auto* dx = AsStorage<T>(a.dlogits);
+    drv::DriverBackend b(CudaStream(ctx), dx, &AllocateStates, &temp);
+    return DriverStatus(
+        gk::DenseGrad(b, AsStorage<T>(*a.logits), AsStorage<T>(*a.labels), a.B, a.C,
+                      static_cast<const A*>(a.shift->flat<A>().data()),
+                      static_cast<const A*>(a.log_norm->flat<A>().data()),
+                      AsStorage<T>(*a.grad_loss), a.exact_gradient, dx),
+        "EquivtoolXentGrad");
   }
 };
 

@@ -58,6 +58,22 @@ template <typename S> Plan PlanFor(int64_t C) {
   p.chunk = int64_t(p.threads) * Sh::V * p.u;
   return p;
 }
+
+// The gradient's partition. A gradient element depends on its logit and its
+// row's statistics only, so any partition gives the same bits; the forward's
+// is kept except where a few long rows would leave most multiprocessors idle
+// ([1, 1048576] float32: 128 chunks of 8192): there each chunk is cut in
+// four (a quarter of the elements per thread, four times the blocks).
+constexpr int64_t kFewItems = 512;
+template <typename S> Plan GradPlanFor(int64_t C, int64_t rows) {
+  Plan p = PlanFor<S>(C);
+  if (p.chunks > 1 && rows * p.chunks < kFewItems && p.u >= 4) {
+    p.u /= 4;
+    p.chunk = int64_t(p.threads) * Shape<S>::V * p.u;
+    p.chunks = (C + p.chunk - 1) / p.chunk;
+  }
+  return p;
+}
 #endif  // !__CUDACC_RTC__
 
 #if !defined(__CUDACC_RTC__)

@@ -43,6 +43,12 @@ int cuModuleLoadData(void** m, const void* i) { return 1; }
 int cuModuleGetFunction(void** f, void* m, const char* n) { return 1; }
 int cuLaunchKernel(void* f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e,
                    unsigned g, unsigned s, void* st, void** p, void** x) { return 1; }
+int cuMemAlloc_v2(unsigned long long* p, unsigned long n) { return 1; }
+int cuMemsetD8Async(unsigned long long p, unsigned char v, unsigned long n, void* s) { return 1; }
+int cuStreamCreate(void** s, unsigned f) { return 1; }
+int cuStreamSynchronize(void* s) { return 1; }
+int cuStreamDestroy_v2(void* s) { return 1; }
+int cuThreadExchangeStreamCaptureMode(int* m) { return 1; }
 """
 
 _SCENARIO = textwrap.dedent("""

@@ -66,42 +66,63 @@ def test_kernels_compile_to_a_cubin_of_the_asked_architecture(images, arch):
 
 
 # Parameter sizes of each kernel (float32 logits, 8-byte pointers and
-# integers, Plan 24 bytes, bool 1), in the order the driver-API launcher in
-# custom_ops/xent_ops.cc (DriverImpl) passes its argument arrays.
+# integers, Plan 24 bytes, bool 1), in the order xent_launch.h's recipe
+# passes them (the driver backend passes their addresses as they are).
 _PARAMS = {
-    "SparseForward": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8),
+    "SparseForward": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8, 8),
     "SparseMerge": (8, 8, 8, 8, 8, 8, 8, 8, 8),
     "SparseGrad": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8),
-    "DenseForward": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8),
+    "DenseForward": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8, 8),
     "DenseMerge": (8, 8, 8, 8, 8, 8),
-    "LabelSum": (8, 8, 8, 24, 1, 8),
+    "LabelSum": (8, 8, 8, 24, 1, 8, 8, 8),
     "LabelSumMerge": (8, 8, 8, 8),
     "DenseGrad": (8, 8, 8, 8, 24, 1, 1, 8, 8, 8, 8, 8),
 }
 
 
-def _launcher_arrays() -> dict:
-    """kernel -> number of arguments DriverImpl passes (read from xent_ops.cc)."""
-    with open(os.path.join(_build.SOURCE_DIR, "xent_ops.cc")) as f:
+def _top_level_args(text: str) -> list[str]:
+    args, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "(<":
+            depth += 1
+        elif ch in ")>":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append(text[start:i].strip())
+            start = i + 1
+    args.append(text[start:].strip())
+    return args
+
+
+def _recipe_launches() -> dict:
+    """kernel -> the argument counts of its launches in xent_launch.h (blocks excluded)."""
+    with open(os.path.join(_build.SOURCE_DIR, "xent_launch.h")) as f:
         source = f.read()
     found = {}
-    for items, kernel in re.findall(r'void\* \w+\[\] = \{([^}]*)\};\s*'
-                                    r'(?:TF_RETURN_IF_ERROR\()?(?:return )?run\.Run\(Key\("(\w+)"',
-                                    source):
-        found.setdefault(kernel, set()).add(len(items.split(",")))
+    for m in re.finditer(r"Launch<KernelId::(\w+),[^>]*>\(", source):
+        depth, end = 1, m.end()
+        while depth:  # to the parenthesis that closes this call
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            end += 1
+        found.setdefault(m.group(1), set()).add(len(_top_level_args(source[m.end():end - 1])) - 1)
     return found
 
 
-def test_driver_launches_pass_what_each_kernel_takes(images):
+def test_recipe_launches_pass_what_each_kernel_takes(images):
     image = images[90]
     info = _nvrtc.cubin_info(image.cubin)
-    launcher = _launcher_arrays()
-    assert set(launcher) == set(_PARAMS), launcher  # every kernel is launched somewhere
+    launches = _recipe_launches()
+    assert set(launches) == set(_PARAMS), launches  # every kernel is launched somewhere
     for key, lowered in image.names.items():
         kernel = key.split(":")[0]
         sizes = info.kernels[lowered].param_sizes
         assert sizes == _PARAMS[kernel], (key, sizes)
-        assert launcher[kernel] == {len(sizes)}, (key, launcher[kernel])
+        assert launches[kernel] == {len(sizes)}, (key, launches[kernel])
+
+
+def test_recipe_reader_counts_arguments_at_the_top_level_only():
+    # the reader above can fail: nested calls and template arguments are one argument each
+    assert len(_top_level_args("BlocksFor(items, kWarp), x, f<a, b>(c, d)")) == 3
 
 
 def test_arch_is_accepted_in_every_spelling_and_refused_clearly():

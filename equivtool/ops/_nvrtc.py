@@ -66,7 +66,8 @@ def kernel_names(dtype: str) -> dict[str, str]:
     """key -> C++ name expression of every kernel instantiation of one logits type.
 
     Keys read ``SparseForward:float32:int64:32`` (kernel, logits, labels,
-    threads per row chunk); the op library looks kernels up by these keys.
+    threads per row chunk); the op library looks kernels up by these keys
+    (``KernelKey`` in ``custom_ops/xent_launch.h`` spells them the same).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
