@@ -8,7 +8,13 @@ needed)::
 compiles ``custom_ops/xent_kernels.cu.cc`` with the op build's nvcc
 flags (``equivtool/ops/_build.py``) and the C ABI in ``xent_capi.cu`` into a
 small shared library, drives it through ctypes on PyTorch device buffers, and
-runs:
+runs the modes below. ``--launcher driver`` runs the op library's run-time
+path instead: ``xent_capi_driver.cc`` (built by a C++ compiler alone) launches
+NVRTC cubins through the driver API with the op's backend, the cubins either
+compiled on the spot by ``equivtool/ops/_nvrtc.py`` or read from ``--cubins``
+(written beforehand, anywhere, by ``export-cubins``: the CUDA 12 NVRTC that
+pip users get). Both launchers run one recipe (``custom_ops/xent_launch.h``).
+Modes:
 
 - ``check``: correctness against a float64 reference (every shape, dtype, label
   kind and partition path; offset rows; huge finite logits; +-inf/NaN rows;
@@ -21,8 +27,14 @@ runs:
 - ``speed``: forward and forward+backward against PyTorch's ``F.cross_entropy``
   and a device-to-device copy of the logits (median of ``triton.testing.do_bench``).
 
+- ``agree``: the runtime launcher, the driver launcher over ``--cubins`` and
+  over cubins compiled on the spot give the same bits on every case;
+- ``dump``: outputs for inputs saved by ``cpu_vs_gpu.py`` (CPU and GPU bits).
+
 ``all`` runs check, determinism and speed. ``--baseline SOURCE`` also builds
-another version of the kernels file (e.g. the previous commit's) and times it.
+another version of the kernels file (e.g. the previous commit's) and times it;
+``--other NAME=LIB`` times more built runtime libraries, ``--time-driver`` the
+driver launcher beside the runtime one.
 
 The reference maths and the case lists are plain NumPy/Python and importable
 without a GPU (tests/test_gpu_harness.py checks them on the CPU).
@@ -49,6 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 KERNELS = os.path.join(REPO, "custom_ops")
 CAPI = os.path.join(HERE, "xent_capi.cu")
+CAPI_DRIVER = os.path.join(HERE, "xent_capi_driver.cc")
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 DTYPE_CODE = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
@@ -86,6 +99,81 @@ def build_library(output: str, kernels_source: str | None = None, nvcc: str = "n
     if proc.returncode != 0:
         raise RuntimeError(f"harness build failed:\n{' '.join(cmd)}\n{proc.stdout}")
     return output
+
+
+def driver_build_command(cxx: str, output: str) -> list[str]:
+    """The C++ line that makes the driver-launcher library (no CUDA toolkit)."""
+    return [cxx, "-O3", "-std=c++17", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC",
+            f"-I{KERNELS}", CAPI_DRIVER, "-ldl", "-o", output]
+
+
+def build_driver_library(output: str, cxx: str = "g++") -> str:
+    cmd = driver_build_command(cxx, output)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"driver harness build failed:\n{' '.join(cmd)}\n{proc.stdout}")
+    return output
+
+
+def nvrtc_module():
+    """equivtool/ops/_nvrtc.py (it imports neither TensorFlow nor the op library)."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from equivtool.ops import _nvrtc
+    return _nvrtc
+
+
+@dataclasses.dataclass(frozen=True)
+class Cubin:
+    """One logits type's kernels for one architecture, as the op library receives them."""
+    dtype: str
+    arch: int
+    cubin: bytes
+    names: dict  # kernel key -> lowered name
+    origin: str  # which NVRTC made it
+
+    def names_text(self) -> bytes:
+        return "".join(f"{k}={v}\n" for k, v in sorted(self.names.items())).encode()
+
+
+def compile_cubins(arch: int, folder: str | None = None) -> list[Cubin]:
+    """The op's run-time compile: every logits type for sm_<arch>, through _nvrtc's
+    cache (its default folder, or `folder`)."""
+    nv = nvrtc_module()
+    nvrtc = nv.find_nvrtc()
+    if nvrtc is None:
+        raise RuntimeError("no NVRTC found (see equivtool/ops/_nvrtc.py: nvrtc_candidates)")
+    images = nv.kernel_images(arch, nvrtc, folder)
+    return [Cubin(im.dtype, im.arch, im.cubin, dict(im.names),
+                  f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]}") for im in images]
+
+
+def export_cubins(folder: str, arch: int, cache: str | None = None) -> list[str]:
+    """Writes compile_cubins(arch) to `folder` (no GPU needed), for --cubins."""
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for c in compile_cubins(arch, cache):
+        base = os.path.join(folder, f"xent-{c.dtype}-sm{c.arch}")
+        with open(base + ".cubin", "wb") as f:
+            f.write(c.cubin)
+        with open(base + ".json", "w") as f:
+            json.dump({"dtype": c.dtype, "arch": c.arch, "names": c.names, "origin": c.origin}, f)
+        written.append(base + ".cubin")
+    return written
+
+
+def read_cubins(folder: str) -> list[Cubin]:
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("xent-") and name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                meta = json.load(f)
+            with open(os.path.join(folder, name[:-5] + ".cubin"), "rb") as f:
+                found.append(Cubin(meta["dtype"], meta["arch"], f.read(), meta["names"],
+                                   meta["origin"]))
+    if not found:
+        raise RuntimeError(f"--cubins {folder}: no xent-*.json/.cubin pairs (see export-cubins)")
+    return found
 
 
 # ---------------------------------------------------------------------------
@@ -379,6 +467,25 @@ class Kernels:
                 log_norm.data_ptr(), grad_loss.data_ptr(), int(exact), dx.data_ptr()), "dense grad")
 
 
+class DriverKernels(Kernels):
+    """The driver-launcher library with its cubins handed over (as _gpu.py does for the op)."""
+
+    def __init__(self, path: str, cubins: Sequence[Cubin]):
+        super().__init__(path)
+        lib = self.lib
+        lib.xent_driver_error.restype = ctypes.c_char_p
+        lib.xent_add_cubin.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                                       ctypes.c_char_p]
+        lib.xent_add_cubin.restype = ctypes.c_int
+        error = lib.xent_driver_error().decode()
+        if error:
+            raise RuntimeError(f"driver launcher: {error}")
+        for c in cubins:
+            if lib.xent_add_cubin(c.arch, c.cubin, len(c.cubin), c.names_text()) <= 0:
+                raise RuntimeError(f"driver launcher refused the {c.dtype} sm_{c.arch} cubin")
+        self.origin = sorted({c.origin for c in cubins})
+
+
 def _torch_dtype(name: str):
     import torch
     return getattr(torch, name)
@@ -535,7 +642,8 @@ def cmd_determinism(k: Kernels, log: Callable[[str], None], repeats: int = 100) 
              Case(3, 100000, "float32"), Case(33, 20000, "float16", "dense", exact=True),
              Case(9, 40000, "float32", "dense"),
              Case(16, 5000, "float64"), Case(1000, 10, "bfloat16", "dense"),
-             Case(2, 262144, "bfloat16")]
+             Case(2, 262144, "bfloat16"), Case(600, 40000, "float32"),
+             Case(1000, 40000, "float16", "dense", exact=True)]
     base = {}
     for i, case in enumerate(cases):
         r = run_case(k, case, seed=77 + i)
@@ -603,6 +711,74 @@ def cmd_sanitize(k: Kernels, log: Callable[[str], None]) -> bool:
     return True
 
 
+def agree_cases() -> list[Case]:
+    """Every path (warp, block, chunked; aligned or not; sparse, dense, exact) and
+    the issue's long rows: what the launchers must agree on bit for bit."""
+    cases = sanitize_cases()
+    for dtype in DTYPES:
+        cases += [Case(64, 32000, dtype, "int64"), Case(2, 1048576, dtype, "int32"),
+                  Case(4, 262144, dtype, "dense", exact=True), Case(300, 1000, dtype, "dense"),
+                  # chunks enough for the merge kernels (xent_launch.h: FusedMerge)
+                  Case(1000, 40000, dtype, "int64"), Case(1000, 40000, dtype, "dense", exact=True)]
+    return cases
+
+
+def cmd_agree(kernels: dict, log: Callable[[str], None]) -> bool:
+    """The same inputs through each named launcher: losses and gradients bitwise equal."""
+    import torch
+    names = list(kernels)
+    cases = agree_cases()
+    differ = 0
+    for i, case in enumerate(cases):
+        bits = {}
+        for name in names:
+            r = run_case(kernels[name], case, seed=500 + i)
+            torch.cuda.synchronize()
+            bits[name] = (_bits(r["loss"]), _bits(r["dx"]))
+        first = bits[names[0]]
+        for name in names[1:]:
+            if not (torch.equal(bits[name][0], first[0]) and torch.equal(bits[name][1], first[1])):
+                differ += 1
+                log(f"FAIL {case.name}: {name} differs from {names[0]}")
+    log(f"agree: {len(cases)} cases through {', '.join(names)}: "
+        f"{'bitwise identical' if differ == 0 else f'{differ} differ'}")
+    return differ == 0
+
+
+def cmd_dump(k: Kernels, inputs: str, out: str, log: Callable[[str], None]) -> bool:
+    """Runs the inputs of cpu_vs_gpu.py (an .npz) and writes the outputs beside `out`."""
+    import torch
+    data = np.load(inputs)
+    results = {}
+    names = sorted({key.split("/")[0] for key in data.files})
+    for name in names:
+        dtype = str(data[f"{name}/dtype"])
+        dt = _torch_dtype(dtype)
+        raw = data[f"{name}/logits"]
+        if dtype in ("float16", "bfloat16"):
+            x = torch.from_numpy(raw.astype(np.int16)).cuda().view(dt)
+            g = torch.from_numpy(data[f"{name}/grad_loss"].astype(np.int16)).cuda().view(dt)
+        else:
+            x = torch.from_numpy(raw).cuda()
+            g = torch.from_numpy(data[f"{name}/grad_loss"]).cuda()
+        labels = torch.from_numpy(data[f"{name}/labels"]).cuda()
+        b, c = x.shape
+        acc = torch.float64 if dtype == "float64" else torch.float32
+        loss = torch.full((b,), float("nan"), dtype=dt, device="cuda")
+        sh = torch.full((b,), float("nan"), dtype=acc, device="cuda")
+        ln = torch.full((b,), float("nan"), dtype=acc, device="cuda")
+        dx = torch.full((b, c), float("nan"), dtype=dt, device="cuda")
+        s = torch.cuda.current_stream().cuda_stream
+        k.forward(x, labels, loss, sh, ln, s)
+        k.grad(x, labels, sh, ln, g, dx, s)
+        torch.cuda.synchronize()
+        results[f"{name}/loss"] = _bits(loss).cpu().numpy()
+        results[f"{name}/dlogits"] = _bits(dx).cpu().numpy()
+    np.savez_compressed(out, **results)
+    log(f"dump: {len(names)} inputs -> {out}")
+    return True
+
+
 # ---------------------------------------------------------------------------
 # Speed.
 def _bench(fn: Callable[[], None]) -> float:
@@ -621,7 +797,10 @@ def _bench_graph(fn: Callable[[], None]) -> float | None:
         return None
 
 
-def cmd_speed(k: Kernels, log: Callable[[str], None], baseline: Kernels | None = None) -> list[dict]:
+def cmd_speed(k: Kernels, log: Callable[[str], None], baseline: Kernels | None = None,
+              others: dict | None = None, repeat: int = 1) -> list[dict]:
+    """Times `k` (and `baseline`, the previous kernels, and each of `others` by
+    name) against PyTorch and the copy, side by side in this one process."""
     import torch
     import torch.nn.functional as F
     rows_out = []
@@ -659,11 +838,23 @@ def cmd_speed(k: Kernels, log: Callable[[str], None], baseline: Kernels | None =
             def copy():
                 copy_dst.copy_(x)
 
-            t = {"copy": _bench(copy), "ours_fwd": _bench(ours_fwd), "ours_fb": _bench(ours_fb),
-                 "torch_fwd": _bench(torch_fwd), "torch_fb": _bench(torch_fb)}
+            benches = [("copy", copy), ("ours_fwd", ours_fwd), ("ours_fb", ours_fb),
+                       ("torch_fwd", torch_fwd), ("torch_fb", torch_fb)]
             if baseline is not None:
-                t["old_fwd"] = _bench(lambda: ours_fwd(baseline))
-                t["old_fb"] = _bench(lambda: ours_fb(baseline))
+                benches += [("old_fwd", lambda: ours_fwd(baseline)),
+                            ("old_fb", lambda: ours_fb(baseline))]
+            for name, other in (others or {}).items():
+                benches += [(f"{name}_fwd", lambda o=other: ours_fwd(o)),
+                            (f"{name}_fb", lambda o=other: ours_fb(o))]
+            # each variant `repeat` times, interleaved (forward, then backward
+            # order), so that drift in the card's state falls on all alike
+            samples: dict = {name: [] for name, _ in benches}
+            for r in range(repeat):
+                for name, fn in (benches if r % 2 == 0 else benches[::-1]):
+                    samples[name].append(_bench(fn))
+            t = {name: float(np.median(v)) for name, v in samples.items()}
+            spread = {f"{name}_spread": round((max(v) - min(v)) / float(np.median(v)), 3)
+                      for name, v in samples.items() if repeat > 1 and name.endswith("_fb")}
             for name, fn in (("copy_graph", copy), ("ours_fb_graph", ours_fb),
                              ("torch_fb_graph", torch_fb)):
                 value = _bench_graph(fn)
@@ -675,7 +866,8 @@ def cmd_speed(k: Kernels, log: Callable[[str], None], baseline: Kernels | None =
                    "fwd_bw_frac": round(nbytes / (t["ours_fwd"] * 1e-3) / copy_bw, 3),
                    "fb_bw_frac": round(3 * nbytes / (t["ours_fb"] * 1e-3) / copy_bw, 3),
                    "fb_vs_3pass": round(t["ours_fb"] / (3 * nbytes / copy_bw * 1e3), 3),
-                   "speedup_vs_torch_fb": round(t["torch_fb"] / t["ours_fb"], 2)}
+                   "speedup_vs_torch_fb": round(t["torch_fb"] / t["ours_fb"], 2),
+                   "repeat": repeat, **spread}
             rows_out.append(row)
             log(json.dumps(row))
     return rows_out
@@ -687,6 +879,10 @@ def speed_table(rows: list[dict]) -> str:
             "fwd+bwd / (3 passes at copy speed) |")
     if rows and "old_fb" in rows[0]:
         head += " previous kernels fwd+bwd µs |"
+    standard = {"ours_fb", "torch_fb", "old_fb", "speedup_vs_torch_fb"}
+    extra = [key[:-3] for key in (rows[0] if rows else {}) if key.endswith("_fb") and key not in standard]
+    for name in extra:
+        head += f" {name} fwd+bwd µs |"
     graphs = rows and "ours_fb_graph" in rows[0]
     if graphs:
         head += " graph replay: copy / ours fwd+bwd / PyTorch fwd+bwd µs |"
@@ -697,6 +893,8 @@ def speed_table(rows: list[dict]) -> str:
                 f"{r['fb_bw_frac']:.2f} | {r['fb_vs_3pass']:.2f} |")
         if "old_fb" in r:
             line += f" {r['old_fb']:.1f} |"
+        for name in extra:
+            line += f" {r[name + '_fb']:.1f} |"
         if graphs:
             line += (f" {r.get('copy_graph', float('nan')):.1f} / {r.get('ours_fb_graph', float('nan')):.1f}"
                      f" / {r.get('torch_fb_graph', float('nan')):.1f} |")
@@ -723,37 +921,92 @@ def describe_machine() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["build", "check", "determinism", "sanitize", "speed", "all"])
-    parser.add_argument("--lib", help="use this built harness library instead of building one")
+    parser.add_argument("mode", choices=["build", "check", "determinism", "sanitize", "speed", "all",
+                                         "agree", "dump", "export-cubins"])
+    parser.add_argument("--launcher", choices=["runtime", "driver"], default="runtime",
+                        help="runtime: the nvcc-built launchers; driver: NVRTC cubins through "
+                             "the driver API, as the op library runs them (default runtime)")
+    parser.add_argument("--lib", help="use this built runtime-launcher library instead of building one")
+    parser.add_argument("--driver-lib", help="use this built driver-launcher library")
+    parser.add_argument("--cubins", help="driver launcher: the cubins export-cubins wrote "
+                                         "(default: compile them now with NVRTC)")
+    parser.add_argument("--arch", type=int, default=90, help="export-cubins: sm_<arch> (default 90)")
     parser.add_argument("--baseline", help="another xent_kernels.cu.cc to time side by side")
     parser.add_argument("--baseline-lib", help="a built harness library of other kernels to time")
+    parser.add_argument("--other", action="append", default=[], metavar="NAME=LIB",
+                        help="speed: also time this built runtime library (repeatable)")
+    parser.add_argument("--time-driver", action="store_true",
+                        help="speed: also time the driver launcher (--driver-lib, --cubins)")
+    parser.add_argument("--inputs", help="dump: the .npz cpu_vs_gpu.py wrote")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="speed: time every variant this many times, interleaved; medians")
     parser.add_argument("--quick", action="store_true", help="check: skip the largest shapes")
     parser.add_argument("--out", help="folder for the log and results.json")
     parser.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"))
+    parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
     args = parser.parse_args(argv)
+    for spec in args.other:
+        if "=" not in spec or not spec.split("=", 1)[0] or not spec.split("=", 1)[1]:
+            parser.error(f"--other must be NAME=LIB, got {spec!r}")
+    if args.mode == "dump" and not args.inputs:
+        parser.error("dump needs --inputs FILE.npz")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be a positive integer, got {args.repeat}")
     out = args.out or tempfile.mkdtemp(prefix="xent-gpu-")
     os.makedirs(out, exist_ok=True)
-    log_path = os.path.join(out, f"{args.mode}.log")
+    log_path = os.path.join(out, f"{args.mode}-{args.launcher}.log")
 
     def log(msg: str) -> None:
         print(msg, flush=True)
         with open(log_path, "a") as f:
             f.write(msg + "\n")
 
-    lib = args.lib
-    if lib is None:
-        lib = os.path.join(out, "libxent_harness.so")
-        t0 = time.time()
-        build_library(lib, nvcc=args.nvcc)
-        log(f"built {lib} in {time.time() - t0:.0f} s")
-    if args.mode == "build":
+    if args.mode == "export-cubins":
+        for path in export_cubins(out, args.arch):
+            log(f"wrote {path}")
         return 0
+
+    def runtime_kernels() -> Kernels:
+        lib = args.lib
+        if lib is None:
+            lib = os.path.join(out, "libxent_harness.so")
+            t0 = time.time()
+            build_library(lib, nvcc=args.nvcc)
+            log(f"built {lib} in {time.time() - t0:.0f} s")
+        return Kernels(lib)
+
+    def driver_kernels(cubins_folder: str | None) -> DriverKernels:
+        import torch
+        lib = args.driver_lib
+        if lib is None:
+            lib = os.path.join(out, "libxent_driver.so")
+            build_driver_library(lib, cxx=args.cxx)
+        major, minor = torch.cuda.get_device_capability(0)
+        if cubins_folder:
+            cubins = read_cubins(cubins_folder)
+        else:
+            t0 = time.time()
+            cubins = compile_cubins(major * 10 + minor)
+            log(f"compiled the cubins for sm_{major}{minor} with {cubins[0].origin} "
+                f"in {time.time() - t0:.1f} s (or read them from its cache)")
+        k = DriverKernels(lib, cubins)
+        log(f"driver launcher: {lib}, cubins by {', '.join(k.origin)}")
+        return k
+
+    if args.mode == "build":
+        if args.launcher == "driver":
+            lib = args.driver_lib or os.path.join(out, "libxent_driver.so")
+            build_driver_library(lib, cxx=args.cxx)
+            log(f"built {lib}")
+        else:
+            runtime_kernels()
+        return 0
+    k = driver_kernels(args.cubins) if args.launcher == "driver" else runtime_kernels()
     baseline = Kernels(args.baseline_lib) if args.baseline_lib else None
     if args.baseline:
         base_lib = os.path.join(out, "libxent_baseline.so")
         build_library(base_lib, kernels_source=args.baseline, nvcc=args.nvcc)
         baseline = Kernels(base_lib)
-    k = Kernels(lib)
     ok = True
     if args.mode != "sanitize":
         log(describe_machine())
@@ -763,8 +1016,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok &= cmd_determinism(k, log)
     if args.mode == "sanitize":
         ok &= cmd_sanitize(k, log)
+    if args.mode == "agree":
+        runtime = runtime_kernels() if args.launcher == "driver" else k
+        driver = k if args.launcher == "driver" else driver_kernels(args.cubins)
+        launchers = {"runtime": runtime, "driver": driver}
+        if args.cubins:  # and the NVRTC found here, compiling now
+            try:
+                launchers["driver-here"] = driver_kernels(None)
+            except RuntimeError as exc:
+                log(f"agree: no cubins compiled here ({exc})")
+        ok &= cmd_agree(launchers, log)
+    if args.mode == "dump":
+        ok &= cmd_dump(k, args.inputs, os.path.join(out, "gpu_outputs.npz"), log)
     if args.mode in ("speed", "all"):
-        rows = cmd_speed(k, log, baseline)
+        others = {spec.split("=", 1)[0]: Kernels(spec.split("=", 1)[1]) for spec in args.other}
+        if args.time_driver and args.launcher != "driver":
+            others["driver"] = driver_kernels(args.cubins)
+        rows = cmd_speed(k, log, baseline, others, repeat=args.repeat)
         with open(os.path.join(out, "speed.json"), "w") as f:
             json.dump(rows, f, indent=1)
         log(speed_table(rows))
