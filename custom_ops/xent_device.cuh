@@ -1,8 +1,8 @@
 // CUDA kernels of equivtool's softmax cross-entropy: device code only, no
 // CUDA runtime, TensorFlow or absl headers, so that the same text compiles
-// ahead of time with nvcc (xent_kernels.cu.cc, whose launchers use the CUDA
-// runtime) and at run time with NVRTC (equivtool/ops/_nvrtc.py; xent_ops.cc
-// launches the cubin through the driver API). Kernels are in a named
+// at run time with NVRTC (equivtool/ops/_nvrtc.py; xent_ops.cc launches the
+// cubin through the driver API) and, in the GPU harness, with nvcc
+// (xent_kernels.cu.cc, whose launchers use the CUDA runtime). Kernels are in a named
 // namespace so that NVRTC can name each instantiation.
 //
 // Determinism. How a row is reduced depends on its length C (and the logits'

@@ -1,6 +1,7 @@
-// Launchers of the CUDA kernels (xent_device.cuh) through the CUDA runtime:
-// the ahead-of-time build with nvcc (equivtool/ops/_build.py, when nvcc is
-// found) and the standalone harness (benchmarks/gpu/). What they launch, and
+// Launchers of the CUDA kernels (xent_device.cuh) through the CUDA runtime,
+// for the standalone harness (benchmarks/gpu/: nvcc, a second compiler to
+// agree with the op's NVRTC cubins; the op library itself builds no CUDA
+// code since issue 39). What they launch, and
 // in what order, is xent_launch.h's recipe, which the driver-API path (NVRTC
 // cubins, xent_driver.h) runs too; this file only says how the runtime
 // launches a kernel and where a stream's workspace comes from.

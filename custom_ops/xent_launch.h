@@ -1,8 +1,8 @@
 // The launch recipe of the CUDA kernels (xent_device.cuh), written once for
 // every way they are launched:
 //
-//   - the CUDA runtime (xent_kernels.cu.cc: the ahead-of-time nvcc build and
-//     the standalone harness's "runtime" library);
+//   - the CUDA runtime (xent_kernels.cu.cc, built by nvcc: the standalone
+//     harness's "runtime" library);
 //   - the driver API with NVRTC cubins (xent_driver.h: the op library's
 //     run-time GPU kernels in xent_ops.cc, and the harness's "driver" library,
 //     benchmarks/gpu/xent_capi_driver.cc).

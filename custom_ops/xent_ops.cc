@@ -1,5 +1,6 @@
 // equivtool's softmax cross-entropy ops: registrations, CPU kernels, and the
-// host side of the GPU kernels (the CUDA code is in xent_kernels.cu.cc).
+// host side of the GPU kernels (the CUDA code is xent_device.cuh, compiled by
+// NVRTC at run time and launched through the driver API: xent_driver.h).
 //
 //   EquivtoolSparseXent(logits [B,C], labels [B])    -> loss [B], shift [B], log_norm [B]
 //   EquivtoolSparseXentGrad(logits, labels, shift, log_norm, grad_loss [B]) -> dlogits [B,C]
@@ -68,27 +69,13 @@
 #include "xent_row.h"
 #include "xla/stream_executor/stream.h"
 
-#if GOOGLE_CUDA
-#include "xent_kernels.h"
-#endif
-
 // _build.py defines these; TensorFlow's headers carry no version string.
 #ifndef EQUIVTOOL_XENT_TF_VERSION
 #error "compile with -DEQUIVTOOL_XENT_TF_VERSION=\"<tf.__version__>\" (see equivtool/ops/_build.py)"
 #endif
-#ifndef EQUIVTOOL_XENT_NVCC_VERSION
-#define EQUIVTOOL_XENT_NVCC_VERSION ""
-#endif
-#ifndef EQUIVTOOL_XENT_CUDA_ARCHS
-#define EQUIVTOOL_XENT_CUDA_ARCHS ""
-#endif
-
-#if GOOGLE_CUDA
-#define EQUIVTOOL_XENT_CUDA_FIELDS \
-  "cuda=1;nvcc=" EQUIVTOOL_XENT_NVCC_VERSION ";cuda_archs=" EQUIVTOOL_XENT_CUDA_ARCHS
-#else
+// No kernel is compiled ahead of time for the GPU: NVRTC compiles them at
+// run time (equivtool/ops/_nvrtc.py), whatever compilers the build machine has.
 #define EQUIVTOOL_XENT_CUDA_FIELDS "cuda=0;gpu=nvrtc"
-#endif
 
 // The build stamp: which TensorFlow this library was compiled against. equivtool/ops/_load.py finds it in the file's bytes *before*
 // loading the library (loading one built for another TensorFlow may fail or
@@ -737,7 +724,7 @@ template <typename S> struct StepRows {
 // Kernels. Each op is one OpKernel class template over the device: Compute
 // validates the inputs, allocates the outputs and returns on an empty batch,
 // the same on every device, then hands the rows to Device, a policy with one
-// static function per op: CpuImpl below, GpuImpl under GOOGLE_CUDA.
+// static function per op: CpuImpl below, DriverImpl on a GPU.
 
 // A forward op's inputs, checked, and its three [B] outputs, allocated.
 struct ForwardArgs {
@@ -1240,11 +1227,11 @@ void* CudaStream(OpKernelContext* ctx) {
 // ---------------------------------------------------------------------------
 // GPU rows, compiled at run time: the kernels of xent_device.cuh compiled by
 // NVRTC (equivtool/ops/_nvrtc.py) and launched through the driver API
-// (xent_driver.h) on TensorFlow's stream, by xent_launch.h's recipe, the
-// one the ahead-of-time launchers run; chunk states come from TensorFlow's
-// allocator, the per-row counters from the stream's workspace. Registered
-// for DEVICE_GPU at run time, by equivtool_xent_enable_gpu below, once the
-// cubins are in, and only in a library without ahead-of-time kernels.
+// (xent_driver.h) on TensorFlow's stream, by xent_launch.h's recipe (the
+// GPU harness's nvcc-built launchers run it too); chunk states come from
+// TensorFlow's allocator, the per-row counters from the stream's workspace.
+// Registered for DEVICE_GPU at run time, by equivtool_xent_enable_gpu below,
+// once the cubins are in.
 
 namespace gk = ::equivtool_xent::gpu;
 namespace drv = ::equivtool_xent::driver;
@@ -1323,69 +1310,6 @@ struct DriverImpl {
 };
 
 // ---------------------------------------------------------------------------
-// GPU rows, compiled ahead of time: the launchers are defined in
-// xent_kernels.cu.cc (compiled by nvcc without TensorFlow headers); they
-// return nullptr or a CUDA error string.
-#if GOOGLE_CUDA
-
-namespace gpu = ::equivtool_xent::gpu;
-
-Status LaunchStatus(const char* error, const char* what) {
-  if (error == nullptr) return OkStatus();
-  return errors::Internal(what, " CUDA launch failed: ", error);
-}
-
-struct GpuImpl {
-  template <typename T, typename L>
-  static Status SparseForward(OpKernelContext* ctx, const ForwardArgs& a) {
-    typedef typename AccOf<T>::type A;
-    return LaunchStatus(
-        gpu::LaunchSparseForward(CudaStream(ctx), AsStorage<T>(*a.logits),
-                                 a.labels->flat<L>().data(), a.B, a.C,
-                                 AsStorage<T>(a.loss), a.shift->flat<A>().data(),
-                                 a.log_norm->flat<A>().data()),
-        "EquivtoolSparseXent");
-  }
-
-  template <typename T, typename L>
-  static Status SparseGrad(OpKernelContext* ctx, const GradArgs& a) {
-    typedef typename AccOf<T>::type A;
-    return LaunchStatus(
-        gpu::LaunchSparseGrad(CudaStream(ctx), AsStorage<T>(*a.logits),
-                              a.labels->flat<L>().data(), a.B, a.C,
-                              a.shift->flat<A>().data(),
-                              a.log_norm->flat<A>().data(),
-                              AsStorage<T>(*a.grad_loss), AsStorage<T>(a.dlogits)),
-        "EquivtoolSparseXentGrad");
-  }
-
-  template <typename T>
-  static Status DenseForward(OpKernelContext* ctx, const ForwardArgs& a) {
-    typedef typename AccOf<T>::type A;
-    return LaunchStatus(
-        gpu::LaunchDenseForward(CudaStream(ctx), AsStorage<T>(*a.logits),
-                                AsStorage<T>(*a.labels), a.B, a.C,
-                                AsStorage<T>(a.loss), a.shift->flat<A>().data(),
-                                a.log_norm->flat<A>().data()),
-        "EquivtoolXent");
-  }
-
-  template <typename T>
-  static Status DenseGrad(OpKernelContext* ctx, const GradArgs& a) {
-    typedef typename AccOf<T>::type A;
-    return LaunchStatus(
-        gpu::LaunchDenseGrad(CudaStream(ctx), AsStorage<T>(*a.logits),
-                             AsStorage<T>(*a.labels), a.B, a.C,
-                             a.shift->flat<A>().data(),
-                             a.log_norm->flat<A>().data(),
-                             AsStorage<T>(*a.grad_loss), a.exact_gradient,
-                             AsStorage<T>(a.dlogits)),
-        "EquivtoolXentGrad");
-  }
-};
-#endif  // GOOGLE_CUDA
-
-// ---------------------------------------------------------------------------
 // Kernel registrations: every op for every T (and Tlabels) on DEV with IMPL.
 
 #define REGISTER_SPARSE(DEV, IMPL, T, L)                                   \
@@ -1444,9 +1368,6 @@ REGISTER_FUSED_T(double)
 #undef REGISTER_FUSED_T
 #undef REGISTER_FUSED
 #undef REGISTER_CPU_STEP
-#if GOOGLE_CUDA
-REGISTER_DEVICE(DEVICE_GPU, GpuImpl)
-#endif
 #undef REGISTER_DEVICE
 #undef REGISTER_T
 #undef REGISTER_DENSE
@@ -1517,12 +1438,8 @@ __attribute__((visibility("default"))) int equivtool_xent_driver_version() {
 }
 
 // Registers the driver-API kernels for DEVICE_GPU, once. Returns 1 when they
-// were registered now, 0 when they already were or the library has kernels
-// compiled ahead of time (registered at load), -1 without a usable driver.
+// were registered now, 0 when they already were, -1 without a usable driver.
 __attribute__((visibility("default"))) int equivtool_xent_enable_gpu() {
-#if GOOGLE_CUDA
-  return 0;
-#else
   if (!::equivtool_xent::driver::GetApi().error.empty()) return -1;
   static std::once_flag once;
   int result = 0;
@@ -1534,7 +1451,6 @@ __attribute__((visibility("default"))) int equivtool_xent_enable_gpu() {
     result = 1;
   });
   return result;
-#endif
 }
 
 // The CPU training step's path (see CpuPath): avx512 = 0 or 1 turns the

@@ -1,8 +1,8 @@
 // The work partition of the CUDA kernels: how a row of C elements is cut
 // into chunks and dealt to threads, as a function of C and the logits' type
 // only (see xent_device.cuh). Shared by the kernels (compiled by nvcc or
-// NVRTC) and by both launchers: the CUDA-runtime one in xent_kernels.cu.cc
-// and the driver-API one in xent_ops.cc. No CUDA or TensorFlow headers.
+// NVRTC) and by the launch recipe (xent_launch.h). No CUDA or TensorFlow
+// headers.
 
 #ifndef EQUIVTOOL_CUSTOM_OPS_XENT_XENT_PLAN_H_
 #define EQUIVTOOL_CUSTOM_OPS_XENT_XENT_PLAN_H_

@@ -31,9 +31,9 @@ def gpu_missing_reason() -> str | None:
     status = op_status()
     if status["error"]:
         return f"the op library does not load: {status['error']}"
-    if not status["cuda"]:
-        return ("the op library was built without CUDA kernels (no nvcc at build time); "
-                "rebuild it with `equivtool build-ops` where nvcc is installed")
+    kernels = status["gpu_kernels"]
+    if kernels is None or kernels.source != "nvrtc":
+        return f"the op's GPU kernels are not enabled: {kernels}"
     return None
 
 

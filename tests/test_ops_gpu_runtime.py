@@ -1,9 +1,8 @@
-"""The op library without nvcc: CPU kernels plus a driver-API launcher for
-the kernels NVRTC compiles at run time (``equivtool/ops/_gpu.py``,
+"""The op library: CPU kernels plus a driver-API launcher for the kernels
+NVRTC compiles at run time (``equivtool/ops/_gpu.py``,
 ``custom_ops/xent_driver.h``), tested on a machine without a GPU.
 
-A library built with the C++ compiler alone (``EQUIVTOOL_OPS_CUDA=0``) loads;
-with no driver (a missing ``libcuda``), a ``libcuda`` that lacks the driver
+The library (built with the C++ compiler alone) loads; with no driver (a missing ``libcuda``), a ``libcuda`` that lacks the driver
 API, or no NVRTC, the op says why once and computes on the CPU. With a stub
 driver (a few C functions) and a stand-in compiler the whole hand-over runs:
 cubins in, GPU kernels registered with TensorFlow, the CPU kernels
@@ -19,16 +18,15 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 import textwrap
 
 import pytest
 
-from equivtool.ops import _build, _nvrtc
+from equivtool.ops import _build, _load, _nvrtc
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = pytest.mark.slow  # one CPU-only build of the op (about a minute)
+pytestmark = pytest.mark.slow  # each scenario starts an interpreter with TensorFlow
 
 _STUB_DRIVER = r"""
 int cuInit(unsigned flags) { return 0; }
@@ -87,20 +85,12 @@ _SCENARIO = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def cpu_library(tmp_path_factory):
-    """The op built with the C++ compiler alone (no nvcc): what pip users without nvcc get."""
-    folder = tmp_path_factory.mktemp("cpu-build")
-    output = folder / f"_xent_ops{sysconfig.get_config_var('EXT_SUFFIX')}"
-    saved = os.environ.get("EQUIVTOOL_OPS_CUDA")
-    os.environ["EQUIVTOOL_OPS_CUDA"] = "0"
-    try:
-        _build.build_ops(output=str(output))
-    finally:
-        if saved is None:
-            del os.environ["EQUIVTOOL_OPS_CUDA"]
-        else:
-            os.environ["EQUIVTOOL_OPS_CUDA"] = saved
-    return str(output)
+def cpu_library():
+    """The op library as built here: the C++ compiler alone, as every user gets it."""
+    path = _load.library_path()
+    if not os.path.isfile(path):
+        pytest.skip(f"the op library is not built at {path}")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +116,11 @@ def _scenario(library, libcuda, fake_nvrtc=True, nvrtc=None):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def test_a_library_built_without_nvcc_has_no_cuda_code_and_says_it_uses_nvrtc(cpu_library):
-    assert not _build.cuda_contents(cpu_library).has_cuda
+def test_the_library_has_no_cuda_code_and_says_it_uses_nvrtc(cpu_library):
     with open(cpu_library, "rb") as f:
-        assert b"cuda=0;gpu=nvrtc" in f.read()
+        data = f.read()
+    assert ".nv_fatbin" not in {name for name, *_ in _build.elf_section_table(data)}
+    assert b"cuda=0;gpu=nvrtc" in data
 
 
 def test_a_missing_libcuda_falls_back_to_the_cpu_with_one_message(cpu_library, tmp_path):

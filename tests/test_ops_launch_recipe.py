@@ -1,7 +1,7 @@
 """The GPU launch recipe (custom_ops/xent_launch.h), run on the host.
 
-Both ways of launching the CUDA kernels (the CUDA runtime of the ahead-of-time
-build, the driver API over NVRTC cubins) run these recipes; a GPU runs them
+Both ways of launching the CUDA kernels (the driver API over NVRTC cubins,
+the op's; the CUDA runtime, the GPU harness's nvcc build) run these recipes; a GPU runs them
 only where one is at hand (benchmarks/gpu/). Here a recording backend
 (tests/xent_recipe_probe.cc, built with g++) shows what each recipe
 launches, with which plan and grid, and what workspace it asks for; and the

@@ -97,24 +97,13 @@ def doctor_xent_op() -> tuple[bool, str]:
     from equivtool.ops import op_status
     status = op_status()
     if status.get("built") and not status.get("error"):
-        kind = "CPU + CUDA" if status.get("cuda") else "CPU"
-        return True, f"built for TF {status.get('built_for_tf')} ({kind}) at {status.get('path')}"
+        return True, f"built for TF {status.get('built_for_tf')} at {status.get('path')}"
     return False, f"NOT usable: {status.get('error') or 'not built'} (run: equivtool build-ops)"
 
 
-def doctor_xent_cuda() -> tuple[bool, str]:
-    """The op library's CUDA runtime, the driver it needs, SASS and PTX (read from the file)."""
-    from equivtool.ops import op_status
-    from equivtool.ops import cuda_contents, cuda_report
-    status = op_status()
-    if not (status.get("built") and not status.get("error") and status.get("cuda")):
-        return True, "no CUDA kernels compiled into this library (see: xent op GPU)"
-    return not cuda_contents(status["path"]).undefined_cuda, cuda_report(status["path"])
-
-
 def doctor_xent_gpu() -> tuple[bool, str]:
-    """Where the op's GPU kernels come from (nvcc ahead of time, NVRTC at run time,
-    none and why), which NVRTC, the architectures cached, the driver version."""
+    """Where the op's GPU kernels come from (NVRTC at run time, or none and why),
+    which NVRTC, the architectures cached, the driver version."""
     from equivtool.ops import op_status
     from equivtool.ops import describe_gpu
     from equivtool.ops import read_stamp
@@ -122,8 +111,6 @@ def doctor_xent_gpu() -> tuple[bool, str]:
     if not status.get("built") or status.get("error"):
         return True, "op library not usable (see: xent op)"
     now, stamp = status.get("gpu_kernels"), read_stamp(status["path"]) or {}
-    if stamp.get("cuda") == "1":
-        return True, describe_gpu(status["path"], stamp)
     head = f"none ({now.reason})" if now is not None and now.source == "none" else str(now)
     return True, f"now: {head}; {describe_gpu(status['path'], stamp)}"
 
@@ -152,7 +139,6 @@ DOCTOR_CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
     ("machine", doctor_machine),
     ("graph rewrites", doctor_rewrites),
     ("xent op", doctor_xent_op),
-    ("xent op CUDA", doctor_xent_cuda),
     ("xent op GPU", doctor_xent_gpu),
     ("random tool", _live_check("check_random_tool")),
     ("xent op live", _live_check("check_op")),

@@ -1,14 +1,12 @@
 """Where the op's GPU kernels come from, and switching the run-time ones on.
 
-A library built without nvcc (the usual pip install: TensorFlow's CUDA comes
-as wheels, without nvcc) has CPU kernels and, for the GPU, a driver-API
-launcher (``custom_ops/xent_driver.h``). When the library loads and
+The library (built with a C++ compiler alone) has CPU kernels and, for the
+GPU, a driver-API launcher (``custom_ops/xent_driver.h``). When the library loads and
 TensorFlow sees GPUs, :func:`enable` compiles the kernels for each GPU's
 architecture with NVRTC (``_nvrtc``, cached on disk), hands the cubins to
 the library and registers its GPU kernels. Without a driver or NVRTC it says
 so once (a ``RuntimeWarning``) and the op runs on the CPU: TensorFlow places
-an op that has no GPU kernel on the CPU. A library built with nvcc carries
-its kernels ahead of time (``aot``) and needs none of this.
+an op that has no GPU kernel on the CPU.
 
 Never raises: a GPU that cannot be used is a reason, not an error.
 """
@@ -26,10 +24,9 @@ _warned = False
 
 @dataclasses.dataclass(frozen=True)
 class GpuKernels:
-    """Where the GPU kernels come from: ``"aot"`` (compiled by nvcc into the
-    library), ``"nvrtc"`` (compiled at run time) or ``"none"`` (with
-    ``reason``); the NVRTC used, the architectures enabled and the driver's
-    CUDA version, where known."""
+    """Where the GPU kernels come from: ``"nvrtc"`` (compiled at run time) or
+    ``"none"`` (with ``reason``); the NVRTC used, the architectures enabled
+    and the driver's CUDA version, where known."""
     source: str
     reason: str = ""
     nvrtc: str = ""
@@ -37,8 +34,6 @@ class GpuKernels:
     driver: str = ""
 
     def __str__(self) -> str:
-        if self.source == "aot":
-            return "compiled ahead of time by nvcc (in the library)"
         parts = []
         if self.source == "nvrtc":
             parts.append(f"compiled at run time by {self.nvrtc} for "
@@ -95,8 +90,9 @@ def enable(path: str, stamp: dict, archs: list[int] | None = None) -> GpuKernels
     the GPUs TensorFlow sees). Returns where the GPU kernels come from."""
     from equivtool.ops import _nvrtc
 
-    if stamp.get("cuda") == "1":
-        return GpuKernels(source="aot")
+    if stamp.get("cuda") == "1":  # an older equivtool's library, kernels compiled in
+        return GpuKernels(source="none", reason="a library built with nvcc by an older equivtool: "
+                                                "rebuild it with `equivtool build-ops`")
     with _lock:
         try:
             archs = visible_archs() if archs is None else archs
@@ -136,8 +132,6 @@ def describe_gpu(path: str, stamp: dict) -> str:
     NVRTC, the architectures in the cache, the driver. Loads nothing new."""
     from equivtool.ops import _nvrtc
 
-    if stamp.get("cuda") == "1":
-        return str(GpuKernels(source="aot"))
     nvrtc = _nvrtc.find_nvrtc()
     cached = sorted({name.split("-")[3] for name in _nvrtc.cached_entries()
                      if len(name.split("-")) > 4}, key=lambda a: int(a[3:]))

@@ -146,20 +146,19 @@ def load_library():
 def op_status() -> dict:
     """The op library's state, for ``equivtool doctor``; never raises.
 
-    Keys: built (file present), path, built_for_tf (from the stamp), cuda
-    (GPU kernels compiled in by nvcc), gpu_kernels (where the GPU kernels
-    come from, ``_gpu.GpuKernels``; None before the library loads), error
+    Keys: built (file present), path, built_for_tf (from the stamp),
+    gpu_kernels (where the GPU kernels come from, ``_gpu.GpuKernels``: NVRTC
+    at run time, or none and why; None before the library loads), error
     (None when the library loads). A library that fails its integrity check
     is never loaded.
     """
     path = library_path()
     status = {"built": os.path.isfile(path), "path": path, "built_for_tf": None,
-              "cuda": False, "gpu_kernels": None, "error": None}
+              "gpu_kernels": None, "error": None}
     try:
         if status["built"]:
             stamp = read_stamp(path) or {}
             status["built_for_tf"] = stamp.get("tensorflow")
-            status["cuda"] = stamp.get("cuda") == "1"
         load_library()
         status["gpu_kernels"] = _gpu_kernels
     except OpLibraryError as exc:

@@ -3,7 +3,7 @@
 No ``nvcc`` is needed for GPU support: ``tensorflow[and-cuda]`` installs
 CUDA 12's NVRTC as a wheel (``nvidia-cuda-nvrtc-cu12``). At the op's first
 use on a GPU, :func:`kernel_images` compiles ``custom_ops/xent_device.cuh``
-(the very text the ahead-of-time nvcc build compiles) to a cubin for the
+(the very text the GPU harness compiles with nvcc) to a cubin for the
 device's architecture, one per logits type, and the op library loads it with
 the CUDA driver API (``xent_ops.cc``), linking no CUDA runtime: the driver
 floor is the NVRTC's (CUDA 12: R525+).
@@ -45,7 +45,7 @@ from equivtool.ops._build import SOURCE_DIR
 
 # The files NVRTC compiles (the program text only includes the first).
 DEVICE_SOURCES = ("xent_device.cuh", "xent_plan.h", "xent_row.h")
-# Flags of the ahead-of-time nvcc build (_build.NVCC_FLAGS) in NVRTC's spelling.
+# The harness's nvcc flags (_build.NVCC_FLAGS) in NVRTC's spelling.
 NVRTC_OPTIONS = ("-std=c++17", "--fmad=false", "--ftz=true", "-DNDEBUG")
 
 # Logits types: the key the op library uses, the C++ storage type.
