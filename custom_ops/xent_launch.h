@@ -102,34 +102,46 @@ inline const char* ErrorOrNull(const std::string& error) {
 constexpr int64_t kFusedMergeMaxItems = 2048;
 inline bool FusedMerge(int64_t items) { return items < kFusedMergeMaxItems; }
 
-template <typename B, typename S, typename L>
-std::string SparseForward(B& b, const S* x, const L* y, int64_t rows, int64_t C, S* loss,
-                          typename Storage<S>::acc* shift, typename Storage<S>::acc* log_norm) {
-  typedef typename Storage<S>::acc A;
-  if (rows <= 0) return "";
+// The chunk pass of either forward (kernel K; LK its label type, void for
+// dense): its plan, and the chunk states a merge kernel must finish, or
+// nullptr when none must (one chunk a row, or the pass merges itself).
+template <KernelId K, typename LK, typename St, typename B, typename S, typename Y>
+std::string ChunkPass(B& b, const S* x, const Y* y, bool aligned, int64_t rows, int64_t C,
+                      S* loss, typename Storage<S>::acc* shift,
+                      typename Storage<S>::acc* log_norm, Plan* plan_out, const St** to_merge) {
   const Plan plan = PlanFor<S>(C);
-  const bool aligned = Aligned(x, x, C, Shape<S>::V);
   const int64_t items = rows * plan.chunks;
   const bool fused = FusedMerge(items);
+  *plan_out = plan;
+  *to_merge = nullptr;
   unsigned* counters = nullptr;
-  LseState<A>* part = nullptr;
+  St* part = nullptr;
   if (plan.chunks > 1) {
     void* p = nullptr;
-    std::string e = b.Workspace(fused ? rows : 0, sizeof(LseState<A>) * size_t(items), &counters, &p);
+    std::string e = b.Workspace(fused ? rows : 0, sizeof(St) * size_t(items), &counters, &p);
     if (!e.empty()) return e;
-    part = static_cast<LseState<A>*>(p);
+    part = static_cast<St*>(p);
     if (!fused) counters = nullptr;
   }
   std::string e =
       plan.threads == kWarp
-          ? b.template Launch<KernelId::SparseForward, S, L, kWarp>(
-                BlocksFor(items, kWarp), x, y, rows, C, plan, aligned, loss, shift, log_norm,
-                part, counters)
-          : b.template Launch<KernelId::SparseForward, S, L, kBlock>(
-                BlocksFor(items, kBlock), x, y, rows, C, plan, aligned, loss, shift, log_norm,
-                part, counters);
-  if (!e.empty() || plan.chunks == 1 || fused) return e;
-  const LseState<A>* states = part;
+          ? b.template Launch<K, S, LK, kWarp>(BlocksFor(items, kWarp), x, y, rows, C, plan,
+                                               aligned, loss, shift, log_norm, part, counters)
+          : b.template Launch<K, S, LK, kBlock>(BlocksFor(items, kBlock), x, y, rows, C, plan,
+                                                aligned, loss, shift, log_norm, part, counters);
+  if (e.empty() && plan.chunks > 1 && !fused) *to_merge = part;
+  return e;
+}
+
+template <typename B, typename S, typename L>
+std::string SparseForward(B& b, const S* x, const L* y, int64_t rows, int64_t C, S* loss,
+                          typename Storage<S>::acc* shift, typename Storage<S>::acc* log_norm) {
+  if (rows <= 0) return "";
+  Plan plan;
+  const LseState<typename Storage<S>::acc>* states = nullptr;
+  std::string e = ChunkPass<KernelId::SparseForward, L>(
+      b, x, y, Aligned(x, x, C, Shape<S>::V), rows, C, loss, shift, log_norm, &plan, &states);
+  if (!e.empty() || states == nullptr) return e;
   return b.template Launch<KernelId::SparseMerge, S, L, 0>(
       BlocksFor(rows, kWarp), x, y, rows, C, plan.chunks, states, loss, shift, log_norm);
 }
@@ -152,31 +164,12 @@ std::string SparseGrad(B& b, const S* x, const L* y, int64_t rows, int64_t C,
 template <typename B, typename S>
 std::string DenseForward(B& b, const S* x, const S* y, int64_t rows, int64_t C, S* loss,
                          typename Storage<S>::acc* shift, typename Storage<S>::acc* log_norm) {
-  typedef typename Storage<S>::acc A;
   if (rows <= 0) return "";
-  const Plan plan = PlanFor<S>(C);
-  const bool aligned = Aligned(x, y, C, Shape<S>::V);
-  const int64_t items = rows * plan.chunks;
-  const bool fused = FusedMerge(items);
-  unsigned* counters = nullptr;
-  DenseState<A>* part = nullptr;
-  if (plan.chunks > 1) {
-    void* p = nullptr;
-    std::string e = b.Workspace(fused ? rows : 0, sizeof(DenseState<A>) * size_t(items), &counters, &p);
-    if (!e.empty()) return e;
-    part = static_cast<DenseState<A>*>(p);
-    if (!fused) counters = nullptr;
-  }
-  std::string e =
-      plan.threads == kWarp
-          ? b.template Launch<KernelId::DenseForward, S, void, kWarp>(
-                BlocksFor(items, kWarp), x, y, rows, C, plan, aligned, loss, shift, log_norm,
-                part, counters)
-          : b.template Launch<KernelId::DenseForward, S, void, kBlock>(
-                BlocksFor(items, kBlock), x, y, rows, C, plan, aligned, loss, shift, log_norm,
-                part, counters);
-  if (!e.empty() || plan.chunks == 1 || fused) return e;
-  const DenseState<A>* states = part;
+  Plan plan;
+  const DenseState<typename Storage<S>::acc>* states = nullptr;
+  std::string e = ChunkPass<KernelId::DenseForward, void>(
+      b, x, y, Aligned(x, y, C, Shape<S>::V), rows, C, loss, shift, log_norm, &plan, &states);
+  if (!e.empty() || states == nullptr) return e;
   return b.template Launch<KernelId::DenseMerge, S, void, 0>(
       BlocksFor(rows, kWarp), rows, plan.chunks, states, loss, shift, log_norm);
 }

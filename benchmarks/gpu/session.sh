@@ -13,8 +13,8 @@
 # any other lib<NAME>.so runtime library, timed beside them as NAME
 # (libhostexp.so, built with -DEQUIVTOOL_XENT_GPU_HOST_EXP, is also dumped
 # for cpu_vs_gpu.py). A library that does not load there is rebuilt from the
-# checkout. REPEAT=N times every variant N times, interleaved. OUT gets the
-# logs, a summary and everything in results.tgz.
+# checkout. REPEAT=N times every variant N times, interleaved; SPEED=0 runs
+# the checks only. OUT gets the logs, a summary and everything in results.tgz.
 set -u
 PRE=${1:?usage: session.sh PREBUILT OUT}
 OUT=${2:?usage: session.sh PREBUILT OUT}
@@ -84,7 +84,12 @@ done
 cp "$W/dump/gpu_outputs.npz" "$OUT/gpu_outputs.npz" 2>/dev/null
 cp "$W/dump-hostexp/gpu_outputs.npz" "$OUT/gpu_outputs_hostexp.npz" 2>/dev/null
 
-# Timings alone on the GPU.
+# Timings alone on the GPU (SPEED=0 skips them).
+if [ "${SPEED:-1}" = 0 ]; then
+  tar -czf "$OUT/results.tgz" -C "$W" --exclude='*.so' --exclude=cache --exclude='*.npz' . 2>/dev/null
+  say "speed: skipped (SPEED=0); total $(( $(date +%s) - t0 )) s"
+  exit 0
+fi
 t1=$(date +%s)
 OTHERS="--time-driver --driver-lib $LIBS/libdrv.so --cubins $PRE/cubins --repeat ${REPEAT:-1}"
 [ -f "$LIBS/libold.so" ] && OTHERS="$OTHERS --baseline-lib $LIBS/libold.so"

@@ -19,8 +19,9 @@ What it does:
 
 No kernel is compiled ahead of time with nvcc any more (issue 39): on an
 H200 the NVRTC cubins gave the nvcc build's bits on every case and its
-times within noise, for about 0.3 µs more host time per launch, while nvcc
-added about 80 s to every build and a statically linked CUDA runtime.
+times within noise, for 0.3 to 0.6 µs more host time per forward and
+backward, while nvcc added about 80 s to every build and a statically linked
+CUDA runtime.
 :data:`NVCC_FLAGS` stays: the standalone GPU harness (``benchmarks/gpu/``)
 still builds the same kernels with nvcc, as a second compiler to agree with.
 
