@@ -90,8 +90,9 @@ import time
 import equivtool.ops as xops
 
 status = xops.op_status()
-print(f"op library built: {status['built']}, for TensorFlow {status['built_for_tf']}, "
-      f"CUDA kernels compiled: {status['cuda']}")
+kernels = status["gpu_kernels"]  # compiled by NVRTC at run time where a GPU is visible
+print(f"op library built: {status['built']}, for TensorFlow {status['built_for_tf']}; GPU kernels: "
+      + (kernels.source if kernels.source == "nvrtc" else f"none ({kernels.reason})"))
 gpus = tf.config.list_physical_devices("GPU")
 print(f"GPUs visible here: {len(gpus)}" + ("" if gpus else
       " -- no GPU on this machine: the checks below run the CPU kernel; the GPU kernel "

@@ -99,12 +99,16 @@ def _recipe_launches() -> dict:
     with open(os.path.join(_build.SOURCE_DIR, "xent_launch.h")) as f:
         source = f.read()
     found = {}
-    for m in re.finditer(r"Launch<KernelId::(\w+),[^>]*>\(", source):
+    # ChunkPass<KernelId::X, ...> launches its kernel as Launch<K, ...>
+    chunk_pass = set(re.findall(r"ChunkPass<KernelId::(\w+),", source))
+    for m in re.finditer(r"Launch<(?:KernelId::(\w+)|K),[^>]*>\(", source):
         depth, end = 1, m.end()
         while depth:  # to the parenthesis that closes this call
             depth += {"(": 1, ")": -1}.get(source[end], 0)
             end += 1
-        found.setdefault(m.group(1), set()).add(len(_top_level_args(source[m.end():end - 1])) - 1)
+        count = len(_top_level_args(source[m.end():end - 1])) - 1
+        for kernel in [m.group(1)] if m.group(1) else chunk_pass:
+            found.setdefault(kernel, set()).add(count)
     return found
 
 
