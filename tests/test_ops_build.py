@@ -41,6 +41,20 @@ def test_library_built_for_another_tensorflow_is_refused(tmp_path):
         _load._check(str(fake))
 
 
+def test_library_with_kernels_compiled_by_nvcc_is_refused(tmp_path):
+    # what equivtool built where nvcc was found, before issue 39
+    fake = tmp_path / "aot.so"
+    image = b"\x7fELF...EQUIVTOOL_XENT_BUILD{tensorflow=" + tf.__version__.encode() + b";cuda=1;nvcc=13.0}..."
+    fake.write_bytes(image + _build.digest_trailer(image))
+    with pytest.raises(ops.OpLibraryError, match=r"older equivtool.*nvcc.*NVRTC.*`equivtool build-ops`"):
+        _load._check(str(fake))
+    # the same file stamped as this equivtool builds it passes the check
+    good = tmp_path / "nvrtc.so"
+    image = image.replace(b";cuda=1;nvcc=13.0", b";cuda=0;gpu=nvrtc")
+    good.write_bytes(image + _build.digest_trailer(image))
+    assert _load._check(str(good))["gpu"] == "nvrtc"
+
+
 def test_op_library_error_is_a_runtime_error():
     assert issubclass(ops.OpLibraryError, RuntimeError)
 
@@ -241,6 +255,6 @@ def test_doctor_says_where_the_gpu_kernels_come_from(monkeypatch, tmp_path):
     (cache / "kernels" / "xent-0123456789abcdef-float32-sm_89-nvrtc12.9.cubin").write_bytes(b"x")
     monkeypatch.setenv("EQUIVTOOL_CACHE_DIR", str(cache))
     monkeypatch.setenv("EQUIVTOOL_NVRTC", str(tmp_path / "absent" / "libnvrtc.so.12"))
-    line = _gpu.describe_gpu(ops.op_status()["path"], {"cuda": "0"})
+    line = _gpu.describe_gpu(ops.op_status()["path"])
     assert line.startswith("run time (NVRTC, driver API): no NVRTC found; cached sm_89 in "), line
     assert str(cache) in line and ("driver CUDA" in line or "no NVIDIA driver" in line), line

@@ -71,8 +71,8 @@ _SCENARIO = textwrap.dedent("""
         _load.load_library()  # sees no GPU: nothing to enable, nothing said
         path = _load.library_path()
         stamp = _load.read_stamp(path)
-        first = _gpu.enable(path, stamp, archs=[90])
-        second = _gpu.enable(path, stamp, archs=[80])
+        first = _gpu.enable(path, archs=[90])
+        second = _gpu.enable(path, archs=[80])
     loss = ops.sparse_softmax_cross_entropy_with_logits(labels=[1], logits=[[0.0, 0.0]])
     gpu_kernels = sorted({{(k.op, k.device_type) for k in
                          kernels.get_registered_kernels_for_op("EquivtoolSparseXent").kernel}})

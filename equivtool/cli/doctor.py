@@ -106,13 +106,12 @@ def doctor_xent_gpu() -> tuple[bool, str]:
     which NVRTC, the architectures cached, the driver version."""
     from equivtool.ops import op_status
     from equivtool.ops import describe_gpu
-    from equivtool.ops import read_stamp
     status = op_status()
     if not status.get("built") or status.get("error"):
         return True, "op library not usable (see: xent op)"
-    now, stamp = status.get("gpu_kernels"), read_stamp(status["path"]) or {}
+    now = status.get("gpu_kernels")
     head = f"none ({now.reason})" if now is not None and now.source == "none" else str(now)
-    return True, f"now: {head}; {describe_gpu(status['path'], stamp)}"
+    return True, f"now: {head}; {describe_gpu(status['path'])}"
 
 
 def _live_check(name: str) -> Callable[[], tuple[bool, str]]:

@@ -34,7 +34,6 @@ __all__ = sorted(_EXPORTS)
 # What `equivtool doctor` and `equivtool build-ops` read about the build (not public API).
 _DIAGNOSTICS = {
     "BuildError": "_build",
-    "read_stamp": "_load",
     "describe_gpu": "_gpu",
 }
 

@@ -84,15 +84,12 @@ def _say_once(reason: str) -> None:
                       RuntimeWarning, stacklevel=3)
 
 
-def enable(path: str, stamp: dict, archs: list[int] | None = None) -> GpuKernels:
+def enable(path: str, archs: list[int] | None = None) -> GpuKernels:
     """Compile, hand over and register the run-time GPU kernels of the op
     library at ``path`` (already loaded by TensorFlow) for ``archs`` (default:
     the GPUs TensorFlow sees). Returns where the GPU kernels come from."""
     from equivtool.ops import _nvrtc
 
-    if stamp.get("cuda") == "1":  # an older equivtool's library, kernels compiled in
-        return GpuKernels(source="none", reason="a library built with nvcc by an older equivtool: "
-                                                "rebuild it with `equivtool build-ops`")
     with _lock:
         try:
             archs = visible_archs() if archs is None else archs
@@ -127,7 +124,7 @@ def enable(path: str, stamp: dict, archs: list[int] | None = None) -> GpuKernels
             return GpuKernels(source="none", reason=reason)
 
 
-def describe_gpu(path: str, stamp: dict) -> str:
+def describe_gpu(path: str) -> str:
     """One line for ``equivtool doctor``: where the GPU kernels come from, which
     NVRTC, the architectures in the cache, the driver. Loads nothing new."""
     from equivtool.ops import _nvrtc

@@ -10,9 +10,10 @@ SIGSEGV, no exception), the whole file is checked:
   trailing bytes): the SHA-256 of the first ``n`` bytes must match, so a
   truncated file, flipped bytes or a library built without the trailer is
   refused;
-- its build stamp, ``EQUIVTOOL_XENT_BUILD{tensorflow=<version>;cuda=<0|1>...}``:
+- its build stamp, ``EQUIVTOOL_XENT_BUILD{tensorflow=<version>;cuda=0;gpu=nvrtc}``:
   a library compiled against another TensorFlow may fail to load or, worse,
-  load and misbehave.
+  load and misbehave; one with ``cuda=1`` (GPU kernels compiled in by nvcc,
+  as equivtool built them before issue 39) is refused too.
 
 Every refusal is an :class:`OpLibraryError` naming the fix, ``equivtool
 build-ops``.
@@ -115,6 +116,11 @@ def _check(path: str) -> dict[str, str]:
             f"The equivtool cross-entropy op library at {path} was built for TensorFlow "
             f"{stamp['tensorflow']}, but this interpreter runs TensorFlow {tf.__version__}. "
             f"Rebuild it with `{FIX_COMMAND}`.")
+    if stamp.get("cuda", "0") != "0":
+        raise OpLibraryError(
+            f"The equivtool cross-entropy op library at {path} was built by an older equivtool, "
+            "with GPU kernels compiled in by nvcc; this equivtool compiles them at run time "
+            f"with NVRTC. Rebuild it with `{FIX_COMMAND}`.")
     return stamp
 
 
@@ -130,7 +136,7 @@ def load_library():
             from equivtool.ops import _gpu
 
             path = library_path()
-            stamp = _check(path)
+            _check(path)
             try:
                 library = tf.load_op_library(path)
             except Exception as exc:  # NotFoundError for missing symbols, and the like
@@ -138,7 +144,7 @@ def load_library():
                     f"Loading the equivtool cross-entropy op library {path} failed: {exc}. "
                     f"Rebuild it with `{FIX_COMMAND}`.") from exc
             # the run-time GPU kernels, before any op is placed (never raises)
-            _gpu_kernels = _gpu.enable(path, stamp)
+            _gpu_kernels = _gpu.enable(path)
             _library = library
     return _library
 
