@@ -141,11 +141,15 @@ def test_driver_harness_builds_without_cuda_and_says_why_it_cannot_run(harness, 
 
 
 def test_cubins_exported_for_the_driver_harness_read_back_whole(harness, tmp_path):
-    written = harness.export_cubins(str(tmp_path / "cubins"), 90, cache=str(tmp_path / "cache"))
-    assert len(written) == len(harness.DTYPES)
+    # two of the four types (each compile takes seconds; the others are the same code path)
+    dtypes = ("float32", "bfloat16")
+    written = harness.export_cubins(str(tmp_path / "cubins"), 90, cache=str(tmp_path / "cache"),
+                                    dtypes=dtypes)
+    assert len(written) == len(dtypes)
     back = {c.dtype: c for c in harness.read_cubins(str(tmp_path / "cubins"))}
+    assert set(back) == set(dtypes)
     nvrtc = _nvrtc.find_nvrtc()
-    for dtype in harness.DTYPES:
+    for dtype in dtypes:
         c = back[dtype]
         image = _nvrtc.kernel_image(dtype, 90, nvrtc, str(tmp_path / "cache"))
         assert c.cubin == image.cubin and c.names == dict(image.names) and c.arch == 90

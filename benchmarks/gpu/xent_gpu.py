@@ -136,23 +136,28 @@ class Cubin:
         return "".join(f"{k}={v}\n" for k, v in sorted(self.names.items())).encode()
 
 
-def compile_cubins(arch: int, folder: str | None = None) -> list[Cubin]:
-    """The op's run-time compile: every logits type for sm_<arch>, through _nvrtc's
-    cache (its default folder, or `folder`)."""
+def compile_cubins(arch: int, folder: str | None = None,
+                   dtypes: Sequence[str] | None = None) -> list[Cubin]:
+    """The op's run-time compile: every logits type (or `dtypes`) for sm_<arch>,
+    through _nvrtc's cache (its default folder, or `folder`)."""
     nv = nvrtc_module()
     nvrtc = nv.find_nvrtc()
     if nvrtc is None:
         raise RuntimeError("no NVRTC found (see equivtool/ops/_nvrtc.py: nvrtc_candidates)")
-    images = nv.kernel_images(arch, nvrtc, folder)
+    if dtypes is None:
+        images = nv.kernel_images(arch, nvrtc, folder)
+    else:
+        images = [nv.kernel_image(dtype, arch, nvrtc, folder) for dtype in dtypes]
     return [Cubin(im.dtype, im.arch, im.cubin, dict(im.names),
                   f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]}") for im in images]
 
 
-def export_cubins(folder: str, arch: int, cache: str | None = None) -> list[str]:
+def export_cubins(folder: str, arch: int, cache: str | None = None,
+                  dtypes: Sequence[str] | None = None) -> list[str]:
     """Writes compile_cubins(arch) to `folder` (no GPU needed), for --cubins."""
     os.makedirs(folder, exist_ok=True)
     written = []
-    for c in compile_cubins(arch, cache):
+    for c in compile_cubins(arch, cache, dtypes):
         base = os.path.join(folder, f"xent-{c.dtype}-sm{c.arch}")
         with open(base + ".cubin", "wb") as f:
             f.write(c.cubin)
