@@ -122,7 +122,9 @@ def test_harness_builds_with_the_op_builds_nvcc_flags(harness):
     cmd = harness.build_command("nvcc", "/tmp/libx.so")
     assert cmd[1:1 + len(_build.NVCC_FLAGS)] == _build.NVCC_FLAGS
     assert harness.CAPI in cmd and any(a.endswith("xent_kernels.cu.cc") for a in cmd)
-    assert "arch=compute_90,code=sm_90" in cmd
+    assert "arch=compute_90,code=sm_90" in cmd and not any(a.startswith("-DEQUIVTOOL_XENT_GPU") for a in cmd)
+    variant = harness.build_command("nvcc", "/tmp/libx.so", defines=["EQUIVTOOL_XENT_GPU_HOST_EXP"])
+    assert variant == cmd[:1 + len(_build.NVCC_FLAGS)] + ["-DEQUIVTOOL_XENT_GPU_HOST_EXP"] + cmd[1 + len(_build.NVCC_FLAGS):]
 
 
 def test_driver_harness_builds_without_cuda_and_says_why_it_cannot_run(harness, tmp_path):

@@ -35,9 +35,8 @@ cat "$W/machine.txt" >> "$OUT/summary.txt"
 LIBS="$W/libs"; mkdir -p "$LIBS"; cp "$PRE"/*.so "$LIBS"/
 if ! $PY -c "import ctypes, sys; [ctypes.CDLL(p) for p in sys.argv[1:]]" "$LIBS"/*.so 2>"$W/load.txt"; then
   say "prebuilt libraries do not load here ($(tail -1 "$W/load.txt")): building"
-  F="-std=c++17 -O3 --fmad=false -ftz=true -DNDEBUG -shared -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90 -Icustom_ops"
-  nvcc $F -x cu benchmarks/gpu/xent_capi.cu -x cu custom_ops/xent_kernels.cu.cc -o "$LIBS/librt.so" &
-  nvcc $F -DEQUIVTOOL_XENT_GPU_HOST_EXP -x cu benchmarks/gpu/xent_capi.cu -x cu custom_ops/xent_kernels.cu.cc -o "$LIBS/libhostexp.so" &
+  $PY $H build --lib "$LIBS/librt.so" --out "$W/build" >/dev/null &
+  $PY $H build --lib "$LIBS/libhostexp.so" --define EQUIVTOOL_XENT_GPU_HOST_EXP --out "$W/build" >/dev/null &
   $PY $H build --launcher driver --driver-lib "$LIBS/libdrv.so" --out "$W/build" >/dev/null &
   wait
   rm -f "$LIBS/libold.so"

@@ -80,21 +80,22 @@ def load_build_module():
 
 
 def build_command(nvcc: str, output: str, kernels_source: str | None = None,
-                  archs: Sequence[str] = ("sm_90",)) -> list[str]:
-    """The nvcc line that makes the harness library (the op build's CUDA flags)."""
+                  archs: Sequence[str] = ("sm_90",), defines: Sequence[str] = ()) -> list[str]:
+    """The nvcc line that makes the harness library (the kernels' nvcc flags, plus
+    ``-D`` for each of `defines`)."""
     build = load_build_module()
     source = kernels_source or os.path.join(KERNELS, "xent_kernels.cu.cc")
     gencode = []
     for arch in archs:
         number = arch.split("_", 1)[1]
         gencode += ["-gencode", f"arch=compute_{number},code=sm_{number}"]
-    return [nvcc, *build.NVCC_FLAGS, "-shared", "-Xcompiler", "-fPIC", f"-I{KERNELS}",
-            *gencode, "-x", "cu", CAPI, "-x", "cu", source, "-o", output]
+    return [nvcc, *build.NVCC_FLAGS, *(f"-D{d}" for d in defines), "-shared", "-Xcompiler",
+            "-fPIC", f"-I{KERNELS}", *gencode, "-x", "cu", CAPI, "-x", "cu", source, "-o", output]
 
 
 def build_library(output: str, kernels_source: str | None = None, nvcc: str = "nvcc",
-                  archs: Sequence[str] = ("sm_90",)) -> str:
-    cmd = build_command(nvcc, output, kernels_source, archs)
+                  archs: Sequence[str] = ("sm_90",), defines: Sequence[str] = ()) -> str:
+    cmd = build_command(nvcc, output, kernels_source, archs, defines)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"harness build failed:\n{' '.join(cmd)}\n{proc.stdout}")
@@ -931,7 +932,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--launcher", choices=["runtime", "driver"], default="runtime",
                         help="runtime: the nvcc-built launchers; driver: NVRTC cubins through "
                              "the driver API, as the op library runs them (default runtime)")
-    parser.add_argument("--lib", help="use this built runtime-launcher library instead of building one")
+    parser.add_argument("--lib", help="use this built runtime-launcher library instead of building "
+                                      "one (build: write it there)")
     parser.add_argument("--driver-lib", help="use this built driver-launcher library")
     parser.add_argument("--cubins", help="driver launcher: the cubins export-cubins wrote "
                                          "(default: compile them now with NVRTC)")
@@ -948,6 +950,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="check: skip the largest shapes")
     parser.add_argument("--out", help="folder for the log and results.json")
     parser.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"))
+    parser.add_argument("--define", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="build: also compile the runtime library with -DNAME[=VALUE] "
+                             "(e.g. EQUIVTOOL_XENT_GPU_HOST_EXP; repeatable)")
     parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
     args = parser.parse_args(argv)
     for spec in args.other:
@@ -1004,7 +1009,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_driver_library(lib, cxx=args.cxx)
             log(f"built {lib}")
         else:
-            runtime_kernels()
+            lib = args.lib or os.path.join(out, "libxent_harness.so")
+            build_library(lib, nvcc=args.nvcc, defines=args.define)
+            log(f"built {lib}")
         return 0
     k = driver_kernels(args.cubins) if args.launcher == "driver" else runtime_kernels()
     baseline = Kernels(args.baseline_lib) if args.baseline_lib else None
