@@ -23,6 +23,7 @@ import textwrap
 import pytest
 
 from equivtool.ops import _build, _nvrtc
+from xent_kernel_params import PARAM_SIZES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCHS = (80, 89, 90)
@@ -65,21 +66,6 @@ def test_kernels_compile_to_a_cubin_of_the_asked_architecture(images, arch):
     assert "sm_%d" % arch in str(image) and str(info).startswith("sm_%d" % arch)
 
 
-# Parameter sizes of each kernel (float32 logits, 8-byte pointers and
-# integers, Plan 24 bytes, bool 1), in the order xent_launch.h's recipe
-# passes them (the driver backend passes their addresses as they are).
-_PARAMS = {
-    "SparseForward": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8, 8),
-    "SparseMerge": (8, 8, 8, 8, 8, 8, 8, 8, 8),
-    "SparseGrad": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8),
-    "DenseForward": (8, 8, 8, 8, 24, 1, 8, 8, 8, 8, 8),
-    "DenseMerge": (8, 8, 8, 8, 8, 8),
-    "LabelSum": (8, 8, 8, 24, 1, 8, 8, 8),
-    "LabelSumMerge": (8, 8, 8, 8),
-    "DenseGrad": (8, 8, 8, 8, 24, 1, 1, 8, 8, 8, 8, 8),
-}
-
-
 def _top_level_args(text: str) -> list[str]:
     args, depth, start = [], 0, 0
     for i, ch in enumerate(text):
@@ -116,11 +102,11 @@ def test_recipe_launches_pass_what_each_kernel_takes(images):
     image = images[90]
     info = _nvrtc.cubin_info(image.cubin)
     launches = _recipe_launches()
-    assert set(launches) == set(_PARAMS), launches  # every kernel is launched somewhere
+    assert set(launches) == set(PARAM_SIZES), launches  # every kernel is launched somewhere
     for key, lowered in image.names.items():
         kernel = key.split(":")[0]
         sizes = info.kernels[lowered].param_sizes
-        assert sizes == _PARAMS[kernel], (key, sizes)
+        assert sizes == PARAM_SIZES[kernel], (key, sizes)
         assert launches[kernel] == {len(sizes)}, (key, launches[kernel])
 
 
