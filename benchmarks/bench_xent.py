@@ -220,12 +220,14 @@ def _machine() -> dict:
         flags = set(match.group(1).split()) if match else set()
     except OSError:
         pass
+    status = ops.op_status()
+    status["gpu_kernels"] = str(status["gpu_kernels"])  # a GpuKernels, printed as its description
     return {
         "cpu": cpu, "avx512f": "avx512f" in flags,
         "amx": sorted(f for f in flags if f.startswith("amx")),
         "cores": os.cpu_count(), "load": os.getloadavg(),
         "python": platform.python_version(), "tensorflow": tf.__version__,
-        "numpy": np.__version__, "op": ops.op_status(), "cpu_path": _cpu_path_text(),
+        "numpy": np.__version__, "op": status, "cpu_path": _cpu_path_text(),
         "gpu": bool(tf.config.list_physical_devices("GPU")),
     }
 
@@ -282,7 +284,7 @@ def render(rows, memory, machine, load_after) -> str:
         f"start, {_load_text(load_after)} at the end), {'with' if machine['gpu'] else 'no'} GPU; "
         f"Python {machine['python']}, TensorFlow {machine['tensorflow']}, NumPy {machine['numpy']}; "
         f"op library built for TF {machine['op']['built_for_tf']} "
-        f"(CUDA kernels compiled in: {'yes' if machine['op']['cuda'] else 'no'}; CPU training "
+        f"(GPU kernels: {machine['op']['gpu_kernels']}; CPU training "
         f"step: {machine.get('cpu_path', 'unknown')}). CPU timings, "
         "median ms of a `tf.function`, each row's timings interleaved in one process whose "
         "TensorFlow runs `threads` intra-op threads (references included). `step`: mean loss "
