@@ -59,6 +59,10 @@ def test_every_step_gives_the_same_numbers_and_verdicts_as_one_process():
     assert len({job["worker"] for job in jobs}) == 2
     pair = {job["side"]: job["worker"] for job in jobs if "variables_once" in job["steps"]}
     assert len(pair) == 2 and pair["tf1"] == os.getpid() != pair["tf2"]
+    # when each job was handed over: the pair's TF1 half first, at once; none before the check
+    first = min(jobs, key=lambda job: job["started"])
+    assert first["side"] == "tf1" and "variables_once" in first["steps"] and first["started"] < 1.0
+    assert all(job["started"] >= 0 for job in jobs)
     assert _worker_children() == [] and not _serving_threads()
 
 

@@ -75,6 +75,7 @@ class _Slot:
 
     def take(self, job: _Job) -> None:
         self.job = job
+        self.taken = time.monotonic()
         self.pending = {(step.name, job.side) for step in job.steps}
 
 
@@ -185,7 +186,8 @@ class _Parallel:
         self.layer_names: set = set()  # the TF2 layers' names the workers saw
         self.count = min(workers, len(self.queue))  # processes in all, this one included
         self.pair_worker: _Slot | None = None
-        self.jobs: list = []          # what each finished job ran, where, and for how long
+        self.jobs: list = []          # what each finished job ran, where, when it was handed over, how long
+        self.began = time.monotonic()
         self.lock = threading.Condition()  # guards the queue, the captures and the slots
         self.stopping = False
         self.failure: BaseException | None = None  # what stopped the thread serving the workers
@@ -367,7 +369,8 @@ class _Parallel:
         job, slot.job = slot.job, None
         if job is not None and job.steps:
             self.jobs.append({"side": job.side, "steps": [step.name for step in job.steps],
-                              "worker": slot.pid, "seconds": round(seconds, 2)})
+                              "worker": slot.pid, "started": round(slot.taken - self.began, 2),
+                              "seconds": round(seconds, 2)})
         if job is not None and job.side == "tf2" and not job.release_after:
             self.pair_worker, slot.reserved = slot, True
         self.lock.notify_all()
@@ -417,7 +420,8 @@ def run_parallel(engine: "Engine", workers: int) -> list:
     """Run every selected step with its sides in up to ``workers`` processes, this
     one included; results are recorded on ``engine`` (in run order, as soon as
     both sides are in). Returns the jobs run: ``[{"side", "steps", "worker" (pid),
-    "seconds"}]``, in the order they ended."""
+    "started" (seconds after the check began, when the job was handed over), "seconds"}]``,
+    in the order they ended."""
     parallel = _Parallel(engine, workers)
     parallel.run()
     return parallel.jobs
