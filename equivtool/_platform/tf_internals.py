@@ -27,6 +27,10 @@ SYMBOLS: dict[str, str] = {
     "ops": "tensorflow.python.framework.ops",
     # seeding: get_seed is replaced during a random-tool scope (a module attribute, patched in place)
     "random_seed": "tensorflow.python.framework.random_seed",
+    # seeding: constant mode's eager random ops served by their stateless twins (seeding._fresh_kernels)
+    "random_ops": "tensorflow.python.ops.random_ops",
+    "gen_random_ops": "tensorflow.python.ops.gen_random_ops",
+    "gen_stateless_random_ops_v2": "tensorflow.python.ops.gen_stateless_random_ops_v2",
     # seeding: static shapes of random ops in the trace
     "tensor_util": "tensorflow.python.framework.tensor_util",
     # variables: creates_variables_once keeps the method's signature visible to Keras
@@ -74,6 +78,10 @@ ATTRIBUTES: dict[str, tuple] = {
     "record": ("should_record_backprop",),
     "ops": ("get_default_graph", "RegisterGradient"),
     "random_seed": ("get_seed", "set_seed"),
+    "random_ops": ("random_uniform", "random_normal", "truncated_normal"),
+    "gen_random_ops": ("random_uniform", "random_uniform_int", "random_standard_normal", "truncated_normal"),
+    "gen_stateless_random_ops_v2": ("stateless_random_uniform_v2", "stateless_random_uniform_int_v2",
+                                    "stateless_random_normal_v2", "stateless_truncated_normal_v2"),
     "tensor_util": ("constant_value",),
     "tf_decorator": ("make_decorator",),
     "RewriterConfig": ("OFF",),
@@ -142,6 +150,16 @@ def eager_rng(default=None):
 
 def set_eager_rng(rng) -> None:
     resolve("context").context()._rng = rng
+
+
+def set_eager_seed_keeping_kernels(seed: int) -> None:
+    """``tf.random.set_seed(seed)`` eagerly (the context's seed and the generator of
+    its op seeds) without ``Context._set_global_seed``'s kernel-cache clear."""
+    import random
+
+    ctx = resolve("context").context()
+    ctx._seed = seed
+    ctx._rng = random.Random(int(seed))
 
 
 def keras_seed_generator():

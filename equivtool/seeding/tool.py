@@ -141,6 +141,10 @@ def _seeded_get_seed(op_seed=None):
 
 
 from equivtool.seeding._keras3 import Keras3RandomPatch  # noqa: E402  (Keras 3's draws: its own module)
+from equivtool.seeding._fresh_kernels import FreshKernels, wrapper_codes  # noqa: E402
+
+#: The code of the tf.random wrappers whose kernel FreshKernels can serve (filled on first use).
+_SERVED_WRAPPERS: frozenset = frozenset()
 from equivtool.seeding._trace import (  # noqa: E402  (the trace: its own module)
     RandomOpRecord, TraceDivergence, TraceRecorder, _KERAS_PLUMBING, _as_shape, _describe_tf_op,
     _dtype_name, compare_random_traces)
@@ -253,6 +257,7 @@ class DeterministicRandomTestTool(TraceRecorder):
         self._saved_keras = _MISSING
         self._keras_slots: Optional[dict] = None
         self._keras3: Optional[Keras3RandomPatch] = None
+        self._fresh: Optional[FreshKernels] = None  # constant mode: eager draws without a cache clear
 
     # ---- public surface --------------------------------------------------
 
@@ -346,6 +351,11 @@ class DeterministicRandomTestTool(TraceRecorder):
                     slots["generator"] = _KerasSeedSource(self)
                 self._keras3 = Keras3RandomPatch(self._owns_thread)
                 self._keras3.install()
+                if self._constant:
+                    global _SERVED_WRAPPERS
+                    _SERVED_WRAPPERS = _SERVED_WRAPPERS or wrapper_codes()
+                    self._fresh = FreshKernels(self._owns_thread)
+                    self._fresh.install()
                 _random_seed.get_seed = _seeded_get_seed
             except BaseException:
                 self._restore()
@@ -367,6 +377,8 @@ class DeterministicRandomTestTool(TraceRecorder):
             _random_seed.get_seed = _TF_GET_SEED
             if self._keras3 is not None:
                 self._keras3.restore()
+            if self._fresh is not None:
+                self._fresh.restore()
             slots = self._keras_slots
             if slots is not None:
                 if self._saved_keras is _MISSING:
@@ -378,17 +390,23 @@ class DeterministicRandomTestTool(TraceRecorder):
             self._keras_slots = None
             self._saved_keras = _MISSING
             self._keras3 = None
+            self._fresh = None
             self._saved_global_seeds = {}
             self._owner = None
             if _active is self:
                 _active = None
 
-    def _set_global_seed(self, value: int) -> None:
-        """``tf.random.set_seed(value)``, remembering what it replaced."""
+    def _set_global_seed(self, value: int, keep_kernels: bool = False) -> None:
+        """``tf.random.set_seed(value)``, remembering what it replaced; with
+        ``keep_kernels``, eagerly, without clearing the kernel cache (the next
+        draw is served by a stateless twin: see :mod:`equivtool.seeding._fresh_kernels`)."""
         saved = self._saved_global_seeds
         if _context.executing_eagerly():
             if "eager" not in saved:
                 saved["eager"] = (_tfi.eager_global_seed(), _tfi.eager_rng(_MISSING))
+            if keep_kernels:
+                _tfi.set_eager_seed_keeping_kernels(value)
+                return
         else:
             graph = _ops.get_default_graph()
             key = id(graph)
@@ -412,8 +430,12 @@ class DeterministicRandomTestTool(TraceRecorder):
     def _next_seeds(self) -> tuple:
         """The seed pair for the next stateful random op (the original's arithmetic)."""
         op_seed = self._operation_seed
+        fresh = None
         if self._constant:
-            self._set_global_seed(op_seed)
+            # An eager draw whose kernel call FreshKernels serves needs no cache clear.
+            fresh = self._fresh if (self._fresh is not None and _context.executing_eagerly()
+                                    and sys._getframe(2).f_code in _SERVED_WRAPPERS) else None
+            self._set_global_seed(op_seed, keep_kernels=fresh is not None)
         elif self._replay:  # a retrace: the first trace's seed for this op
             op_seed = self._replay.pop(0)
         else:
@@ -427,6 +449,8 @@ class DeterministicRandomTestTool(TraceRecorder):
             # TensorFlow reads the pair (0, 0) as "no seed" and draws a random
             # one per op; its own get_seed substitutes (0, 2**31 - 1), so do we.
             op_seed = _ZERO_PAIR_OPERATION_SEED
+        if fresh is not None:
+            fresh.expect((self._seed, op_seed))
         if self._record:
             frame = sys._getframe(2)  # the op's Python wrapper
             try:
