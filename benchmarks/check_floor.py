@@ -23,7 +23,13 @@ script times, in one run on one machine, for each model asked for:
   ``num_random_ops``: inference graph; training graph) and three TF2 jobs
   (the constant-mode layer's inference and training calls with gradients, a
   layer per ``num_random_ops`` pass), each timed alone; the plan floor on
-  two processes is the larger of the longest job and half their sum.
+  two processes is the larger of the longest job and half their sum;
+- both floors again with their TF1 graphs built under the check's own
+  graph-building shortcut (``equivtool._platform.graph_building``: the same
+  graph, without the quadratic variable hashing of TF1-style layers' builds,
+  which is most of a large net's build): the check builds that way, so these
+  are the floors of its passes; the goal (1.3x) is judged against the
+  fast-build plan floor.
 
 Printed: a machine line, then one markdown row per model with both floors
 and the check's ratio to each. Usage (one model per run keeps memory down;
@@ -48,8 +54,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# One child's work: "check", "tf1" (the one-graph floor), "tf2", or "plan" (the
-# plan's jobs, one after another, each timed). It prints one JSON line.
+# One child's work: "check", "tf1" or "tf1_fast" (the one-graph floor, built as the user's
+# code builds it or with the check's graph-building shortcut), "tf2", or "plan" (the plan's
+# jobs, one after another, each timed, the TF1 jobs both ways). It prints one JSON line.
 _CHILD = r"""
 import json, os, sys, time
 sys.path[:0] = [{root!r}, {here!r}]
@@ -63,12 +70,12 @@ started = time.perf_counter()
 if kind == "check":
     report = equivtool.check_equivalence(tf1_fn, make_layer, inputs, workers=2)
     result = {{"seconds": time.perf_counter() - started, "verdict": str(report.verdict)}}
-elif kind == "tf1":
-    result = {{"seconds": check_floor.tf1_one_graph(tf1_fn, inputs)}}
+elif kind in ("tf1", "tf1_fast"):
+    result = {{"seconds": check_floor.tf1_one_graph(tf1_fn, inputs, fast=kind == "tf1_fast")}}
 elif kind == "tf2":
     result = {{"seconds": check_floor.tf2_layer_jobs(make_layer, inputs, layers=1)[0]}}
 else:
-    result = {{"tf1": check_floor.tf1_plan(tf1_fn, inputs),
+    result = {{"tf1": check_floor.tf1_plan(tf1_fn, inputs), "tf1_fast": check_floor.tf1_plan(tf1_fn, inputs, fast=True),
               "tf2": check_floor.tf2_layer_jobs(make_layer, inputs, layers=3)}}
 print("RESULT " + json.dumps(result))
 """
@@ -108,15 +115,21 @@ def _tf1_loss(tf, out):
     return loss + (tf.add_n(reg) if reg else 0.0)
 
 
-def _tf1_run(tf1_fn, inputs, passes) -> float:
+def _tf1_run(tf1_fn, inputs, passes, fast: bool = False) -> float:
     """Seconds to build ``passes`` (``(training, gradients)`` pairs) in one graph, the
-    later ones reusing the first's variables, initialise, and run each once."""
+    later ones reusing the first's variables, initialise, and run each once; with
+    ``fast``, built under the check's graph-building shortcut
+    (``equivtool._platform.graph_building``: the same graph, built faster)."""
+    import contextlib
+
     import tensorflow as tf
+
+    from equivtool._platform.graph_building import fast_graph_building
 
     v1 = tf.compat.v1
     started = time.perf_counter()
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), (fast_graph_building() if fast else contextlib.nullcontext()):
         x = v1.placeholder(tf.as_dtype(inputs.dtype), inputs.shape)
         fetches = []
         for i, (training, gradients) in enumerate(passes):
@@ -135,14 +148,15 @@ def _tf1_run(tf1_fn, inputs, passes) -> float:
     return time.perf_counter() - started
 
 
-def tf1_one_graph(tf1_fn, inputs) -> float:
+def tf1_one_graph(tf1_fn, inputs, fast: bool = False) -> float:
     """The pass floor's TF1 side: one graph, both passes, gradients; seconds."""
-    return _tf1_run(tf1_fn, inputs, [(False, False), (True, True)])
+    return _tf1_run(tf1_fn, inputs, [(False, False), (True, True)], fast)
 
 
-def tf1_plan(tf1_fn, inputs) -> list:
+def tf1_plan(tf1_fn, inputs, fast: bool = False) -> list:
     """The plan's four TF1 jobs, each a graph of its own, timed alone (seconds)."""
-    return [_tf1_run(tf1_fn, inputs, [job]) for job in ((False, False), (True, True), (False, False), (True, False))]
+    return [_tf1_run(tf1_fn, inputs, [job], fast)
+            for job in ((False, False), (True, True), (False, False), (True, False))]
 
 
 def tf2_layer_jobs(make_layer, inputs, layers: int) -> list:
@@ -181,30 +195,43 @@ def _result(proc: subprocess.Popen, what: str) -> dict:
     return json.loads(out.rsplit("RESULT ", 1)[1])
 
 
+def _pass_floor(spec: str, tf1_kind: str) -> float:
+    tf1, tf2 = _start(tf1_kind, spec), _start("tf2", spec)
+    return max(_result(tf1, f"the TF1 floor of {spec}")["seconds"], _result(tf2, f"the TF2 floor of {spec}")["seconds"])
+
+
+def plan_floor(jobs) -> float:
+    """The plan's jobs on two processes: the longest job, or half their sum if longer."""
+    return max(max(jobs), sum(jobs) / 2)
+
+
 def measure(spec: str) -> dict:
-    """The check, the pass floor (both sides at once) and the plan's jobs, one after another."""
+    """The check, the pass floors (both sides at once; TF1 built bare, then with the
+    check's graph-building shortcut) and the plan's jobs, one after another."""
     load = os.getloadavg()[0]
     check = _result(_start("check", spec), f"the check of {spec}")
-    tf1, tf2 = _start("tf1", spec), _start("tf2", spec)
-    floor = max(_result(tf1, f"the TF1 floor of {spec}")["seconds"], _result(tf2, f"the TF2 floor of {spec}")["seconds"])
+    floor, floor_fast = _pass_floor(spec, "tf1"), _pass_floor(spec, "tf1_fast")
     plan = _result(_start("plan", spec), f"the plan's jobs of {spec}")
-    jobs = plan["tf1"] + plan["tf2"]
-    plan_floor = max(max(jobs), sum(jobs) / 2)
     return {"model": spec, "check": check["seconds"], "verdict": check["verdict"], "floor": floor,
-            "plan_floor": plan_floor, "tf1_jobs": plan["tf1"], "tf2_jobs": plan["tf2"],
-            "load": (load, os.getloadavg()[0])}
+            "plan_floor": plan_floor(plan["tf1"] + plan["tf2"]), "floor_fast": floor_fast,
+            "plan_floor_fast": plan_floor(plan["tf1_fast"] + plan["tf2"]), "tf1_jobs": plan["tf1"],
+            "tf1_fast_jobs": plan["tf1_fast"], "tf2_jobs": plan["tf2"], "load": (load, os.getloadavg()[0])}
 
 
 HEADER = ("| model | check s | pass floor s | check / pass floor | plan floor s | check / plan floor | "
-          "TF1 jobs s | TF2 jobs s | load 1 min before/after | verdict |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+          "fast-build pass floor s | check / it | fast-build plan floor s | check / it (goal <= 1.3x) | "
+          "TF1 jobs s | fast-build TF1 jobs s | TF2 jobs s | load 1 min before/after | verdict |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def row(r: dict) -> str:
     jobs = lambda xs: " + ".join(f"{x:.1f}" for x in xs)  # noqa: E731
-    return (f"| {r['model']} | {r['check']:.1f} | {r['floor']:.1f} | {r['check'] / r['floor']:.2f}x | "
-            f"{r['plan_floor']:.1f} | {r['check'] / r['plan_floor']:.2f}x | {jobs(r['tf1_jobs'])} | "
-            f"{jobs(r['tf2_jobs'])} | {r['load'][0]:.2f}/{r['load'][1]:.2f} | {r['verdict']} |")
+    ratio = lambda floor: f"{r['check'] / floor:.2f}x"  # noqa: E731
+    return (f"| {r['model']} | {r['check']:.1f} | {r['floor']:.1f} | {ratio(r['floor'])} | "
+            f"{r['plan_floor']:.1f} | {ratio(r['plan_floor'])} | {r['floor_fast']:.1f} | {ratio(r['floor_fast'])} | "
+            f"{r['plan_floor_fast']:.1f} | {ratio(r['plan_floor_fast'])} | {jobs(r['tf1_jobs'])} | "
+            f"{jobs(r['tf1_fast_jobs'])} | {jobs(r['tf2_jobs'])} | {r['load'][0]:.2f}/{r['load'][1]:.2f} | "
+            f"{r['verdict']} |")
 
 
 def main(argv=None) -> int:

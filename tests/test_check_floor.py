@@ -44,13 +44,36 @@ def test_the_plan_times_four_tf1_jobs_and_three_tf2_layers():
     assert len(tf1) == 4 and len(tf2) == 3 and all(t > 0 for t in tf1 + tf2)
 
 
+def test_the_fast_build_floor_builds_under_the_checks_shortcut():
+    from equivtool._platform import graph_building
+    from tensorflow.python.framework import ops
+
+    seen = []
+    tf1_fn = _shim().tf1_fn
+    for fast in (False, True):
+        def recording(x, training, _fast=fast):
+            seen.append((_fast, ops.executing_eagerly_outside_functions is graph_building.shortcut))
+            return tf1_fn(x, training)
+        assert len(check_floor.tf1_plan(recording, X, fast=fast)) == 4
+    assert seen == [(False, False)] * 4 + [(True, True)] * 4
+
+
+def test_the_plan_floor_is_the_longest_job_or_half_the_sum():
+    assert check_floor.plan_floor([1.0, 1.0, 6.0]) == 6.0
+    assert check_floor.plan_floor([3.0, 3.0, 3.0]) == 4.5
+
+
 def test_a_row_states_the_check_over_each_floor():
     row = check_floor.row({"model": "net", "check": 30.0, "floor": 10.0, "plan_floor": 20.0,
-                           "tf1_jobs": [1.0, 2.0, 3.0, 4.0], "tf2_jobs": [1.0, 1.0, 1.0],
+                           "floor_fast": 15.0, "plan_floor_fast": 25.0,
+                           "tf1_jobs": [1.0, 2.0, 3.0, 4.0], "tf1_fast_jobs": [1.0, 1.0, 1.0, 1.0],
+                           "tf2_jobs": [1.0, 1.0, 1.0],
                            "load": (1.0, 1.5), "verdict": "Verdict: EQUIVALENT (8 passed)"})
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:6] == ["net", "30.0", "10.0", "3.00x", "20.0", "1.50x"]
-    assert cells[6] == "1.0 + 2.0 + 3.0 + 4.0" and cells[-1] == "Verdict: EQUIVALENT (8 passed)"
+    assert cells[:10] == ["net", "30.0", "10.0", "3.00x", "20.0", "1.50x", "15.0", "2.00x", "25.0", "1.20x"]
+    assert cells[10] == "1.0 + 2.0 + 3.0 + 4.0" and cells[11] == "1.0 + 1.0 + 1.0 + 1.0"
+    assert cells[-1] == "Verdict: EQUIVALENT (8 passed)"
+    assert len(cells) == check_floor.HEADER.splitlines()[0].count("|") - 1
 
 
 def test_a_failing_child_stops_the_benchmark_with_its_error():

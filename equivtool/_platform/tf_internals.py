@@ -23,7 +23,8 @@ from typing import Any
 SYMBOLS: dict[str, str] = {
     # seeding (the random tool), determinism (the audit)
     "context": "tensorflow.python.eager.context",
-    # seeding: the graph whose seed a scope saves and restores; equivtool.ops: gradient registration
+    # seeding: the graph whose seed a scope saves and restores; equivtool.ops: gradient registration;
+    # _platform/graph_building.py: executing_eagerly_outside_functions answered at once in a plain graph
     "ops": "tensorflow.python.framework.ops",
     # seeding: get_seed is replaced during a random-tool scope (a module attribute, patched in place)
     "random_seed": "tensorflow.python.framework.random_seed",
@@ -73,10 +74,10 @@ _XENT_NAMES = ("sparse_softmax_cross_entropy_with_logits", "sparse_softmax_cross
 
 #: Attributes equivtool reads on the symbols above (the test checks each one).
 ATTRIBUTES: dict[str, tuple] = {
-    "context": ("context", "executing_eagerly", "set_global_seed"),
+    "context": ("context", "executing_eagerly", "set_global_seed"),  # + Context().context_switches.stack
     "control_flow_util": ("GraphOrParentsInXlaContext",),
     "record": ("should_record_backprop",),
-    "ops": ("get_default_graph", "RegisterGradient"),
+    "ops": ("get_default_graph", "RegisterGradient", "executing_eagerly_outside_functions"),
     "random_seed": ("get_seed", "set_seed"),
     "random_ops": ("random_uniform", "random_normal", "truncated_normal"),
     "gen_random_ops": ("random_uniform", "random_uniform_int", "random_standard_normal", "truncated_normal"),

@@ -64,6 +64,7 @@ import numpy as np
 import tensorflow as tf
 
 from equivtool._base.tree import flatten_tensors
+from equivtool._platform.graph_building import fast_graph_building
 from equivtool._platform.tf_internals import keras_layer_name_state, save_slice_info
 from equivtool.variables import VariableInfo, VariableSet
 from equivtool.variables import attention as _attention
@@ -618,7 +619,7 @@ def tf1_graph_variables(tf1_fn: Callable, inputs, training: bool = False) -> Var
     """Build ``tf1_fn`` in a fresh graph; its global variables, a partitioned
     variable once under its full name and shape."""
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), fast_graph_building():
         tensors = tf.nest.map_structure(tf.convert_to_tensor, inputs)
         tf1_fn(tensors, training)
         trainable = {id(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import tensorflow as tf
 from equivtool._platform import graph_rewrites as _graph_rewrites
+from equivtool._platform.graph_building import fast_graph_building
 from equivtool._platform import tf_internals as _tf_internals
 from equivtool._platform.graph_rewrites import remapper_aborts_on_layer_norm  # noqa: F401 (tests, COMPATIBILITY)
 from equivtool.engine import noise_floor
@@ -307,7 +308,8 @@ class TF1Side(Side):
                 loops = loop_random_ops(self.graph, self.graph.get_operations()[ops_before:])
                 return TF1Forward(outputs, regularization, gradients, loss, update_ops, loops)
 
-        result = self._scoped(build)
+        with fast_graph_building():  # equivtool._platform.graph_building: a build's hashes at the speed of ops
+            result = self._scoped(build)
         if self._forwards:
             result.outputs = align_pass_keys(result.outputs, self._forwards[0].outputs)
         self._forwards.append(result)
