@@ -160,3 +160,21 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_not_served_under_an_op_callback_which_sees_the_stateful_op(monkeypatch):
+    # localization's taps align the TF2 ops with the TF1 graph's RandomUniform by name and type
+    spy = _Spy(monkeypatch)
+    from tensorflow.python.framework import op_callbacks
+    seen = []
+
+    def callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        seen.append(op_type)
+    op_callbacks.add_op_callback(callback)
+    try:
+        with DeterministicRandomTestTool(seed=2, mode="constant").scope():
+            tapped = [tf.random.uniform([5]).numpy() for _ in range(2)]
+    finally:
+        op_callbacks.remove_op_callback(callback)
+    assert spy.calls == 0 and "RandomUniform" in seen and "StatelessRandomUniformV2" not in seen
+    assert _bits(tapped) == _bits(_eager(DRAWS["uniform"], [5], tf.float32, 2, served=True, count=2))

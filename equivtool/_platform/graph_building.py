@@ -33,15 +33,15 @@ _original = None
 
 def shortcut():
     """``executing_eagerly_outside_functions`` with the plain-graph case answered at once."""
-    original, context, ops = _original, _tfi.context, _tfi.ops
-    if not context.executing_eagerly():
-        switches = context.context().context_switches.stack
+    ctx = _tfi.context.context()  # (called N^2/2 times a build: one lookup of each)
+    if not ctx.executing_eagerly():
+        switches = ctx.context_switches.stack
         if switches:
             entry = switches[-1]
             if not entry.is_building_function and isinstance(getattr(entry.enter_context_fn, "__self__", None),
-                                                             ops.Graph):
+                                                             _tfi.ops.Graph):
                 return False  # the innermost switch enters a graph that builds no function
-    return original()
+    return _original()
 
 
 @contextlib.contextmanager

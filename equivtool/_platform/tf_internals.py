@@ -91,7 +91,7 @@ ATTRIBUTES: dict[str, tuple] = {
     "util_port": ("IsMklEnabled",),
     "debug_utils": ("watch_graph",),
     "debug_data": ("DebugDumpDir",),
-    "op_callbacks": ("add_op_callback", "remove_op_callback"),
+    "op_callbacks": ("add_op_callback", "remove_op_callback", "should_invoke_op_callbacks"),
     "ExternalStatePolicy": ("IGNORE",),
     "nn": _XENT_NAMES,
     "nn_ops": _XENT_NAMES + ("softmax_cross_entropy_with_logits_v2_helper",),

@@ -18,7 +18,8 @@ kernels behind ``tf.random.uniform``, ``tf.random.normal`` and
 ``tf.random.truncated_normal`` (``RandomUniform``, ``RandomUniformInt``,
 ``RandomStandardNormal``, ``TruncatedNormal``) run as their stateless V2 twins
 for exactly the call the tool has just handed seeds to, when that call runs
-eagerly on the scope's thread: the same bits as a fresh kernel
+eagerly on the scope's thread with no op callback installed (localization's
+taps see the stateful op the TF1 graph has): the same bits as a fresh kernel
 (``tests/test_seeding_fresh_kernels.py`` compares them with the kernel-cache
 clear for every dtype, shape and seed drawn), and no clear. Any other random
 op (``tf.random.shuffle``, gamma, multinomial, a raw op called directly), and
@@ -39,6 +40,9 @@ TWINS = {
     "random_standard_normal": "stateless_random_normal_v2",
     "truncated_normal": "stateless_truncated_normal_v2",
 }
+#: gen_random_ops function -> the op type it creates.
+OP_TYPES = {"random_uniform": "RandomUniform", "random_uniform_int": "RandomUniformInt",
+            "random_standard_normal": "RandomStandardNormal", "truncated_normal": "TruncatedNormal"}
 #: The public wrappers whose kernel call is one of TWINS (the frames that may skip the clear).
 WRAPPERS = ("random_uniform", "random_normal", "truncated_normal")
 _PHILOX = 1  # the stateless ops' algorithm number for Philox
@@ -64,9 +68,10 @@ def philox_state(seed: int, seed2: int) -> tuple:
 class FreshKernels:
     """The replacement of :data:`TWINS` for one constant-mode scope.
 
-    :meth:`expect` arms it for one call with the given seeds; the next call of a
-    replaced function with exactly those seeds, eagerly, on a thread ``owns()``
-    accepts, is served by the twin, and any call disarms it. ``install()`` and
+    :meth:`expect` arms it for one call with the given seeds (the tool asks
+    :meth:`can_serve` first, and skips the cache clear only then); the next call
+    of a replaced function with exactly those seeds is served by the twin, and
+    any call disarms it. ``install()`` and
     ``restore()`` run under the tool's lock, ``restore()`` on every exit path."""
 
     def __init__(self, owns: Callable[[], bool]):
@@ -74,7 +79,15 @@ class FreshKernels:
         self._saved: dict = {}
         self._armed: Optional[tuple] = None
 
+    def can_serve(self) -> bool:
+        """Whether a draw made now can be served: eagerly, on the scope's thread, with no
+        op callback installed (localization's taps see the stateful op the TF1 graph has)."""
+        import tensorflow as tf
+
+        return tf.executing_eagerly() and self._owns() and not _tfi.op_callbacks.should_invoke_op_callbacks()
+
     def expect(self, seeds: tuple) -> None:
+        """The next draw with ``seeds`` is served (the tool has skipped its cache clear)."""
         self._armed = seeds
 
     def install(self) -> None:
@@ -83,14 +96,17 @@ class FreshKernels:
         for name, twin in TWINS.items():
             original = getattr(module, name)
             self._saved[name] = original
-            setattr(module, name, self._wrap(original, getattr(twins, twin), name == "random_uniform_int"))
+            setattr(module, name, self._wrap(original, getattr(twins, twin), name == "random_uniform_int",
+                                             OP_TYPES[name]))
 
-    def _wrap(self, original: Callable, twin: Callable, integer: bool) -> Callable:
-        import tensorflow as tf
-
+    def _wrap(self, original: Callable, twin: Callable, integer: bool, op_name: str) -> Callable:
+        """``op_name``: the stateful op's type, the twin's default name (as a profile names it)."""
         def served(seed, seed2) -> bool:
+            if not self._owns():  # another thread's draw: neither served nor disarming
+                return False
+            # Armed means the tool skipped the cache clear for this call: it must be served.
             armed, self._armed = self._armed, None
-            return armed == (seed, seed2) and tf.executing_eagerly() and self._owns()
+            return armed == (seed, seed2)
 
         if integer:
             def draw(shape, minval, maxval, seed=0, seed2=0, name=None):
@@ -98,13 +114,13 @@ class FreshKernels:
                     return original(shape, minval, maxval, seed=seed, seed2=seed2, name=name)
                 key, counter = philox_state(seed, seed2)
                 return twin(shape=shape, key=key, counter=counter, alg=_PHILOX, minval=minval, maxval=maxval,
-                            name=name)
+                            name=name or op_name)
         else:
             def draw(shape, dtype, seed=0, seed2=0, name=None):
                 if not served(seed, seed2):
                     return original(shape, dtype, seed=seed, seed2=seed2, name=name)
                 key, counter = philox_state(seed, seed2)
-                return twin(shape=shape, key=key, counter=counter, alg=_PHILOX, dtype=dtype, name=name)
+                return twin(shape=shape, key=key, counter=counter, alg=_PHILOX, dtype=dtype, name=name or op_name)
         draw.__wrapped__ = original
         draw.__name__ = original.__name__
         return draw

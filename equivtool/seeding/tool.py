@@ -433,8 +433,8 @@ class DeterministicRandomTestTool(TraceRecorder):
         fresh = None
         if self._constant:
             # An eager draw whose kernel call FreshKernels serves needs no cache clear.
-            fresh = self._fresh if (self._fresh is not None and _context.executing_eagerly()
-                                    and sys._getframe(2).f_code in _SERVED_WRAPPERS) else None
+            fresh = self._fresh if (self._fresh is not None and sys._getframe(2).f_code in _SERVED_WRAPPERS
+                                    and self._fresh.can_serve()) else None
             self._set_global_seed(op_seed, keep_kernels=fresh is not None)
         elif self._replay:  # a retrace: the first trace's seed for this op
             op_seed = self._replay.pop(0)
