@@ -65,7 +65,7 @@ class _Spy:
         self.calls = 0
         from equivtool._platform import tf_internals
         twins = tf_internals.gen_stateless_random_ops_v2
-        for twin in _fresh_kernels.TWINS.values():
+        for twin, _ in _fresh_kernels.TWINS.values():
             original = getattr(twins, twin)
 
             def counted(*args, _original=original, **kwargs):

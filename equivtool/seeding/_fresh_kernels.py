@@ -33,16 +33,13 @@ from typing import Callable, Optional
 
 from equivtool._platform import tf_internals as _tfi
 
-#: gen_random_ops function -> its stateless V2 twin in gen_stateless_random_ops_v2.
+#: gen_random_ops function -> (its stateless V2 twin in gen_stateless_random_ops_v2, the op type it creates).
 TWINS = {
-    "random_uniform": "stateless_random_uniform_v2",
-    "random_uniform_int": "stateless_random_uniform_int_v2",
-    "random_standard_normal": "stateless_random_normal_v2",
-    "truncated_normal": "stateless_truncated_normal_v2",
+    "random_uniform": ("stateless_random_uniform_v2", "RandomUniform"),
+    "random_uniform_int": ("stateless_random_uniform_int_v2", "RandomUniformInt"),
+    "random_standard_normal": ("stateless_random_normal_v2", "RandomStandardNormal"),
+    "truncated_normal": ("stateless_truncated_normal_v2", "TruncatedNormal"),
 }
-#: gen_random_ops function -> the op type it creates.
-OP_TYPES = {"random_uniform": "RandomUniform", "random_uniform_int": "RandomUniformInt",
-            "random_standard_normal": "RandomStandardNormal", "truncated_normal": "TruncatedNormal"}
 #: The public wrappers whose kernel call is one of TWINS (the frames that may skip the clear).
 WRAPPERS = ("random_uniform", "random_normal", "truncated_normal")
 _PHILOX = 1  # the stateless ops' algorithm number for Philox
@@ -93,11 +90,10 @@ class FreshKernels:
     def install(self) -> None:
         module = _tfi.gen_random_ops
         twins = _tfi.gen_stateless_random_ops_v2
-        for name, twin in TWINS.items():
+        for name, (twin, op_type) in TWINS.items():
             original = getattr(module, name)
             self._saved[name] = original
-            setattr(module, name, self._wrap(original, getattr(twins, twin), name == "random_uniform_int",
-                                             OP_TYPES[name]))
+            setattr(module, name, self._wrap(original, getattr(twins, twin), name == "random_uniform_int", op_type))
 
     def _wrap(self, original: Callable, twin: Callable, integer: bool, op_name: str) -> Callable:
         """``op_name``: the stateful op's type, the twin's default name (as a profile names it)."""
