@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.seeding import _fresh_kernels
-from equivtool.seeding import tool as tool_module
 from tensorflow.python.ops import gen_random_ops
 
 ORIGINALS = {name: getattr(gen_random_ops, name) for name in _fresh_kernels.TWINS}
@@ -35,15 +34,14 @@ INT_DRAWS = {"uniform_int": lambda shape, dtype: tf.random.uniform(shape, -7, 10
 
 
 def _eager(draw, shape, dtype, seed, served: bool, count: int = 3):
+    saved = _fresh_kernels.FreshKernels.can_serve
     if not served:  # the tool as it was: a kernel-cache clear before every draw
-        saved, tool_module._SERVED_WRAPPERS = tool_module._SERVED_WRAPPERS, frozenset()
-        wrapper_codes, tool_module.wrapper_codes = tool_module.wrapper_codes, frozenset
+        _fresh_kernels.FreshKernels.can_serve = lambda self, caller: False
     try:
         with DeterministicRandomTestTool(seed=seed, mode="constant").scope():
             return [draw(shape, dtype).numpy() for _ in range(count)]
     finally:
-        if not served:
-            tool_module._SERVED_WRAPPERS, tool_module.wrapper_codes = saved, wrapper_codes
+        _fresh_kernels.FreshKernels.can_serve = saved
 
 
 def _graph(draw, shape, dtype, seed, count: int = 3):

@@ -29,6 +29,7 @@ the clear included.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 from equivtool._platform import tf_internals as _tfi
@@ -46,6 +47,7 @@ _PHILOX = 1  # the stateless ops' algorithm number for Philox
 _UINT64 = 2**64
 
 
+@functools.lru_cache(maxsize=None)
 def wrapper_codes() -> frozenset:
     """The code objects of :data:`WRAPPERS` (their decorators unwrapped)."""
     import inspect
@@ -76,12 +78,14 @@ class FreshKernels:
         self._saved: dict = {}
         self._armed: Optional[tuple] = None
 
-    def can_serve(self) -> bool:
-        """Whether a draw made now can be served: eagerly, on the scope's thread, with no
-        op callback installed (localization's taps see the stateful op the TF1 graph has)."""
+    def can_serve(self, caller) -> bool:
+        """Whether a draw made now by the wrapper whose code is ``caller`` can be served: one
+        of :data:`WRAPPERS`, eagerly, on the scope's thread, with no op callback installed
+        (localization's taps see the stateful op the TF1 graph has)."""
         import tensorflow as tf
 
-        return tf.executing_eagerly() and self._owns() and not _tfi.op_callbacks.should_invoke_op_callbacks()
+        return (caller in wrapper_codes() and tf.executing_eagerly() and self._owns()
+                and not _tfi.op_callbacks.should_invoke_op_callbacks())
 
     def expect(self, seeds: tuple) -> None:
         """The next draw with ``seeds`` is served (the tool has skipped its cache clear)."""

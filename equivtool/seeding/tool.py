@@ -141,10 +141,7 @@ def _seeded_get_seed(op_seed=None):
 
 
 from equivtool.seeding._keras3 import Keras3RandomPatch  # noqa: E402  (Keras 3's draws: its own module)
-from equivtool.seeding._fresh_kernels import FreshKernels, wrapper_codes  # noqa: E402
-
-#: The code of the tf.random wrappers whose kernel FreshKernels can serve (filled on first use).
-_SERVED_WRAPPERS: frozenset = frozenset()
+from equivtool.seeding._fresh_kernels import FreshKernels  # noqa: E402
 from equivtool.seeding._trace import (  # noqa: E402  (the trace: its own module)
     RandomOpRecord, TraceDivergence, TraceRecorder, _KERAS_PLUMBING, _as_shape, _describe_tf_op,
     _dtype_name, compare_random_traces)
@@ -352,8 +349,6 @@ class DeterministicRandomTestTool(TraceRecorder):
                 self._keras3 = Keras3RandomPatch(self._owns_thread)
                 self._keras3.install()
                 if self._constant:
-                    global _SERVED_WRAPPERS
-                    _SERVED_WRAPPERS = _SERVED_WRAPPERS or wrapper_codes()
                     self._fresh = FreshKernels(self._owns_thread)
                     self._fresh.install()
                 _random_seed.get_seed = _seeded_get_seed
@@ -433,8 +428,8 @@ class DeterministicRandomTestTool(TraceRecorder):
         fresh = None
         if self._constant:
             # An eager draw whose kernel call FreshKernels serves needs no cache clear.
-            fresh = self._fresh if (self._fresh is not None and sys._getframe(2).f_code in _SERVED_WRAPPERS
-                                    and self._fresh.can_serve()) else None
+            fresh = self._fresh if (self._fresh is not None
+                                    and self._fresh.can_serve(sys._getframe(2).f_code)) else None
             self._set_global_seed(op_seed, keep_kernels=fresh is not None)
         elif self._replay:  # a retrace: the first trace's seed for this op
             op_seed = self._replay.pop(0)
