@@ -175,6 +175,52 @@ def test_a_worker_that_dies_is_reported_and_nothing_hangs(tmp_path):
     assert "EQUIVALENT (" not in done.stdout.replace("NOT EQUIVALENT", "")
 
 
+def _old_run_here(self, here, job):
+    """The planted fault: the job's steps judged only once the whole job has run."""
+    from equivtool.engine import workers as _workers
+
+    def captured(step, outcome):
+        with self.lock:
+            self._captured(here, step.name, job.side, outcome)
+    seconds = _workers._run_job(self.engine, job.side, job.steps, job.inputs, job.release_after, captured)
+    with self.lock:
+        self._done(here, seconds)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_step_is_judged_here_as_soon_as_both_sides_are_in(monkeypatch, planted):
+    """While this process runs the pair's TF1 half, a step whose TF2 side is in
+    is judged before the half's next step runs (as with workers=1), so both
+    captures are dropped then rather than held to the end of the job. The TF1
+    side of ``parity`` waits here until the worker's is in."""
+    from equivtool.engine import workers as _workers
+    events, arrived = [], threading.Event()
+    captured, run_side = _workers._Parallel._captured, _workers._run_side
+
+    def watched_captured(self, slot, name, side, outcome):
+        captured(self, slot, name, side, outcome)
+        if (name, side) == ("parity", "tf2"):
+            arrived.set()
+
+    def watched_run_side(engine, step, side, tf1_capture):
+        if (step.name, side) == ("parity", "tf1"):
+            assert arrived.wait(120), "the worker's parity side never came"
+        events.append(("ran", step.name, side))
+        return run_side(engine, step, side, tf1_capture)
+
+    monkeypatch.setattr(_workers._Parallel, "_captured", watched_captured)
+    monkeypatch.setattr(_workers, "_run_side", watched_run_side)
+    if planted:
+        monkeypatch.setattr(_workers._Parallel, "_run_here", _old_run_here)
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=2,
+                                         steps=["variables_once", "parity", "fixed_weights", "gradients"],
+                                         progress=lambda result: events.append(("judged", result.name)))
+    assert report.passed, str(report)
+    assert ("ran", "fixed_weights", "tf1") in events and ("judged", "parity") in events, events
+    early = events.index(("judged", "parity")) < events.index(("ran", "fixed_weights", "tf1"))
+    assert early != planted, events
+
+
 def test_one_worker_process_is_the_in_process_run():
     report = equivtool.check_equivalence(slim_net, SlimNetShim, X, steps=["fixed_weights"], workers=1)
     assert report.passed and "workers" not in report.meta

@@ -186,6 +186,7 @@ class _Parallel:
         self.layer_names: set = set()  # the TF2 layers' names the workers saw
         self.count = min(workers, len(self.queue))  # processes in all, this one included
         self.pair_worker: _Slot | None = None
+        self.emitted = 0              # the steps judged and recorded so far, in run order (see _emit)
         self.jobs: list = []          # what each finished job ran, where, when it was handed over, how long
         self.began = time.monotonic()
         self.lock = threading.Condition()  # guards the queue, the captures and the slots
@@ -205,7 +206,7 @@ class _Parallel:
         self._wake_in.setblocking(False)  # a full buffer already means "look again"
         server = threading.Thread(target=self._serve_workers, args=(workers, wake_out),
                                   name="equivtool-workers", daemon=True)
-        emitted, failed = 0, True
+        failed = True
         try:
             for worker in workers:
                 try:
@@ -218,8 +219,8 @@ class _Parallel:
             if first is not None:
                 self._run_here(here, first)
             while True:
-                emitted = self._emit(emitted)
-                if emitted >= len(self.order):
+                self._emit()
+                if self.emitted >= len(self.order):
                     break
                 with self.lock:
                     if self.failure is not None:
@@ -234,7 +235,7 @@ class _Parallel:
                         self.lock.wait()
                         continue
                 if job is None:
-                    emitted = self._emit(emitted)
+                    self._emit()
                     break
                 self._wake()  # the server waits on the workers it gave jobs to
                 self._run_here(here, job)
@@ -276,6 +277,7 @@ class _Parallel:
         def captured(step, outcome):
             with self.lock:
                 self._captured(here, step.name, job.side, outcome)
+            self._emit()  # this step, and any before it, if the other side is in
 
         seconds = _run_job(self.engine, job.side, job.steps, job.inputs, job.release_after, captured)
         with self.lock:
@@ -297,11 +299,15 @@ class _Parallel:
             for side in ("tf1", "tf2"):
                 self.captures.setdefault((step.name, side), _died(f"not run: {reason}"))
 
-    def _emit(self, emitted: int) -> int:
+    def _emit(self) -> None:
         """Judge and record the steps, in run order, whose sides are both in (or
-        whose TF1 side did not succeed: an in-process run would stop there)."""
-        while emitted < len(self.order):
-            step = self.order[emitted]
+        whose TF1 side did not succeed: an in-process run would stop there). On
+        the main thread only: between jobs, and between the steps of a job it runs
+        (as ``workers=1`` judges each step before the next), so that a step's
+        captures (a model's values per training step and side) are dropped as soon
+        as both are in, not held to the end of the job."""
+        while self.emitted < len(self.order):
+            step = self.order[self.emitted]
             with self.lock:
                 self.engine.layer_names.update(self.layer_names)
                 tf1 = self.captures.get((step.name, "tf1"))
@@ -311,8 +317,7 @@ class _Parallel:
             self.engine.record(self._judge(step, tf1, tf2))
             del tf1, tf2
             self._forget(step)
-            emitted += 1
-        return emitted
+            self.emitted += 1
 
     def _forget(self, step) -> None:
         """Drop ``step``'s captures once it is judged: their outputs and variable
