@@ -247,7 +247,7 @@ def _optimizer_judge(e: "Engine", tf1: dict, tf2: dict) -> StepResult:
             [{"loss": np.float32(loss), "variables": values} for loss, values in zip(tf2["losses"], tf2["variables"])],
             tf2.get("repeated") or {}, tf2.get("squares"), tf1["optimizer"])
         notes += _bessel.first_step_notes(tf1.get("moving_start"), tf2.get("moving_start"), tf1["variables"],
-                                          tf2["variables"], o.inputs, after_one_update=not e.tf1_half.distributed)
+                                          tf2["variables"], o.inputs, after_one_update=o.strategy is None)
     losses = [[float(a), float(b)] for a, b in zip(tf1["losses"], tf2["losses"])]
     compared = [key for key in (tf1["variables"] or [{}])[0] if key in (tf2["variables"] or [{}])[0]]
     data = {"steps": o.train_steps, "first_failing_step": failed_at, "losses": losses,
