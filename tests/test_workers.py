@@ -221,6 +221,77 @@ def test_a_step_is_judged_here_as_soon_as_both_sides_are_in(monkeypatch, planted
     assert early != planted, events
 
 
+def _count_matches(monkeypatch) -> list:
+    """Keep every array in the workers, and record what each match found: ``[(matched, missing)]``."""
+    from equivtool.engine import _kept
+    monkeypatch.setattr(_kept, "KEEP_BYTES", 1)
+    found, match = [], _kept.match
+
+    def counted(capture, other):
+        matched, missing = match(capture, other)
+        found.append((len(_kept.kept(capture)) - len(missing), len(missing)))
+        return matched, missing
+    monkeypatch.setattr(_kept, "match", counted)
+    return found
+
+
+def test_kept_arrays_give_the_numbers_and_verdicts_of_one_process(monkeypatch):
+    """Every array a worker sends is kept there and matched to this side's by its
+    digest; those that differ are asked for: more of them with a planted fault
+    (its outputs differ) than without (a few values of the training steps differ in
+    their last bits). Either way the report is the one-process report, leaf for leaf."""
+    found = _count_matches(monkeypatch)
+    missing = {}
+    for planted in (False, True):
+        layer = functools.partial(SlimNetShim, bn_epsilon=1.1e-3) if planted else SlimNetShim
+        one, two = both(slim_net, layer, X, steps=["fixed_weights", "random", "gradients"])
+        assert two.passed != planted and summary(one) == summary(two), str(two)
+        assert sum(matched for matched, _ in found) > 0, found
+        missing[planted] = sum(count for _, count in found)
+        found.clear()
+    assert missing[True] > missing[False], missing
+    assert _worker_children() == [] and not _serving_threads()
+
+
+def test_a_worker_that_dies_keeping_arrays_is_reported_on_their_steps(monkeypatch):
+    """The worker runs the pair's TF2 half and keeps its arrays, then dies in its
+    next job (a TF1 side) before this process's TF1 half is in: the steps whose
+    arrays it kept are reported as its death, the check ends."""
+    from equivtool.engine import workers as _workers
+    _count_matches(monkeypatch)
+    gone, receive = _GONE, _workers._Parallel._receive
+    gone.clear()
+
+    def watched(self, worker, message):
+        try:
+            return receive(self, worker, message)
+        finally:
+            if message is None:
+                gone.set()
+
+    monkeypatch.setattr(_workers._Parallel, "_receive", watched)
+    report = equivtool.check_equivalence(_dies_in_a_worker, SlimNetShim, X, workers=2,
+                                         steps=["fixed_weights", "random"])
+    assert not report.passed
+    kept = [step.name for step in report.steps if "while keeping the TF2 side of this step" in (step.message or "")]
+    assert "fixed_weights" in kept and "random/constant/training" in kept, str(report)
+    for name in kept:
+        assert report.step(name).status == "error" and "exit code 7" in report.step(name).message
+    assert any("while running the TF1 side" in (step.message or "") for step in report.steps), str(report)
+    assert _worker_children() == [] and not _serving_threads()
+
+
+_GONE = threading.Event()  # set here when a worker has ended (the test wraps _Parallel._receive)
+
+
+def _dies_in_a_worker(x, training):
+    """slim_net; in a worker process it ends that process, here it first waits until a worker has."""
+    if getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) == "equivtool.engine.workers":
+        os._exit(7)
+    assert _GONE.wait(120), "no worker ended"
+    return slim_net(x, training)
+
+
 def test_one_worker_process_is_the_in_process_run():
     report = equivtool.check_equivalence(slim_net, SlimNetShim, X, steps=["fixed_weights"], workers=1)
     assert report.passed and "workers" not in report.meta

@@ -13,7 +13,12 @@ interpreter holding TensorFlow (about 600 MB) and the wait for it to start.
 What crosses a process: the check's options, once per worker (pickled with
 cloudpickle, so lambdas and functions defined in ``__main__`` travel by value;
 importable ones by reference, with the parent's ``sys.path``), and each side's
-capture coming back (NumPy arrays, names, flags). A side that raises comes
+capture coming back (NumPy arrays, names, flags). A worker sends a capture's
+large arrays as digests and keeps them; once the other side of the step is in,
+each is matched to an array of that side with the same bytes (most are: the same
+initial values, read back) and only the others are asked for (see
+:mod:`equivtool.engine._kept`): a model's values cross once at most, and
+usually not at all. A side that raises comes
 back as the same one-line message and full traceback an in-process run
 reports. A worker that dies is reported on every side it had not finished;
 nothing waits on it.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -38,6 +44,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Callable
 
+from equivtool.engine import _kept
 from equivtool.engine import send as _send
 from equivtool.engine import signals as _signals
 
@@ -103,15 +110,18 @@ class _Worker(_Slot):
         child.close()
         self.pid = self.process.pid
         self.conn = Connection(parent.detach())
+        self.fetching: set = set()  # (step name, side) whose kept arrays were asked for, not yet come
 
     def setup(self, payload: bytes, workdir: str | None) -> None:
         """The options; sent once every worker is starting, so that their imports overlap
         (a large payload waits until the worker reads it)."""
         self.conn.send(("setup", list(sys.path), payload, workdir))
 
-    def start(self, job: _Job) -> None:
+    def start(self, job: _Job, keep: tuple) -> None:
+        """Run ``job``; ``keep``: ``(step names, bytes)``, the arrays of that size or
+        larger in those steps' captures are kept there (see :mod:`equivtool.engine._kept`)."""
         self.take(job)
-        self.conn.send(("run", job.side, [step.name for step in job.steps], job.inputs, job.release_after))
+        self.conn.send(("run", job.side, [step.name for step in job.steps], job.inputs, job.release_after, keep))
 
     def died(self) -> str:
         try:
@@ -187,6 +197,7 @@ class _Parallel:
         self.count = min(workers, len(self.queue))  # processes in all, this one included
         self.pair_worker: _Slot | None = None
         self.emitted = 0              # the steps judged and recorded so far, in run order (see _emit)
+        self.unresolved: dict = {}    # (step name, side) -> the worker keeping some of its capture's arrays
         self.jobs: list = []          # what each finished job ran, where, when it was handed over, how long
         self.began = time.monotonic()
         self.lock = threading.Condition()  # guards the queue, the captures and the slots
@@ -227,7 +238,7 @@ class _Parallel:
                         raise self.failure
                     self._dispatch(workers)
                     job = self._claim(here)
-                    if job is None and not any(w.job is not None for w in workers):
+                    if job is None and not any(w.job is not None or w.fetching for w in workers):
                         # nothing more can come: what is left was owed by dead workers
                         self._fail_unowned(workers)
                     elif job is None:
@@ -312,8 +323,12 @@ class _Parallel:
                 self.engine.layer_names.update(self.layer_names)
                 tf1 = self.captures.get((step.name, "tf1"))
                 tf2 = self.captures.get((step.name, "tf2"))
-            if tf1 is None or (tf1[0] == "ok" and tf2 is None):
-                break
+                if tf1 is None or (tf1[0] == "ok" and tf2 is None):
+                    break
+                if tf1[0] == "ok" and tf2[0] == "ok" and not self._resolve(step.name):
+                    break  # a worker's kept arrays asked for
+                tf1 = self.captures.get((step.name, "tf1"))
+                tf2 = self.captures.get((step.name, "tf2"))
             self.engine.record(self._judge(step, tf1, tf2))
             del tf1, tf2
             self._forget(step)
@@ -322,9 +337,44 @@ class _Parallel:
     def _forget(self, step) -> None:
         """Drop ``step``'s captures once it is judged: their outputs and variable
         values (a model's worth per training step and side) are not needed again,
-        and kept they would add up over the check."""
+        and kept they would add up over the check (in a worker too)."""
         with self.lock:
-            self.captures[(step.name, "tf1")] = self.captures[(step.name, "tf2")] = _JUDGED
+            for key in ((step.name, "tf1"), (step.name, "tf2")):
+                self.captures[key] = _JUDGED
+                worker = self.unresolved.pop(key, None)
+                if worker is not None and key not in worker.fetching:
+                    self._tell(worker, ("drop", *key))
+
+    def _resolve(self, name: str) -> bool:
+        """Whether both sides of step ``name`` hold all their arrays (under the lock).
+        A side whose worker kept some gets the other side's arrays with the same
+        bytes in their place; the rest are asked for (``False`` until they come).
+        When both sides were kept by workers, the TF1 side's are asked for first."""
+        keys = ((name, "tf1"), (name, "tf2"))
+        for key, other in (keys, keys[::-1]):
+            worker = self.unresolved.get(key)
+            if worker is None or key in worker.fetching or (key[1] == "tf2" and other in self.unresolved):
+                continue
+            outcome = self.captures[key]
+            if other in self.unresolved:  # kept elsewhere too: nothing here to match yet
+                capture, missing = outcome[1], [leaf.index for leaf in _kept.kept(outcome[1])]
+            else:
+                capture, missing = _kept.match(outcome[1], self.captures[other][1])
+            self.captures[key] = ("ok", capture, outcome[2])
+            if missing:
+                worker.fetching.add(key)
+                self._tell(worker, ("fetch", *key, missing))
+            else:
+                del self.unresolved[key]
+                self._tell(worker, ("drop", *key))
+        return not any(key in self.unresolved for key in keys)
+
+    @staticmethod
+    def _tell(worker: _Worker, message) -> None:
+        try:
+            worker.conn.send(message)
+        except OSError:  # gone: the end of its connection says so (see _receive)
+            pass
 
     def _judge(self, step, tf1, tf2):
         from equivtool.engine.run import judge
@@ -353,7 +403,8 @@ class _Parallel:
                     continue
             self.queue.remove(job)
             try:
-                target.start(job)
+                target.start(job, ([step.name for step in job.steps  # (a later step's TF1 side travels on)
+                                    if not (job.side == "tf1" and step.name in self.later)], _kept.KEEP_BYTES))
             except OSError:
                 dead = target.died()
                 for step in job.steps:
@@ -389,7 +440,8 @@ class _Parallel:
                     if self.stopping:
                         return
                     self._dispatch(workers)
-                    busy = [w for w in workers if w.job is not None]
+                    keeping = set(self.unresolved.values())
+                    busy = [w for w in workers if w.job is not None or w in keeping]
                 for ready in wait([w.conn for w in busy] + [wake]):
                     if ready is wake:
                         wake.recv(4096)
@@ -411,12 +463,26 @@ class _Parallel:
             dead = worker.died()
             for name, side in worker.pending:
                 self.captures[(name, side)] = _died(f"{dead} while running the {side.upper()} side of this step")
-            worker.pending = set()
+            for key in [key for key, keeper in self.unresolved.items() if keeper is worker]:
+                del self.unresolved[key]
+                self.captures[key] = _died(f"{dead} while keeping the {key[1].upper()} side of this step")
+            worker.pending, worker.fetching = set(), set()
             self.lock.notify_all()
         elif message[0] == "capture":
             _, name, side, outcome, layer_names = message
             self.layer_names.update(layer_names)  # the engine's, on the main thread (see _emit)
+            if outcome[0] == "ok" and _kept.kept(outcome[1]):
+                self.unresolved[(name, side)] = worker
             self._captured(worker, name, side, outcome)
+        elif message[0] == "arrays":  # kept arrays asked for (see _resolve)
+            _, name, side, arrays = message
+            key = (name, side)
+            worker.fetching.discard(key)
+            if self.unresolved.pop(key, None) is not None:  # (else judged meanwhile: dropped)
+                outcome = self.captures[key]
+                self.captures[key] = ("ok", _kept.fill(outcome[1], arrays), outcome[2])
+            del arrays
+            self.lock.notify_all()
         elif message[0] == "done":
             self._done(worker, message[1])
 
@@ -459,13 +525,64 @@ def _run_job(engine: "Engine", side: str, steps: list, inputs: dict, release_aft
     return time.perf_counter() - started
 
 
+class _Outbox:
+    """What a worker sends its parent, from its main thread (what each job
+    yields) and from the thread reading the parent's messages (kept arrays
+    asked for), one message at a time; and the arrays it keeps until the
+    parent asks for them or lets them go (see :mod:`equivtool.engine._kept`)."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.kept: dict = {}  # (step name, side) -> {index: array}
+
+    def send(self, message) -> None:
+        with self.lock:
+            _send.send_with_buffers(self.conn, message)
+
+    def capture(self, name: str, side: str, outcome: tuple, layer_names: list, keep: int | None) -> None:
+        """Send a side's outcome; with ``keep`` (bytes), its arrays that large or larger are kept here."""
+        if keep is not None and outcome[0] == "ok":
+            capture, arrays = _kept.keep(outcome[1], keep)
+            if arrays:
+                with self.lock:
+                    self.kept[(name, side)] = arrays
+                outcome = ("ok", capture, outcome[2])
+        self.send(("capture", name, side, outcome, layer_names))
+
+    def answer(self, message) -> None:
+        """The parent's ``("fetch", name, side, indices)`` or ``("drop", name, side)``."""
+        with self.lock:
+            arrays = self.kept.pop((message[1], message[2]), {})
+        if message[0] == "fetch":
+            self.send(("arrays", message[1], message[2], {index: arrays[index] for index in message[3]}))
+
+
+def _read(conn: Connection, outbox: _Outbox, inbox: queue.Queue) -> None:
+    """The parent's messages: kept arrays asked for are sent (or let go) from
+    here at once, while the main thread may be running a job; the rest go to the
+    main thread, then None when the parent is gone."""
+    try:
+        while True:
+            message = conn.recv()
+            if message[0] in ("fetch", "drop"):
+                outbox.answer(message)
+            else:
+                inbox.put(message)
+    except (EOFError, OSError):
+        pass
+    finally:
+        inbox.put(None)
+
+
 def _serve(conn: Connection) -> "Engine | None":
     """Run what the parent sends until it says "exit" or is gone; the engine built, if any."""
     engine, broken = None, None   # broken: the outcome of every side when the options could not be read
+    outbox, inbox = _Outbox(conn), queue.Queue()
+    threading.Thread(target=_read, args=(conn, outbox, inbox), name="equivtool-parent", daemon=True).start()
     while True:
-        try:
-            message = conn.recv()
-        except EOFError:  # the parent is gone
+        message = inbox.get()
+        if message is None:  # the parent is gone
             return engine
         kind = message[0]
         if kind == "setup":
@@ -481,13 +598,13 @@ def _serve(conn: Connection) -> "Engine | None":
                           full_traceback(exc), 0.0)
         elif kind == "run":
             from equivtool.engine import registry as _steps
-            _, side, names, inputs, release_after = message
+            _, side, names, inputs, release_after, keep = message
             steps = [_steps.get_step(name) for name in names]
 
             def send(step, outcome):
                 names_seen = engine.layer_names if engine is not None else ()
-                _send.send_with_buffers(conn, ("capture", step.name, side, outcome,
-                                               sorted(n for n in names_seen if isinstance(n, str))))
+                outbox.capture(step.name, side, outcome, sorted(n for n in names_seen if isinstance(n, str)),
+                               keep[1] if step.name in keep[0] else None)
 
             if broken:
                 for step in steps:
@@ -495,7 +612,7 @@ def _serve(conn: Connection) -> "Engine | None":
                 seconds = 0.0
             else:
                 seconds = _run_job(engine, side, steps, inputs, release_after, send)
-            conn.send(("done", seconds))
+            outbox.send(("done", seconds))
         elif kind == "exit":
             return engine
 
