@@ -18,12 +18,22 @@ script times, in one run on one machine, for each model asked for:
   order, so a ``num_random_ops`` training pass built after an inference pass
   in the same graph draws other dropout masks (RESULTS.md, "One graph per
   mode?"): that mode needs a graph per pass, and so does the constant-mode
-  pair, whose passes the engine builds apart too. The plan is four TF1 jobs
-  (constant mode: inference graph; training graph with gradients;
-  ``num_random_ops``: inference graph; training graph) and three TF2 jobs
-  (the constant-mode layer's inference and training calls with gradients, a
-  layer per ``num_random_ops`` pass), each timed alone; the plan floor on
-  two processes is the larger of the longest job and half their sum;
+  pair, whose passes the engine builds apart too. The ``fixed_weights`` step
+  shares the constant-mode inference build but not its pass (other weights):
+  one more inference run of that graph, one more inference call of that
+  layer. The plan is four TF1 jobs (constant mode: inference graph, run twice;
+  training graph with gradients; ``num_random_ops``: inference graph; training
+  graph) and three TF2 jobs (the constant-mode layer's two inference calls and
+  its training call with gradients, a layer per ``num_random_ops`` pass), each
+  timed alone; the plan floor on two processes is the larger of the longest
+  job and half their sum (the fixed values themselves, made and put in place,
+  are left out: a floor errs low);
+- the work: the check's CPU seconds (both processes) against the sum of the
+  fast-build plan's jobs' CPU seconds. On 2 cores the plan floor's "half the
+  sum" assumes two jobs at once run as fast as each alone, but a job alone
+  already runs its ops on both cores; this ratio says how much more the check
+  computes, whatever the scheduling (CPU time also counts TensorFlow's threads
+  spinning while they wait for work, on both sides of the ratio);
 - both floors again with their TF1 graphs built under the check's own
   graph-building shortcut (``equivtool._platform.graph_building``: the same
   graph, without the quadratic variable hashing of TF1-style layers' builds,
@@ -66,17 +76,21 @@ import tensorflow as tf
 import check_floor
 kind, model = sys.argv[1], sys.argv[2]
 tf1_fn, make_layer, inputs = check_floor.model(model)
-started = time.perf_counter()
+started, cpu = time.perf_counter(), check_floor.cpu_seconds()
 if kind == "check":
     report = equivtool.check_equivalence(tf1_fn, make_layer, inputs, workers=2)
-    result = {{"seconds": time.perf_counter() - started, "verdict": str(report.verdict)}}
+    result = {{"seconds": time.perf_counter() - started, "verdict": str(report.verdict),
+              "cpu": check_floor.cpu_seconds() - cpu}}
 elif kind in ("tf1", "tf1_fast"):
     result = {{"seconds": check_floor.tf1_one_graph(tf1_fn, inputs, fast=kind == "tf1_fast")}}
 elif kind == "tf2":
     result = {{"seconds": check_floor.tf2_layer_jobs(make_layer, inputs, layers=1)[0]}}
 else:
-    result = {{"tf1": check_floor.tf1_plan(tf1_fn, inputs), "tf1_fast": check_floor.tf1_plan(tf1_fn, inputs, fast=True),
-              "tf2": check_floor.tf2_layer_jobs(make_layer, inputs, layers=3)}}
+    fast_cpu, tf2_cpu = [], []
+    result = {{"tf1": check_floor.tf1_plan(tf1_fn, inputs),
+              "tf1_fast": check_floor.tf1_plan(tf1_fn, inputs, fast=True, cpu=fast_cpu),
+              "tf2": check_floor.tf2_layer_jobs(make_layer, inputs, layers=3, cpu=tf2_cpu)}}
+    result["cpu_fast"] = fast_cpu + tf2_cpu
 print("RESULT " + json.dumps(result))
 """
 
@@ -115,11 +129,20 @@ def _tf1_loss(tf, out):
     return loss + (tf.add_n(reg) if reg else 0.0)
 
 
-def _tf1_run(tf1_fn, inputs, passes, fast: bool = False) -> float:
+def cpu_seconds() -> float:
+    """CPU seconds of this process (all its threads) and of its children it has waited for."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _tf1_run(tf1_fn, inputs, passes, fast: bool = False, cpu: list | None = None, runs: int = 1) -> float:
     """Seconds to build ``passes`` (``(training, gradients)`` pairs) in one graph, the
-    later ones reusing the first's variables, initialise, and run each once; with
+    later ones reusing the first's variables, initialise, and run each ``runs`` times; with
     ``fast``, built under the check's graph-building shortcut
-    (``equivtool._platform.graph_building``: the same graph, built faster)."""
+    (``equivtool._platform.graph_building``: the same graph, built faster). Its CPU
+    seconds are appended to ``cpu``, if given."""
     import contextlib
 
     import tensorflow as tf
@@ -127,7 +150,7 @@ def _tf1_run(tf1_fn, inputs, passes, fast: bool = False) -> float:
     from equivtool._platform.graph_building import fast_graph_building
 
     v1 = tf.compat.v1
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), cpu_seconds()
     graph = tf.Graph()
     with graph.as_default(), (fast_graph_building() if fast else contextlib.nullcontext()):
         x = v1.placeholder(tf.as_dtype(inputs.dtype), inputs.shape)
@@ -144,7 +167,10 @@ def _tf1_run(tf1_fn, inputs, passes, fast: bool = False) -> float:
     with v1.Session(graph=graph) as session:
         session.run(init)
         for wanted in fetches:
-            session.run(wanted, {x: inputs})
+            for _ in range(runs):
+                session.run(wanted, {x: inputs})
+    if cpu is not None:
+        cpu.append(cpu_seconds() - cpu_started)
     return time.perf_counter() - started
 
 
@@ -153,31 +179,37 @@ def tf1_one_graph(tf1_fn, inputs, fast: bool = False) -> float:
     return _tf1_run(tf1_fn, inputs, [(False, False), (True, True)], fast)
 
 
-def tf1_plan(tf1_fn, inputs, fast: bool = False) -> list:
-    """The plan's four TF1 jobs, each a graph of its own, timed alone (seconds)."""
-    return [_tf1_run(tf1_fn, inputs, [job], fast)
-            for job in ((False, False), (True, True), (False, False), (True, False))]
+def tf1_plan(tf1_fn, inputs, fast: bool = False, cpu: list | None = None) -> list:
+    """The plan's four TF1 jobs, each a graph of its own, timed alone (seconds; CPU
+    seconds appended to ``cpu``); the first runs twice (constant mode, fixed weights)."""
+    return [_tf1_run(tf1_fn, inputs, [job], fast, cpu, runs)
+            for job, runs in (((False, False), 2), ((True, True), 1), ((False, False), 1), ((True, False), 1))]
 
 
-def tf2_layer_jobs(make_layer, inputs, layers: int) -> list:
-    """TF2 jobs: the first layer's inference call, training call under a tape and its
-    gradients; then ``layers - 1`` fresh layers with one call each (inference, training)."""
+def tf2_layer_jobs(make_layer, inputs, layers: int, cpu: list | None = None) -> list:
+    """TF2 jobs: the first layer's inference call, a second one (the fixed weights'
+    pass), a training call under a tape and its gradients; then ``layers - 1`` fresh
+    layers with one call each (inference, training). Seconds each (CPU seconds
+    appended to ``cpu``). With ``layers=1`` (the pass floor) one inference call."""
     import tensorflow as tf
 
-    times = []
-    started = time.perf_counter()
+    times, cpu = [], [] if cpu is None else cpu
+    started, cpu_started = time.perf_counter(), cpu_seconds()
     layer = make_layer()
     x = tf.constant(inputs)
-    layer(x, training=False)
+    for _ in range(2 if layers > 1 else 1):
+        layer(x, training=False)
     with tf.GradientTape() as tape:
         out = layer(x, training=True)
         loss = tf.reduce_mean(tf.square(_primary(out))) + tf.add_n(layer.losses or [tf.constant(0.0)])
     tape.gradient(loss, layer.trainable_variables)
     times.append(time.perf_counter() - started)
+    cpu.append(cpu_seconds() - cpu_started)
     for training in (False, True)[:layers - 1]:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), cpu_seconds()
         make_layer()(x, training=training)
         times.append(time.perf_counter() - started)
+        cpu.append(cpu_seconds() - cpu_started)
     return times
 
 
@@ -215,13 +247,15 @@ def measure(spec: str) -> dict:
     return {"model": spec, "check": check["seconds"], "verdict": check["verdict"], "floor": floor,
             "plan_floor": plan_floor(plan["tf1"] + plan["tf2"]), "floor_fast": floor_fast,
             "plan_floor_fast": plan_floor(plan["tf1_fast"] + plan["tf2"]), "tf1_jobs": plan["tf1"],
-            "tf1_fast_jobs": plan["tf1_fast"], "tf2_jobs": plan["tf2"], "load": (load, os.getloadavg()[0])}
+            "tf1_fast_jobs": plan["tf1_fast"], "tf2_jobs": plan["tf2"], "load": (load, os.getloadavg()[0]),
+            "check_cpu": check["cpu"], "plan_cpu_fast": sum(plan["cpu_fast"])}
 
 
 HEADER = ("| model | check s | pass floor s | check / pass floor | plan floor s | check / plan floor | "
           "fast-build pass floor s | check / it | fast-build plan floor s | check / it (goal <= 1.3x) | "
-          "TF1 jobs s | fast-build TF1 jobs s | TF2 jobs s | load 1 min before/after | verdict |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "TF1 jobs s | fast-build TF1 jobs s | TF2 jobs s | check CPU s / fast-build jobs' CPU s | "
+          "load 1 min before/after | verdict |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def row(r: dict) -> str:
@@ -230,7 +264,9 @@ def row(r: dict) -> str:
     return (f"| {r['model']} | {r['check']:.1f} | {r['floor']:.1f} | {ratio(r['floor'])} | "
             f"{r['plan_floor']:.1f} | {ratio(r['plan_floor'])} | {r['floor_fast']:.1f} | {ratio(r['floor_fast'])} | "
             f"{r['plan_floor_fast']:.1f} | {ratio(r['plan_floor_fast'])} | {jobs(r['tf1_jobs'])} | "
-            f"{jobs(r['tf1_fast_jobs'])} | {jobs(r['tf2_jobs'])} | {r['load'][0]:.2f}/{r['load'][1]:.2f} | "
+            f"{jobs(r['tf1_fast_jobs'])} | {jobs(r['tf2_jobs'])} | "
+            f"{r['check_cpu']:.1f} / {r['plan_cpu_fast']:.1f} ({r['check_cpu'] / r['plan_cpu_fast']:.2f}x) | "
+            f"{r['load'][0]:.2f}/{r['load'][1]:.2f} | "
             f"{r['verdict']} |")
 
 

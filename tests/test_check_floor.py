@@ -39,9 +39,42 @@ def test_the_floor_graph_builds_each_variable_once(monkeypatch):
 
 
 def test_the_plan_times_four_tf1_jobs_and_three_tf2_layers():
-    tf1 = check_floor.tf1_plan(_shim().tf1_fn, X)
-    tf2 = check_floor.tf2_layer_jobs(_shim, X, layers=3)
+    cpu = []
+    tf1 = check_floor.tf1_plan(_shim().tf1_fn, X, cpu=cpu)
+    tf2 = check_floor.tf2_layer_jobs(_shim, X, layers=3, cpu=cpu)
     assert len(tf1) == 4 and len(tf2) == 3 and all(t > 0 for t in tf1 + tf2)
+    assert len(cpu) == 7 and all(c > 0 for c in cpu)  # each job's CPU seconds
+
+
+def test_the_plan_has_the_fixed_weights_pass_on_each_side(monkeypatch):
+    """fixed_weights shares the constant-mode inference build, not its pass: the
+    first TF1 job runs the inference fetches twice (after the initialiser), the
+    first TF2 layer makes two inference calls before its training call."""
+    runs, real_run = [], tf.compat.v1.Session.run
+
+    def counting(self, fetches, *args, **kwargs):
+        runs.append(self.graph)
+        return real_run(self, fetches, *args, **kwargs)
+    monkeypatch.setattr(tf.compat.v1.Session, "run", counting)
+    check_floor.tf1_plan(_shim().tf1_fn, X)
+    per_graph = [runs.count(graph) for graph in dict.fromkeys(runs)]
+    assert per_graph == [3, 2, 2, 2], per_graph  # the initialiser, then the passes
+
+    calls = []
+
+    def make_layer():
+        layer = _shim()
+        real_call = layer.call
+
+        def call(inputs, training=None):
+            calls.append((id(layer), bool(training)))
+            return real_call(inputs, training=training)
+        layer.call = call
+        return layer
+    check_floor.tf2_layer_jobs(make_layer, X, layers=3)
+    first = [training for layer, training in calls if layer == calls[0][0]]
+    assert first == [False, False, True], calls
+    assert len({layer for layer, _ in calls}) == 3
 
 
 def test_the_fast_build_floor_builds_under_the_checks_shortcut():
@@ -68,10 +101,12 @@ def test_a_row_states_the_check_over_each_floor():
                            "floor_fast": 15.0, "plan_floor_fast": 25.0,
                            "tf1_jobs": [1.0, 2.0, 3.0, 4.0], "tf1_fast_jobs": [1.0, 1.0, 1.0, 1.0],
                            "tf2_jobs": [1.0, 1.0, 1.0],
-                           "load": (1.0, 1.5), "verdict": "Verdict: EQUIVALENT (8 passed)"})
+                           "load": (1.0, 1.5), "verdict": "Verdict: EQUIVALENT (8 passed)",
+                           "check_cpu": 45.0, "plan_cpu_fast": 30.0})
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:10] == ["net", "30.0", "10.0", "3.00x", "20.0", "1.50x", "15.0", "2.00x", "25.0", "1.20x"]
     assert cells[10] == "1.0 + 2.0 + 3.0 + 4.0" and cells[11] == "1.0 + 1.0 + 1.0 + 1.0"
+    assert cells[13] == "45.0 / 30.0 (1.50x)"
     assert cells[-1] == "Verdict: EQUIVALENT (8 passed)"
     assert len(cells) == check_floor.HEADER.splitlines()[0].count("|") - 1
 
