@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -251,6 +252,47 @@ def test_kept_arrays_give_the_numbers_and_verdicts_of_one_process(monkeypatch):
         found.clear()
     assert missing[True] > missing[False], missing
     assert _worker_children() == [] and not _serving_threads()
+
+
+def test_kept_arrays_on_both_sides_give_the_numbers_of_one_process(monkeypatch):
+    """With three processes a step's two sides can both be kept by workers: the TF1
+    side's arrays are asked for whole, then the TF2 side's matched to them. This
+    process builds its TF1 half only once the workers have run every other job."""
+    from equivtool.engine import workers as _workers
+    _count_matches(monkeypatch)
+    both_kept, resolve, receive = [], _workers._Parallel._resolve, _workers._Parallel._receive
+    _JOBS_DONE.clear()
+
+    def watched(self, name):
+        if all((name, side) in self.unresolved for side in ("tf1", "tf2")):
+            both_kept.append(name)
+        return resolve(self, name)
+
+    def counted(self, worker, message):
+        if message is not None and message[0] == "done":
+            _JOBS_DONE.append(1)
+        return receive(self, worker, message)
+    monkeypatch.setattr(_workers._Parallel, "_resolve", watched)
+    monkeypatch.setattr(_workers._Parallel, "_receive", counted)
+    steps = ["fixed_weights", "random"]
+    one = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=1, steps=steps)
+    three = equivtool.check_equivalence(_tf1_last_here, SlimNetShim, X, workers=3, steps=steps)
+    assert three.passed and summary(one) == summary(three), str(three)
+    assert both_kept, "no step had both sides kept by workers"
+    assert _worker_children() == [] and not _serving_threads()
+
+
+_JOBS_DONE: list = []  # one entry per job a worker has ended (the test wraps _Parallel._receive)
+
+
+def _tf1_last_here(x, training):
+    """slim_net; here (not in a worker) it first waits until the workers have ended five jobs."""
+    if getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) != "equivtool.engine.workers":
+        deadline = time.monotonic() + 120
+        while len(_JOBS_DONE) < 5:
+            assert time.monotonic() < deadline, "the workers did not end five jobs"
+            time.sleep(0.05)
+    return slim_net(x, training)
 
 
 def test_a_worker_that_dies_keeping_arrays_is_reported_on_their_steps(monkeypatch):
