@@ -118,7 +118,7 @@ def test_a_planted_wrong_counter_is_caught(monkeypatch):
     assert _bits(_eager(draw, [8], tf.float32, 5, served=True)) != _bits(_graph(draw, [8], tf.float32, 5))
 
 
-def test_not_served_in_a_trace_on_another_thread_or_in_num_random_ops_mode(monkeypatch):
+def test_not_served_in_a_trace_or_on_another_thread(monkeypatch):
     spy = _Spy(monkeypatch)
     with DeterministicRandomTestTool(seed=4, mode="constant").scope():
         traced = tf.function(lambda: tf.random.uniform([6]))().numpy()
@@ -127,8 +127,6 @@ def test_not_served_in_a_trace_on_another_thread_or_in_num_random_ops_mode(monke
         thread.start()
         thread.join()
         shuffled = [tf.random.shuffle(tf.range(20)).numpy() for _ in range(2)]  # not served: cleared each time
-    with DeterministicRandomTestTool(seed=4, mode="num_random_ops").scope():
-        tf.random.uniform([6])
     assert spy.calls == 0
     assert _bits([traced]) == _bits(_graph(DRAWS["uniform"], [6], tf.float32, 4, count=1))
     assert np.array_equal(shuffled[0], shuffled[1]) and len(other) == 1
@@ -176,3 +174,98 @@ def test_not_served_under_an_op_callback_which_sees_the_stateful_op(monkeypatch)
         op_callbacks.remove_op_callback(callback)
     assert spy.calls == 0 and "RandomUniform" in seen and "StatelessRandomUniformV2" not in seen
     assert _bits(tapped) == _bits(_eager(DRAWS["uniform"], [5], tf.float32, 2, served=True, count=2))
+
+
+# -- num_random_ops mode: the scope entry's clear owed until a draw is not served --
+
+def _nro_eager(draws, seed, served: bool):
+    """Each of ``draws`` (functions of no argument) once in one num_random_ops scope,
+    eagerly; ``served=False``: the tool as it was (no twin, the clear at entry)."""
+    saved = _fresh_kernels.FreshKernels.can_serve
+    if not served:
+        _fresh_kernels.FreshKernels.can_serve = lambda self, caller: False
+    try:
+        with DeterministicRandomTestTool(seed=seed, mode="num_random_ops").scope():
+            return [draw().numpy() for draw in draws]
+    finally:
+        _fresh_kernels.FreshKernels.can_serve = saved
+
+
+def _nro_graph(draws, seed):
+    graph = tf.Graph()
+    with graph.as_default(), DeterministicRandomTestTool(seed=seed, mode="num_random_ops").scope():
+        tensors = [draw() for draw in draws]
+    with tf.compat.v1.Session(graph=graph) as session:
+        return session.run(tensors)
+
+
+def _cache_outside(kinds, shape, dtype, seed):
+    """Draw, outside any tool, with the seeds a num_random_ops scope of ``seed``
+    hands out ((seed, 0), (seed, 1), ...), so stateful kernels with those very
+    attributes stay cached when the scope opens."""
+    ops = {"normal": tf.random.normal, "truncated_normal": tf.random.truncated_normal}
+    tf.random.set_seed(seed)
+    for i, kind in enumerate(kinds):
+        if kind == "shuffle":
+            tf.random.shuffle(tf.range(30), seed=i)
+        else:
+            ops.get(kind, tf.random.uniform)(shape, dtype=dtype, seed=i)
+
+
+@pytest.fixture
+def global_seed_back():
+    yield
+    tf.random.set_seed(None)
+
+
+@settings(max_examples=20, deadline=None)
+@given(kinds=st.lists(st.sampled_from(sorted(DRAWS) + ["shuffle"]), min_size=1, max_size=5),
+       dtype=st.sampled_from([tf.float32, tf.float64, tf.float16]),
+       shape=st.lists(st.integers(1, 40), min_size=2, max_size=3), seed=st.integers(1, 2**62),
+       before=st.booleans())
+def test_num_random_ops_draws_have_the_bits_of_the_graph_whatever_was_cached(kinds, dtype, shape, seed, before):
+    """Served draws and draws that are not (shuffle, the first of which clears the
+    cache) in any order give a TF1 graph's bits and the old path's, also when
+    kernels with the scope's very seeds were left cached before it (``before``)."""
+    draws = [(lambda: tf.random.shuffle(tf.range(30))) if kind == "shuffle"
+             else (lambda kind=kind: DRAWS[kind](shape, dtype)) for kind in kinds]
+    try:
+        expected = _nro_graph(draws, seed)
+        if before:
+            _cache_outside(kinds, shape, dtype, seed)
+        assert _bits(_nro_eager(draws, seed, served=True)) == _bits(expected)
+        if before:
+            _cache_outside(kinds, shape, dtype, seed)
+        assert _bits(_nro_eager(draws, seed, served=False)) == _bits(expected)
+    finally:
+        tf.random.set_seed(None)
+
+
+def test_num_random_ops_clears_the_cache_at_the_first_draw_not_served(monkeypatch):
+    spy = _Spy(monkeypatch)
+    clears = []
+    from equivtool._platform import tf_internals
+    original = tf_internals.clear_eager_kernel_cache
+    monkeypatch.setattr(tf_internals, "clear_eager_kernel_cache", lambda: (clears.append(1), original())[1])
+    with DeterministicRandomTestTool(seed=4, mode="num_random_ops").scope():
+        tf.random.uniform([6])
+        tf.random.normal([6])
+        assert spy.calls == 2 and clears == []  # served: nothing owed yet
+        tf.random.shuffle(tf.range(5))
+        assert clears == [1]
+        tf.random.shuffle(tf.range(5))
+        tf.random.uniform([6])
+    assert spy.calls == 3 and clears == [1]  # owed once, made once
+
+
+def test_a_planted_skipped_clear_is_caught(monkeypatch, global_seed_back):
+    """Without the owed clear a stateful kernel cached before the scope with the
+    same seeds continues its stream: the comparison with the graph fails."""
+    draws = [lambda: tf.random.shuffle(tf.range(30))] * 2
+    expected = _nro_graph(draws, 11)
+    _cache_outside(["shuffle", "shuffle"], None, None, 11)
+    assert _bits(_nro_eager(draws, 11, served=True)) == _bits(expected)
+    from equivtool._platform import tf_internals
+    monkeypatch.setattr(tf_internals, "clear_eager_kernel_cache", lambda: None)
+    _cache_outside(["shuffle", "shuffle"], None, None, 11)
+    assert _bits(_nro_eager(draws, 11, served=True)) != _bits(expected)

@@ -30,6 +30,8 @@ SYMBOLS: dict[str, str] = {
     "random_seed": "tensorflow.python.framework.random_seed",
     # seeding: constant mode's eager random ops served by their stateless twins (seeding._fresh_kernels)
     "random_ops": "tensorflow.python.ops.random_ops",
+    # seeding: num_random_ops mode's kernel-cache clear, made at the first draw no twin serves
+    "pywrap_tfe": "tensorflow.python.pywrap_tfe",
     "gen_random_ops": "tensorflow.python.ops.gen_random_ops",
     "gen_stateless_random_ops_v2": "tensorflow.python.ops.gen_stateless_random_ops_v2",
     # seeding: static shapes of random ops in the trace
@@ -161,6 +163,14 @@ def set_eager_seed_keeping_kernels(seed: int) -> None:
     ctx = resolve("context").context()
     ctx._seed = seed
     ctx._rng = random.Random(int(seed))
+
+
+def clear_eager_kernel_cache() -> None:
+    """What ``tf.random.set_seed`` clears eagerly besides setting the seed: the eager
+    context's kernel cache (each stateful random kernel's state with it)."""
+    ctx = resolve("context").context()
+    if ctx._context_handle is not None:
+        resolve("pywrap_tfe").TFE_ContextClearCaches(ctx._context_handle)
 
 
 def keras_seed_generator():

@@ -1,4 +1,4 @@
-"""Constant mode's eager random ops, drawn without clearing TensorFlow's kernel cache.
+"""The random tool's eager random ops, drawn without clearing TensorFlow's kernel cache.
 
 In ``constant`` mode the tool (as the guide's) calls ``tf.random.set_seed``
 before every random op. Eagerly that also clears the eager context's kernel
@@ -25,6 +25,15 @@ clear for every dtype, shape and seed drawn), and no clear. Any other random
 op (``tf.random.shuffle``, gamma, multinomial, a raw op called directly), and
 every op in a graph or ``tf.function`` trace, takes the tool's ordinary path,
 the clear included.
+
+``num_random_ops`` mode gives every op seeds of its own, so it clears the cache
+only once, as its scope opens (a kernel cached by an earlier scope with the
+same seeds would continue that one's stream). Served draws need no such
+clear, so eagerly the scope owes it until the first draw that is not served
+and makes it then (``tf.random.shuffle``, a trace): a fresh layer built in that
+mode no longer rebuilds every kernel it runs. Raw ops called with seeds of
+their own never ask the tool for seeds, in either mode, and keep their cached
+kernels' streams as they do between calls.
 """
 
 from __future__ import annotations
@@ -65,7 +74,7 @@ def philox_state(seed: int, seed2: int) -> tuple:
 
 
 class FreshKernels:
-    """The replacement of :data:`TWINS` for one constant-mode scope.
+    """The replacement of :data:`TWINS` for one scope.
 
     :meth:`expect` arms it for one call with the given seeds (the tool asks
     :meth:`can_serve` first, and skips the cache clear only then); the next call

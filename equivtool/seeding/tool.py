@@ -254,7 +254,8 @@ class DeterministicRandomTestTool(TraceRecorder):
         self._saved_keras = _MISSING
         self._keras_slots: Optional[dict] = None
         self._keras3: Optional[Keras3RandomPatch] = None
-        self._fresh: Optional[FreshKernels] = None  # constant mode: eager draws without a cache clear
+        self._fresh: Optional[FreshKernels] = None  # eager draws served without a cache clear
+        self._clear_owed = False  # num_random_ops: the entry's kernel-cache clear not made yet
 
     # ---- public surface --------------------------------------------------
 
@@ -335,7 +336,11 @@ class DeterministicRandomTestTool(TraceRecorder):
             _active = self
             try:
                 # As the original: the global seed is the tool's seed to start with.
-                self._set_global_seed(self._seed)
+                # Eagerly that clears the kernel cache too; in num_random_ops mode the
+                # clear is owed until the first draw no stateless twin serves (a served
+                # draw is a fresh kernel's; see _next_seeds and seeding._fresh_kernels).
+                self._clear_owed = not self._constant and _context.executing_eagerly()
+                self._set_global_seed(self._seed, keep_kernels=self._clear_owed)
                 holder = _tfi.keras_seed_generator()
                 if holder is not None:
                     # _SEED_GENERATOR is a threading.local: its __dict__ is the
@@ -348,7 +353,7 @@ class DeterministicRandomTestTool(TraceRecorder):
                     slots["generator"] = _KerasSeedSource(self)
                 self._keras3 = Keras3RandomPatch(self._owns_thread)
                 self._keras3.install()
-                if self._constant:
+                if self._constant or self._clear_owed:
                     self._fresh = FreshKernels(self._owns_thread)
                     self._fresh.install()
                 _random_seed.get_seed = _seeded_get_seed
@@ -386,6 +391,7 @@ class DeterministicRandomTestTool(TraceRecorder):
             self._saved_keras = _MISSING
             self._keras3 = None
             self._fresh = None
+            self._clear_owed = False
             self._saved_global_seeds = {}
             self._owner = None
             if _active is self:
@@ -425,21 +431,16 @@ class DeterministicRandomTestTool(TraceRecorder):
     def _next_seeds(self) -> tuple:
         """The seed pair for the next stateful random op (the original's arithmetic)."""
         op_seed = self._operation_seed
-        fresh = None
+        # An eager draw whose kernel call FreshKernels serves needs no cache clear.
+        fresh = self._fresh if (self._fresh is not None
+                                and self._fresh.can_serve(sys._getframe(2).f_code)) else None
         if self._constant:
-            # An eager draw whose kernel call FreshKernels serves needs no cache clear.
-            fresh = self._fresh if (self._fresh is not None
-                                    and self._fresh.can_serve(sys._getframe(2).f_code)) else None
             self._set_global_seed(op_seed, keep_kernels=fresh is not None)
-        elif self._replay:  # a retrace: the first trace's seed for this op
-            op_seed = self._replay.pop(0)
         else:
-            if op_seed in self._observed_seeds:
-                raise ValueError(self._reuse_message(op_seed))
-            self._observed_seeds.add(op_seed)
-            self._operation_seed = op_seed + 1
-            if self._forward_log is not None and not self._creating:
-                self._forward_log.append(op_seed)
+            if fresh is None and self._clear_owed:  # the scope entry's clear, before the first draw it matters to
+                self._clear_owed = False
+                _tfi.clear_eager_kernel_cache()
+            op_seed = self._next_counted_seed(op_seed)
         if self._seed == 0 and op_seed == 0:
             # TensorFlow reads the pair (0, 0) as "no seed" and draws a random
             # one per op; its own get_seed substitutes (0, 2**31 - 1), so do we.
@@ -456,6 +457,18 @@ class DeterministicRandomTestTool(TraceRecorder):
                 len(self._trace), op_seed, op_type, shape, dtype,
                 user_frame_location(2)))
         return (self._seed, op_seed)
+
+    def _next_counted_seed(self, op_seed: int) -> int:
+        """num_random_ops mode: the counter's next seed (a retrace: the first trace's)."""
+        if self._replay:  # a retrace: the first trace's seed for this op
+            return self._replay.pop(0)
+        if op_seed in self._observed_seeds:
+            raise ValueError(self._reuse_message(op_seed))
+        self._observed_seeds.add(op_seed)
+        self._operation_seed = op_seed + 1
+        if self._forward_log is not None and not self._creating:
+            self._forward_log.append(op_seed)
+        return op_seed
 
     def _next_keras_seed(self, low: int, high: int) -> int:
         """A seed for a tf-keras initializer or RandomGenerator, from the tool's mode."""
