@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -261,7 +260,8 @@ def test_kept_arrays_on_both_sides_give_the_numbers_of_one_process(monkeypatch):
     from equivtool.engine import workers as _workers
     _count_matches(monkeypatch)
     both_kept, resolve, receive = [], _workers._Parallel._resolve, _workers._Parallel._receive
-    _JOBS_DONE.clear()
+    done = []
+    _FIVE_DONE.clear()
 
     def watched(self, name):
         if all((name, side) in self.unresolved for side in ("tf1", "tf2")):
@@ -269,9 +269,13 @@ def test_kept_arrays_on_both_sides_give_the_numbers_of_one_process(monkeypatch):
         return resolve(self, name)
 
     def counted(self, worker, message):
-        if message is not None and message[0] == "done":
-            _JOBS_DONE.append(1)
-        return receive(self, worker, message)
+        try:
+            return receive(self, worker, message)
+        finally:
+            if message is not None and message[0] == "done":
+                done.append(1)
+                if len(done) == 5:
+                    _FIVE_DONE.set()
     monkeypatch.setattr(_workers._Parallel, "_resolve", watched)
     monkeypatch.setattr(_workers._Parallel, "_receive", counted)
     steps = ["fixed_weights", "random"]
@@ -282,16 +286,13 @@ def test_kept_arrays_on_both_sides_give_the_numbers_of_one_process(monkeypatch):
     assert _worker_children() == [] and not _serving_threads()
 
 
-_JOBS_DONE: list = []  # one entry per job a worker has ended (the test wraps _Parallel._receive)
+_FIVE_DONE = threading.Event()  # set when workers have ended five jobs (the test wraps _Parallel._receive)
 
 
 def _tf1_last_here(x, training):
     """slim_net; here (not in a worker) it first waits until the workers have ended five jobs."""
     if getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) != "equivtool.engine.workers":
-        deadline = time.monotonic() + 120
-        while len(_JOBS_DONE) < 5:
-            assert time.monotonic() < deadline, "the workers did not end five jobs"
-            time.sleep(0.05)
+        assert _FIVE_DONE.wait(120), "the workers did not end five jobs"
     return slim_net(x, training)
 
 
