@@ -296,6 +296,43 @@ def _tf1_last_here(x, training):
     return slim_net(x, training)
 
 
+def test_no_step_is_lost_when_kept_arrays_come_back_at_once(monkeypatch):
+    """Kept arrays asked for may come back before this process looks again: the
+    check must still ask for the rest and judge every step (on TensorFlow 2.16 a
+    step whose two sides both needed fetching went missing from the report).
+    Here every judging pass waits until what it asked for is in; with a planted
+    fault the TF2 arrays match nothing, so each such step needs two fetches."""
+    from equivtool.engine import workers as _workers
+    _count_matches(monkeypatch)
+    receive, emit = _workers._Parallel._receive, _workers._Parallel._emit
+    _FIVE_DONE.clear()
+    done = []
+
+    def counted(self, worker, message):
+        try:
+            return receive(self, worker, message)
+        finally:
+            if message is not None and message[0] == "done":
+                done.append(1)
+                if len(done) == 5:
+                    _FIVE_DONE.set()
+
+    def slow_emit(self):
+        emit(self)
+        with self.lock:  # as if this thread were slow: the arrays asked for are in before it looks
+            while any(key in worker.fetching for key, worker in self.unresolved.items()):
+                self.lock.wait(1.0)
+    monkeypatch.setattr(_workers._Parallel, "_receive", counted)
+    monkeypatch.setattr(_workers._Parallel, "_emit", slow_emit)
+    layer = functools.partial(SlimNetShim, bn_epsilon=1.1e-3)
+    steps = ["fixed_weights", "random"]
+    one = equivtool.check_equivalence(slim_net, layer, X, workers=1, steps=steps)
+    three = equivtool.check_equivalence(_tf1_last_here, layer, X, workers=3, steps=steps)
+    assert [s.name for s in three.steps] == [s.name for s in one.steps]
+    assert summary(one) == summary(three), str(three)
+    assert _worker_children() == [] and not _serving_threads()
+
+
 def test_a_worker_that_dies_keeping_arrays_is_reported_on_their_steps(monkeypatch):
     """The worker runs the pair's TF2 half and keeps its arrays, then dies in its
     next job (a TF1 side) before this process's TF1 half is in: the steps whose

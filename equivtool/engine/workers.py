@@ -238,16 +238,15 @@ class _Parallel:
                         raise self.failure
                     self._dispatch(workers)
                     job = self._claim(here)
-                    if job is None and not any(w.job is not None or w.fetching for w in workers):
-                        # nothing more can come: what is left was owed by dead workers
-                        self._fail_unowned(workers)
-                    elif job is None:
-                        self._wake()
-                        self.lock.wait()
+                    if job is None:
+                        if any(w.job is not None or w.fetching for w in workers):
+                            self._wake()
+                            self.lock.wait()
+                        else:
+                            # no job runs and no kept array is on its way: what is left was owed
+                            # by dead workers (judging it may still ask a live one for arrays)
+                            self._fail_unowned(workers)
                         continue
-                if job is None:
-                    self._emit()
-                    break
                 self._wake()  # the server waits on the workers it gave jobs to
                 self._run_here(here, job)
             self._drain(workers)
