@@ -259,14 +259,30 @@ def test_kept_arrays_on_both_sides_give_the_numbers_of_one_process(monkeypatch):
     process builds its TF1 half only once the workers have run every other job."""
     from equivtool.engine import workers as _workers
     _count_matches(monkeypatch)
-    both_kept, resolve, receive = [], _workers._Parallel._resolve, _workers._Parallel._receive
-    done = []
-    _FIVE_DONE.clear()
+    _signal_five_jobs(monkeypatch)
+    both_kept, resolve = [], _workers._Parallel._resolve
 
     def watched(self, name):
         if all((name, side) in self.unresolved for side in ("tf1", "tf2")):
             both_kept.append(name)
         return resolve(self, name)
+    monkeypatch.setattr(_workers._Parallel, "_resolve", watched)
+    steps = ["fixed_weights", "random"]
+    one = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=1, steps=steps)
+    three = equivtool.check_equivalence(_tf1_last_here, SlimNetShim, X, workers=3, steps=steps)
+    assert three.passed and summary(one) == summary(three), str(three)
+    assert both_kept, "no step had both sides kept by workers"
+    assert _worker_children() == [] and not _serving_threads()
+
+
+_FIVE_DONE = threading.Event()  # set when workers have ended five jobs (see _signal_five_jobs)
+
+
+def _signal_five_jobs(monkeypatch) -> None:
+    """Wrap _Parallel._receive so that _FIVE_DONE is set once workers have ended five jobs."""
+    from equivtool.engine import workers as _workers
+    receive, done = _workers._Parallel._receive, []
+    _FIVE_DONE.clear()
 
     def counted(self, worker, message):
         try:
@@ -276,17 +292,7 @@ def test_kept_arrays_on_both_sides_give_the_numbers_of_one_process(monkeypatch):
                 done.append(1)
                 if len(done) == 5:
                     _FIVE_DONE.set()
-    monkeypatch.setattr(_workers._Parallel, "_resolve", watched)
     monkeypatch.setattr(_workers._Parallel, "_receive", counted)
-    steps = ["fixed_weights", "random"]
-    one = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=1, steps=steps)
-    three = equivtool.check_equivalence(_tf1_last_here, SlimNetShim, X, workers=3, steps=steps)
-    assert three.passed and summary(one) == summary(three), str(three)
-    assert both_kept, "no step had both sides kept by workers"
-    assert _worker_children() == [] and not _serving_threads()
-
-
-_FIVE_DONE = threading.Event()  # set when workers have ended five jobs (the test wraps _Parallel._receive)
 
 
 def _tf1_last_here(x, training):
@@ -304,25 +310,14 @@ def test_no_step_is_lost_when_kept_arrays_come_back_at_once(monkeypatch):
     fault the TF2 arrays match nothing, so each such step needs two fetches."""
     from equivtool.engine import workers as _workers
     _count_matches(monkeypatch)
-    receive, emit = _workers._Parallel._receive, _workers._Parallel._emit
-    _FIVE_DONE.clear()
-    done = []
-
-    def counted(self, worker, message):
-        try:
-            return receive(self, worker, message)
-        finally:
-            if message is not None and message[0] == "done":
-                done.append(1)
-                if len(done) == 5:
-                    _FIVE_DONE.set()
+    _signal_five_jobs(monkeypatch)
+    emit = _workers._Parallel._emit
 
     def slow_emit(self):
         emit(self)
         with self.lock:  # as if this thread were slow: the arrays asked for are in before it looks
             while any(key in worker.fetching for key, worker in self.unresolved.items()):
                 self.lock.wait(1.0)
-    monkeypatch.setattr(_workers._Parallel, "_receive", counted)
     monkeypatch.setattr(_workers._Parallel, "_emit", slow_emit)
     layer = functools.partial(SlimNetShim, bn_epsilon=1.1e-3)
     steps = ["fixed_weights", "random"]
