@@ -33,7 +33,8 @@ def captures(leaf):
 
 
 def _flat(value):
-    return list(_kept._leaves(value))
+    from equivtool._base.tree import flatten_tensors
+    return flatten_tensors(value)
 
 
 def same(a, b) -> bool:

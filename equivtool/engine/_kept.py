@@ -19,6 +19,8 @@ import hashlib
 
 import numpy as np
 
+from equivtool._base.tree import flatten_tensors, pack_like
+
 #: Arrays this large or larger travel as a digest first (the parent tells its workers).
 KEEP_BYTES = 1 << 20
 
@@ -48,25 +50,8 @@ def _key(array: np.ndarray) -> tuple:
 
 
 def _walk(value, leaf):
-    """``value`` with each leaf replaced by ``leaf(it)``, through dicts, lists and tuples."""
-    if isinstance(value, dict):
-        return type(value)((key, _walk(item, leaf)) for key, item in value.items())
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(_walk(item, leaf) for item in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_walk(item, leaf) for item in value)
-    return leaf(value)
-
-
-def _leaves(value):
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from _leaves(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _leaves(item)
-    else:
-        yield value
+    """``value`` with each leaf replaced by ``leaf(it)``, containers kept."""
+    return pack_like(value, [leaf(item) for item in flatten_tensors(value)])
 
 
 def keep(capture, min_bytes: int) -> tuple:
@@ -84,7 +69,7 @@ def keep(capture, min_bytes: int) -> tuple:
 
 def kept(capture) -> list:
     """The Kept placeholders in ``capture``."""
-    return [leaf for leaf in _leaves(capture) if isinstance(leaf, Kept)]
+    return [leaf for leaf in flatten_tensors(capture) if isinstance(leaf, Kept)]
 
 
 def match(capture, other) -> tuple:
@@ -93,7 +78,7 @@ def match(capture, other) -> tuple:
     arrays are made read-only (they are then shared by both captures)."""
     wanted = {(leaf.shape, leaf.dtype) for leaf in kept(capture)}
     found: dict = {}
-    for array in _leaves(other):
+    for array in flatten_tensors(other):
         if _keepable(array, 0) and _key(array) in wanted:
             found.setdefault((digest(array), *_key(array)), array)
     missing = []
