@@ -38,9 +38,56 @@ def summary(report) -> list:
 
 
 def both(tf1_fn, tf2_layer, inputs, **kwargs):
+    """The check in one process, and with ``workers=2`` where this process builds
+    its TF1 half only once the worker is up (so that the worker runs the pair's
+    TF2 half; a small model's check could otherwise end before it starts)."""
     one = equivtool.check_equivalence(tf1_fn, tf2_layer, inputs, workers=1, **kwargs)
-    two = equivtool.check_equivalence(tf1_fn, tf2_layer, inputs, workers=2, **kwargs)
+    two = equivtool.check_equivalence(once_workers_up(tf1_fn), tf2_layer, inputs, workers=2, **kwargs)
     return one, two
+
+
+_UP = threading.Condition()  # notified when a worker says it is up; _UP_COUNT counts them
+_UP_COUNT = [0]
+
+
+@pytest.fixture(autouse=True)
+def _count_workers_up(monkeypatch):
+    """Count the workers that say they are up (from then on they are given jobs)."""
+    from equivtool.engine import workers as _workers
+    receive = _workers._Parallel._receive
+
+    def counted(self, worker, message):
+        try:
+            return receive(self, worker, message)
+        finally:
+            if message is not None and message[0] == "ready":
+                _worker_up()
+    monkeypatch.setattr(_workers._Parallel, "_receive", counted)
+
+
+def _worker_up() -> None:
+    with _UP:
+        _UP_COUNT[0] += 1
+        _UP.notify_all()
+
+
+def _in_a_worker() -> bool:
+    return getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) == "equivtool.engine.workers"
+
+
+def once_workers_up(tf1_fn, count: int = 1):
+    """``tf1_fn``, which here (not in a worker) first waits until ``count`` workers
+    of the next check are up, so that they are given the jobs this process would
+    otherwise have taken itself."""
+    _UP_COUNT[0] = 0
+    return functools.partial(_tf1_once_up, tf1_fn, count)
+
+
+def _tf1_once_up(tf1_fn, count, x, training):
+    if not _in_a_worker():
+        with _UP:
+            assert _UP.wait_for(lambda: _UP_COUNT[0] >= count, 120), "the workers did not start"
+    return tf1_fn(x, training)
 
 
 def test_every_step_gives_the_same_numbers_and_verdicts_as_one_process():
@@ -87,11 +134,37 @@ def _serving_threads() -> list:
 
 
 def test_more_workers_spread_the_jobs_over_more_processes():
-    report = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=3,
+    report = equivtool.check_equivalence(once_workers_up(slim_net, 2), SlimNetShim, X, workers=3,
                                          steps=["fixed_weights", "random"])
     assert report.passed, str(report)
     processes = {job["worker"] for job in report.meta["worker_jobs"]}
     assert len(processes) == 3 and os.getpid() in processes
+    assert _worker_children() == [] and not _serving_threads()
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_no_job_waits_for_a_worker_to_start(monkeypatch, planted):
+    """A worker is given a job only once it is up: until then this process takes
+    the jobs itself, so a worker that never starts (it is never sent the check's
+    arguments here) delays nothing, and the report is the one-process report.
+    Planted fault: workers taken as up at once (the scheduler before this), whose
+    jobs then wait on a worker that cannot run them."""
+    from equivtool.engine import workers as _workers
+    monkeypatch.setattr(_workers._Worker, "setup", lambda self, payload, workdir: None)
+    if planted:
+        init = _workers._Worker.__init__
+
+        def up_at_once(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.ready = True
+        monkeypatch.setattr(_workers._Worker, "__init__", up_at_once)
+    steps = ["variables_once", "parity", "fixed_weights", "random"]
+    one = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=1, steps=steps)
+    two = equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=2, steps=steps)
+    assert one.passed
+    assert (summary(one) == summary(two)) != planted, str(two)
+    if not planted:
+        assert {job["worker"] for job in two.meta["worker_jobs"]} == {os.getpid()}
     assert _worker_children() == [] and not _serving_threads()
 
 
@@ -101,11 +174,13 @@ def test_a_defect_in_the_thread_serving_the_workers_ends_the_check(monkeypatch):
     from equivtool.engine import workers as _workers
 
     def planted(self, worker, message):
+        _worker_up()  # (this process's TF1 side waits for the worker's first message)
         raise RuntimeError("planted: the serving thread broke")
 
+    tf1_fn = once_workers_up(slim_net)
     monkeypatch.setattr(_workers._Parallel, "_receive", planted)
     with pytest.raises(RuntimeError, match="planted: the serving thread broke"):
-        equivtool.check_equivalence(slim_net, SlimNetShim, X, workers=2, steps=["fixed_weights"])
+        equivtool.check_equivalence(tf1_fn, SlimNetShim, X, workers=2, steps=["fixed_weights"])
     assert _worker_children() == [] and not _serving_threads()
 
 
@@ -153,14 +228,25 @@ def test_a_worker_that_dies_is_reported_and_nothing_hangs(tmp_path):
         "import numpy as np\n"
         "import equivtool\n"
         "from small_models import INPUT_SHAPE, SlimNetShim, slim_net\n"
-        "PARENT = os.getpid()\n"
+        "import threading\n"
+        "from equivtool.engine import workers\n"
+        "PARENT, UP = os.getpid(), threading.Event()\n"
+        "receive = workers._Parallel._receive\n"
+        "def watched(self, worker, message):\n"
+        "    if message is not None and message[0] == 'ready':\n"
+        "        UP.set()\n"
+        "    return receive(self, worker, message)\n"
+        "workers._Parallel._receive = watched\n"
+        "def tf1_fn(x, training):  # here, once the worker is up (it is given the TF2 half)\n"
+        "    assert os.getpid() != PARENT or sys.modules['__main__'].UP.wait(120)  # (UP does not travel)\n"
+        "    return slim_net(x, training)\n"
         "class Dies(SlimNetShim):\n"
         "    def call(self, inputs, training=None):\n"
         "        if os.getpid() != PARENT:\n"
         "            os._exit(7)\n"
         "        return super().call(inputs, training)\n"
         "x = np.ones(INPUT_SHAPE, np.float32)\n"
-        "report = equivtool.check_equivalence(slim_net, Dies, x, workers=2)\n"
+        "report = equivtool.check_equivalence(tf1_fn, Dies, x, workers=2)\n"
         "print(report)\n"
         "for step in report.steps:\n"
         "    print('STEP', step.name, step.status, step.message)\n"
@@ -297,7 +383,7 @@ def _signal_five_jobs(monkeypatch) -> None:
 
 def _tf1_last_here(x, training):
     """slim_net; here (not in a worker) it first waits until the workers have ended five jobs."""
-    if getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) != "equivtool.engine.workers":
+    if not _in_a_worker():
         assert _FIVE_DONE.wait(120), "the workers did not end five jobs"
     return slim_net(x, training)
 
@@ -361,7 +447,7 @@ _GONE = threading.Event()  # set here when a worker has ended (the test wraps _P
 
 def _dies_in_a_worker(x, training):
     """slim_net; in a worker process it ends that process, here it first waits until a worker has."""
-    if getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) == "equivtool.engine.workers":
+    if _in_a_worker():
         os._exit(7)
     assert _GONE.wait(120), "no worker ended"
     return slim_net(x, training)

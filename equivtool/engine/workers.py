@@ -8,7 +8,10 @@ in this process, on its main thread as with ``workers=1`` (it starts the
 first and longest job, the pair's TF1 half, at once), or in one of N-1 worker
 processes; this process also judges. With 2 cores the two sides overlap; with
 more, independent steps run at the same time. Running jobs here too saves one
-interpreter holding TensorFlow (about 600 MB) and the wait for it to start.
+interpreter holding TensorFlow (about 600 MB). A worker is given a job only
+once it has started (imported TensorFlow and read the check's arguments, a few
+seconds); until then this process takes the next job itself, so a worker's
+start is never waited for: a small model's check may end before it is up.
 
 What crosses a process: the check's options, once per worker (pickled with
 cloudpickle, so lambdas and functions defined in ``__main__`` travel by value;
@@ -111,6 +114,7 @@ class _Worker(_Slot):
         self.pid = self.process.pid
         self.conn = Connection(parent.detach())
         self.fetching: set = set()  # (step name, side) whose kept arrays were asked for, not yet come
+        self.ready = False  # it has read the options (its imports done): it may be given jobs
 
     def setup(self, payload: bytes, workdir: str | None) -> None:
         """The options; sent once every worker is starting, so that their imports overlap
@@ -171,8 +175,9 @@ class _Parallel:
 
     The main thread runs jobs here (the first one, the longest, at once, while
     the workers start) and judges; a second thread, which runs no TensorFlow,
-    hands jobs to the workers and collects what they send. Both take jobs from
-    one queue under one lock, so whichever is free first takes the next.
+    hands jobs to the workers that have started and collects what they send.
+    Both take jobs from one queue under one lock, so whichever is free first
+    takes the next.
     """
 
     def __init__(self, engine: "Engine", workers: int):
@@ -239,12 +244,14 @@ class _Parallel:
                     self._dispatch(workers)
                     job = self._claim(here)
                     if job is None:
-                        if any(w.job is not None or w.fetching for w in workers):
+                        starting = self.queue and any(not (w.ready or w.dead) for w in workers)
+                        if starting or any(w.job is not None or w.fetching for w in workers):
                             self._wake()
                             self.lock.wait()
                         else:
-                            # no job runs and no kept array is on its way: what is left was owed
-                            # by dead workers (judging it may still ask a live one for arrays)
+                            # no job runs or waits for a worker to start, and no kept array is on its
+                            # way: what is left was owed by dead workers (judging it may still ask a
+                            # live one for arrays)
                             self._fail_unowned(workers)
                         continue
                 self._wake()  # the server waits on the workers it gave jobs to
@@ -397,7 +404,8 @@ class _Parallel:
                     continue
                 target.reserved = False
             else:
-                target = next((w for w in workers if w.job is None and not w.dead and not w.reserved), None)
+                target = next((w for w in workers if w.ready and w.job is None and not w.dead and not w.reserved),
+                              None)
                 if target is None:
                     continue
             self.queue.remove(job)
@@ -440,7 +448,7 @@ class _Parallel:
                         return
                     self._dispatch(workers)
                     keeping = set(self.unresolved.values())
-                    busy = [w for w in workers if w.job is not None or w in keeping]
+                    busy = [w for w in workers if w.job is not None or w in keeping or not (w.ready or w.dead)]
                 for ready in wait([w.conn for w in busy] + [wake]):
                     if ready is wake:
                         wake.recv(4096)
@@ -484,6 +492,8 @@ class _Parallel:
             self.lock.notify_all()
         elif message[0] == "done":
             self._done(worker, message[1])
+        elif message[0] == "ready":  # started: the next free job is its (see _dispatch)
+            worker.ready = True
 
 
 def run_parallel(engine: "Engine", workers: int) -> list:
@@ -595,6 +605,7 @@ def _serve(conn: Connection) -> "Engine | None":
             except Exception as exc:  # e.g. a function whose module this process cannot import
                 broken = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
                           full_traceback(exc), 0.0)
+            outbox.send(("ready",))  # (broken, its jobs come back as that error, as they would have)
         elif kind == "run":
             from equivtool.engine import registry as _steps
             _, side, names, inputs, release_after, keep = message
