@@ -191,9 +191,26 @@ def test_a_fixed_weights_that_left_its_values_behind_would_be_caught(monkeypatch
         yield self.side.read_variables()
 
     monkeypatch.setattr(_pair._Half, "preserved", keeps_its_values)
+    monkeypatch.setattr(_pair.TF2Half, "preserved", keeps_its_values)
     monkeypatch.setattr(_pair.TF1Half, "inference_on", lambda self, values: None)  # the TF1 side assigns too
     after = _recorded_captures(monkeypatch, ["fixed_weights", "random", "gradients"])
     assert not _same(alone, after)
+
+
+def test_a_tf2_snapshot_that_followed_its_variables_would_be_caught(monkeypatch):
+    """The TF2 half keeps the values it puts back as tensors read before the fixed
+    values are written (no copy to NumPy and back). Planted fault: a "snapshot"
+    that follows the variables (the variables themselves): the fixed values stay
+    behind on the TF2 side only, and the next step fails."""
+    from equivtool.engine import pair as _pair
+    from equivtool.variables.flavour import layer_variables
+
+    monkeypatch.setattr(_pair, "snapshot_layer", lambda layer: [(v, v) for v in layer_variables(layer)])
+    x = np.random.RandomState(0).rand(*INPUT_SHAPE).astype(np.float32)
+    report = equivtool.check_equivalence(slim_net, SlimNetShim, x, steps=["fixed_weights", "random"],
+                                         modes=["constant"])
+    assert report.step("fixed_weights").status == "passed"
+    assert report.step("random/constant/training").status == "failed", str(report)
 
 
 def test_a_fed_fixed_weights_that_wrote_its_values_would_be_caught(monkeypatch):

@@ -45,7 +45,17 @@ def is_sparse(value: Any) -> bool:
 
 
 def _array(value):
-    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+    """``value`` as a NumPy array. An eager tensor's own buffer, read-only, when
+    the buffer protocol can describe its dtype (tensors are immutable, so nothing
+    needs copying: a gradient is a model's worth of values); else the copy its
+    ``numpy()`` makes (bfloat16, strings, variables)."""
+    if not hasattr(value, "numpy"):
+        return np.asarray(value)
+    try:
+        view = np.asarray(memoryview(value))
+    except (TypeError, ValueError, BufferError):
+        return value.numpy()
+    return value.numpy() if view.dtype == object or view.ndim == 0 else view  # (a scalar: NumPy's, as before)
 
 
 def dense_gradient(value, shape=None) -> tuple:

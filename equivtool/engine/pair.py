@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 from equivtool.engine import kinks as _kinks
 from equivtool.engine.align import tf1_aligned, tf2_aligned
 from equivtool.engine.sides.tf1_side import TF1Side, feedable
-from equivtool.engine.sides.tf2_side import TF2Side, run_tapped
+from equivtool.engine.sides.tf2_side import TF2Side, restore_snapshot, run_tapped, snapshot_layer
 from equivtool.seeding import DeterministicRandomTestTool
 from equivtool.engine.registry import SkipStep
 from equivtool.variables import assert_no_variable_creations
@@ -272,3 +272,15 @@ class TF2Half(_Half):
         with self.tool.scope():
             outputs, regularization, _, _ = self.side.forward(self.inputs, training=False)
         return outputs, regularization
+
+    @contextlib.contextmanager
+    def preserved(self):
+        """The variables as they are now, put back on every exit path (kept as
+        tensors: see :func:`~equivtool.engine.sides.tf2_side.snapshot_layer`);
+        yields ``[(variable, value)]``."""
+        self.inference_pass()  # built
+        saved = snapshot_layer(self.layer)
+        try:
+            yield saved
+        finally:
+            restore_snapshot(saved)

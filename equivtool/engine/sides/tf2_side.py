@@ -246,8 +246,11 @@ def _gather(strategy, value):
 
 
 def snapshot_layer(layer) -> list:
-    """The layer's variables and their current values (for restoring later)."""
-    return [(v, v.numpy()) for v in layer_variables(layer)]
+    """The layer's variables and their current values (for restoring later), as
+    tensors read now: TensorFlow copies a variable's buffer before it writes it
+    while such a read is alive, so no later assignment or update changes them,
+    and nothing is copied out to NumPy and back in (a model's worth each way)."""
+    return [(v, tf.convert_to_tensor(v)) for v in layer_variables(layer)]
 
 
 def restore_snapshot(snapshot: list) -> None:
