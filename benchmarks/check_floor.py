@@ -38,8 +38,21 @@ script times, in one run on one machine, for each model asked for:
   graph-building shortcut (``equivtool._platform.graph_building``: the same
   graph, without the quadratic variable hashing of TF1-style layers' builds,
   which is most of a large net's build): the check builds that way, so these
-  are the floors of its passes; the goal (1.3x) is judged against the
-  fast-build plan floor.
+  are the floors of its passes;
+- **the side-by-side plan floor** (what the goal of 1.3x is judged against
+  since session 12): the fast-build plan's passes, bare, run as the check runs
+  them rather than added up. The plan floor above times each job alone in a
+  process that has already run other jobs (warm kernels and caches) and
+  assumes two jobs at once run as fast as each alone, which no layout reaches
+  on 2 cores where a job alone already runs its ops on both. Here two fresh
+  processes (imports done before the clock starts, nothing else run: as cold as
+  the check's own processes) take the check's six jobs in the check's order
+  (the constant-mode pair's TF1 half: its inference graph run twice and its
+  training graph with gradients; its TF2 half: one layer, two inference calls
+  and a training call under a tape; then each ``num_random_ops`` pass, TF1
+  graphs before TF2 layers), each taking the next as soon as it is free. The
+  check pays on top of it what a bare run does not: its worker's start
+  (imports), the fixed values, the captures and the judging.
 
 Printed: a machine line, then one markdown row per model with both floors
 and the check's ratio to each. Usage (one model per run keeps memory down;
@@ -76,6 +89,9 @@ import tensorflow as tf
 import check_floor
 kind, model = sys.argv[1], sys.argv[2]
 tf1_fn, make_layer, inputs = check_floor.model(model)
+if kind == "serve":
+    check_floor.serve_jobs(tf1_fn, make_layer, inputs)
+    sys.exit(0)
 started, cpu = time.perf_counter(), check_floor.cpu_seconds()
 if kind == "check":
     report = equivtool.check_equivalence(tf1_fn, make_layer, inputs, workers=2)
@@ -195,14 +211,11 @@ def tf2_layer_jobs(make_layer, inputs, layers: int, cpu: list | None = None) -> 
 
     times, cpu = [], [] if cpu is None else cpu
     started, cpu_started = time.perf_counter(), cpu_seconds()
-    layer = make_layer()
     x = tf.constant(inputs)
-    for _ in range(2 if layers > 1 else 1):
-        layer(x, training=False)
-    with tf.GradientTape() as tape:
-        out = layer(x, training=True)
-        loss = tf.reduce_mean(tf.square(_primary(out))) + tf.add_n(layer.losses or [tf.constant(0.0)])
-    tape.gradient(loss, layer.trainable_variables)
+    if layers > 1:
+        _tf2_pair(make_layer, x)
+    else:
+        make_layer()(x, training=False)
     times.append(time.perf_counter() - started)
     cpu.append(cpu_seconds() - cpu_started)
     for training in (False, True)[:layers - 1]:
@@ -213,11 +226,114 @@ def tf2_layer_jobs(make_layer, inputs, layers: int, cpu: list | None = None) -> 
     return times
 
 
-def _start(kind: str, spec: str) -> subprocess.Popen:
+#: The check's jobs in the order its queue holds them (equivtool.engine.workers):
+#: the constant-mode pair's halves, then each num_random_ops pass, TF1 before TF2.
+SIDE_BY_SIDE_JOBS = ("tf1_pair", "tf2_pair", "tf1_nro_inference", "tf1_nro_training",
+                     "tf2_nro_inference", "tf2_nro_training")
+
+
+def run_job(name: str, tf1_fn, make_layer, inputs) -> None:
+    """One of :data:`SIDE_BY_SIDE_JOBS`, bare (TF1 graphs built with the check's shortcut)."""
+    if name == "tf1_pair":
+        _tf1_run(tf1_fn, inputs, [(False, False)], fast=True, runs=2)
+        _tf1_run(tf1_fn, inputs, [(True, True)], fast=True)
+    elif name == "tf1_nro_inference":
+        _tf1_run(tf1_fn, inputs, [(False, False)], fast=True)
+    elif name == "tf1_nro_training":
+        _tf1_run(tf1_fn, inputs, [(True, False)], fast=True)
+    elif name in ("tf2_pair", "tf2_nro_inference", "tf2_nro_training"):
+        import tensorflow as tf
+        x = tf.constant(inputs)
+        if name == "tf2_pair":
+            _tf2_pair(make_layer, x)
+        else:
+            make_layer()(x, training=name.endswith("training"))
+    else:
+        raise ValueError(f"job: expected one of {SIDE_BY_SIDE_JOBS}, got {name!r}")
+
+
+def serve_jobs(tf1_fn, make_layer, inputs, stdin=None, stdout=None) -> None:
+    """A side-by-side floor process: says ``READY``, then runs each job named on a
+    line of ``stdin`` and answers ``DONE seconds cpu_seconds``, until ``stdin`` ends."""
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    print("READY", file=stdout, flush=True)
+    for line in stdin:
+        started, cpu = time.perf_counter(), cpu_seconds()
+        run_job(line.strip(), tf1_fn, make_layer, inputs)
+        print(f"DONE {time.perf_counter() - started:.4f} {cpu_seconds() - cpu:.4f}", file=stdout, flush=True)
+
+
+def side_by_side(processes: list, jobs=SIDE_BY_SIDE_JOBS) -> dict:
+    """Hand ``jobs`` in order to the serving ``processes`` (each takes the next as
+    soon as it is free), timed from when every one is ready until the last job
+    ends: ``{"seconds", "cpu", "jobs": [(job, process index, seconds)]}``."""
+    import select
+
+    def answer(proc) -> str:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"a side-by-side floor process ended (exit {proc.wait()}):\n{proc.stderr.read()[-3000:]}")
+        return line.strip()
+
+    for proc in processes:
+        while answer(proc) != "READY":
+            pass
+    started, queue, running, done, cpu = time.perf_counter(), list(jobs), {}, [], 0.0
+    for index, proc in enumerate(processes):
+        if queue:
+            running[index] = queue.pop(0)
+            proc.stdin.write(running[index] + "\n")
+            proc.stdin.flush()
+    while running:
+        ready, _, _ = select.select([processes[i].stdout for i in running], [], [])
+        for index in [i for i in list(running) if processes[i].stdout in ready]:
+            words = answer(processes[index]).split()
+            if words[0] != "DONE":
+                continue
+            done.append((running.pop(index), index, float(words[1])))
+            cpu += float(words[2])
+            if queue:
+                running[index] = queue.pop(0)
+                processes[index].stdin.write(running[index] + "\n")
+                processes[index].stdin.flush()
+    seconds = time.perf_counter() - started
+    for proc in processes:
+        proc.stdin.close()
+        proc.wait()
+    return {"seconds": seconds, "cpu": cpu, "jobs": done}
+
+
+def _side_by_side_floor(spec: str) -> dict:
+    processes = [_start("serve", spec, stdin=True) for _ in range(2)]
+    try:
+        return side_by_side(processes)
+    finally:
+        for proc in processes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _tf2_pair(make_layer, x) -> None:
+    """The constant-mode pair's TF2 half, bare: one layer, two inference calls (the
+    second is ``fixed_weights``' pass), a training call under a tape, its gradients."""
+    import tensorflow as tf
+
+    layer = make_layer()
+    for _ in range(2):
+        layer(x, training=False)
+    with tf.GradientTape() as tape:
+        out = layer(x, training=True)
+        loss = tf.reduce_mean(tf.square(_primary(out))) + tf.add_n(layer.losses or [tf.constant(0.0)])
+    tape.gradient(loss, layer.trainable_variables)
+
+
+def _start(kind: str, spec: str, stdin: bool = False) -> subprocess.Popen:
     code = _CHILD.format(root=ROOT, here=HERE)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     return subprocess.Popen([sys.executable, "-c", code, kind, spec], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, bufsize=1 if stdin else -1)
 
 
 def _result(proc: subprocess.Popen, what: str) -> dict:
@@ -244,7 +360,9 @@ def measure(spec: str) -> dict:
     check = _result(_start("check", spec), f"the check of {spec}")
     floor, floor_fast = _pass_floor(spec, "tf1"), _pass_floor(spec, "tf1_fast")
     plan = _result(_start("plan", spec), f"the plan's jobs of {spec}")
-    return {"model": spec, "check": check["seconds"], "verdict": check["verdict"], "floor": floor,
+    together = _side_by_side_floor(spec)
+    return {"side_by_side": together["seconds"], "side_by_side_cpu": together["cpu"],
+            "model": spec, "check": check["seconds"], "verdict": check["verdict"], "floor": floor,
             "plan_floor": plan_floor(plan["tf1"] + plan["tf2"]), "floor_fast": floor_fast,
             "plan_floor_fast": plan_floor(plan["tf1_fast"] + plan["tf2"]), "tf1_jobs": plan["tf1"],
             "tf1_fast_jobs": plan["tf1_fast"], "tf2_jobs": plan["tf2"], "load": (load, os.getloadavg()[0]),
@@ -252,10 +370,11 @@ def measure(spec: str) -> dict:
 
 
 HEADER = ("| model | check s | pass floor s | check / pass floor | plan floor s | check / plan floor | "
-          "fast-build pass floor s | check / it | fast-build plan floor s | check / it (goal <= 1.3x) | "
+          "fast-build pass floor s | check / it | fast-build plan floor s | check / it | "
+          "side-by-side plan floor s | check / it (goal <= 1.3x) | "
           "TF1 jobs s | fast-build TF1 jobs s | TF2 jobs s | check CPU s / fast-build jobs' CPU s | "
-          "load 1 min before/after | verdict |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "check CPU s / side-by-side CPU s | load 1 min before/after | verdict |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def row(r: dict) -> str:
@@ -263,9 +382,11 @@ def row(r: dict) -> str:
     ratio = lambda floor: f"{r['check'] / floor:.2f}x"  # noqa: E731
     return (f"| {r['model']} | {r['check']:.1f} | {r['floor']:.1f} | {ratio(r['floor'])} | "
             f"{r['plan_floor']:.1f} | {ratio(r['plan_floor'])} | {r['floor_fast']:.1f} | {ratio(r['floor_fast'])} | "
-            f"{r['plan_floor_fast']:.1f} | {ratio(r['plan_floor_fast'])} | {jobs(r['tf1_jobs'])} | "
+            f"{r['plan_floor_fast']:.1f} | {ratio(r['plan_floor_fast'])} | "
+            f"{r['side_by_side']:.1f} | {ratio(r['side_by_side'])} | {jobs(r['tf1_jobs'])} | "
             f"{jobs(r['tf1_fast_jobs'])} | {jobs(r['tf2_jobs'])} | "
             f"{r['check_cpu']:.1f} / {r['plan_cpu_fast']:.1f} ({r['check_cpu'] / r['plan_cpu_fast']:.2f}x) | "
+            f"{r['check_cpu']:.1f} / {r['side_by_side_cpu']:.1f} ({r['check_cpu'] / r['side_by_side_cpu']:.2f}x) | "
             f"{r['load'][0]:.2f}/{r['load'][1]:.2f} | "
             f"{r['verdict']} |")
 

@@ -102,11 +102,13 @@ def test_a_row_states_the_check_over_each_floor():
                            "tf1_jobs": [1.0, 2.0, 3.0, 4.0], "tf1_fast_jobs": [1.0, 1.0, 1.0, 1.0],
                            "tf2_jobs": [1.0, 1.0, 1.0],
                            "load": (1.0, 1.5), "verdict": "Verdict: EQUIVALENT (8 passed)",
-                           "check_cpu": 45.0, "plan_cpu_fast": 30.0})
+                           "check_cpu": 45.0, "plan_cpu_fast": 30.0, "side_by_side": 24.0,
+                           "side_by_side_cpu": 40.0})
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:10] == ["net", "30.0", "10.0", "3.00x", "20.0", "1.50x", "15.0", "2.00x", "25.0", "1.20x"]
-    assert cells[10] == "1.0 + 2.0 + 3.0 + 4.0" and cells[11] == "1.0 + 1.0 + 1.0 + 1.0"
-    assert cells[13] == "45.0 / 30.0 (1.50x)"
+    assert cells[:12] == ["net", "30.0", "10.0", "3.00x", "20.0", "1.50x", "15.0", "2.00x", "25.0", "1.20x",
+                          "24.0", "1.25x"]
+    assert cells[12] == "1.0 + 2.0 + 3.0 + 4.0" and cells[13] == "1.0 + 1.0 + 1.0 + 1.0"
+    assert cells[15] == "45.0 / 30.0 (1.50x)" and cells[16] == "45.0 / 40.0 (1.12x)"
     assert cells[-1] == "Verdict: EQUIVALENT (8 passed)"
     assert len(cells) == check_floor.HEADER.splitlines()[0].count("|") - 1
 
@@ -116,3 +118,65 @@ def test_a_failing_child_stops_the_benchmark_with_its_error():
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with pytest.raises(RuntimeError, match="the check of x failed .exit 1.:\nno such model"):
         check_floor._result(proc, "the check of x")
+
+
+# A stand-in for a side-by-side floor process: ready at once, each job a sleep
+# of the seconds its name ends with, answered with those seconds.
+_FAKE_SERVER = (
+    "import sys, time\n"
+    "print('READY', flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    seconds = float(line.strip().rsplit('_', 1)[1])\n"
+    "    time.sleep(seconds)\n"
+    "    print(f'DONE {seconds} 0.0', flush=True)\n")
+
+
+def _fake_servers(count: int) -> list:
+    return [subprocess.Popen([sys.executable, "-c", _FAKE_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, bufsize=1) for _ in range(count)]
+
+
+def test_side_by_side_hands_each_job_in_order_to_whichever_process_is_free():
+    """Jobs go in order, each to the first process free: with jobs of 0.6, 0.1,
+    0.1, 0.1 s the second process takes the three short ones while the first
+    runs the long one, and the run takes about the long one's time, not the sum."""
+    result = check_floor.side_by_side(_fake_servers(2), jobs=("a_0.6", "b_0.1", "c_0.1", "d_0.1"))
+    assert sorted(job for job, _, _ in result["jobs"]) == ["a_0.6", "b_0.1", "c_0.1", "d_0.1"]
+    where = {job: index for job, index, _ in result["jobs"]}
+    assert where["a_0.6"] == 0 and where["b_0.1"] == where["c_0.1"] == where["d_0.1"] == 1
+    assert 0.6 <= result["seconds"] < 0.9
+
+
+def test_side_by_side_stops_with_the_error_of_a_process_that_ends():
+    dead = subprocess.Popen([sys.executable, "-c", "import sys; print('READY', flush=True); sys.exit('broken')"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            bufsize=1)
+    with pytest.raises(RuntimeError, match="a side-by-side floor process ended .exit 1.:\nbroken"):
+        check_floor.side_by_side([dead], jobs=("a_0.1",))
+
+
+def test_a_serving_process_runs_each_named_job_of_the_check(monkeypatch):
+    """The six jobs are the check's: the pair's TF1 half builds two graphs (its
+    inference graph run twice), each num_random_ops TF1 pass one graph; the
+    pair's TF2 half one layer, each num_random_ops TF2 pass one more."""
+    import io
+
+    graphs, layers, real_graph = [], [], tf.Graph
+
+    def recording_graph():
+        graphs.append(real_graph())
+        return graphs[-1]
+
+    def recording_layer():
+        layers.append(_shim())
+        return layers[-1]
+    monkeypatch.setattr(tf, "Graph", recording_graph)
+    out = io.StringIO()
+    check_floor.serve_jobs(_shim().tf1_fn, recording_layer, X, stdin=io.StringIO(
+        "\n".join(check_floor.SIDE_BY_SIDE_JOBS) + "\n"), stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "READY" and len(lines) == 7
+    assert all(line.startswith("DONE ") and float(line.split()[1]) > 0 for line in lines[1:])
+    assert len(graphs) == 4 and len(layers) == 3
+    with pytest.raises(ValueError, match="job: expected one of"):
+        check_floor.run_job("tf3_pair", _shim().tf1_fn, _shim, X)
