@@ -106,3 +106,20 @@ def test_strings_and_variables_are_copied_as_before():
     read = dense_gradient(variable)[0]
     variable.assign([5.0, 6.0])
     assert list(read) == [1.0, 2.0] and read.flags.writeable
+
+
+def test_a_sides_variables_read_without_copying_keep_the_values_read():
+    """``TF2Side.read_variables`` reads each variable as its tensor's buffer (read-only,
+    no copy); updating the variables afterwards changes no value read."""
+    from equivtool.engine.sides.tf2_side import TF2Side
+
+    model = _model()
+    side = TF2Side(model, renamer=lambda name: name, loss_fn=None)
+    read = side.read_variables()
+    expected = {v.name: v.numpy() for v in model.variables}
+    assert len(read) == len(expected) > 0
+    rng = np.random.RandomState(1)
+    for how in UPDATES:
+        _update(model, how, rng)
+    assert all(not value.flags.writeable for value in read.values())
+    assert sorted(np.asarray(v).tobytes() for v in read.values()) == sorted(v.tobytes() for v in expected.values())

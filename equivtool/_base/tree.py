@@ -16,7 +16,7 @@ import numpy as np
 from equivtool._base.slices import SlicesArrays, slices_arrays
 
 __all__ = ["is_namedtuple", "is_sparse", "dense_gradient", "sparse_paths", "to_numpy", "flatten_tensors",
-           "pack_like"]
+           "pack_like", "tensor_values"]
 
 
 def is_namedtuple(x: Any) -> bool:
@@ -44,7 +44,7 @@ def is_sparse(value: Any) -> bool:
         hasattr(value, field) for field in ("values", "indices", "dense_shape"))
 
 
-def _array(value):
+def tensor_values(value):
     """``value`` as a NumPy array. An eager tensor's own buffer, read-only, when
     the buffer protocol can describe its dtype (tensors are immutable, so nothing
     needs copying: a gradient is a model's worth of values); else the copy its
@@ -68,10 +68,10 @@ def dense_gradient(value, shape=None) -> tuple:
     the values and where they go.
     """
     if not is_sparse(value):
-        return _array(value), False
-    values, indices = _array(value.values), _array(value.indices)
+        return tensor_values(value), False
+    values, indices = tensor_values(value.values), tensor_values(value.indices)
     if value.dense_shape is not None:
-        shape = tuple(int(d) for d in _array(value.dense_shape))
+        shape = tuple(int(d) for d in tensor_values(value.dense_shape))
     elif shape is None:
         raise ValueError("a sparse gradient without dense_shape needs the variable's shape")
     dense = np.zeros(tuple(int(d) for d in shape), dtype=values.dtype)
@@ -103,13 +103,13 @@ def composite_parts(value: Any) -> Optional[dict]:
     :func:`equivtool.exported._sides.component_names`)."""
     name = type(value).__name__
     if name in ("RaggedTensor", "RaggedTensorValue") and hasattr(value, "nested_row_splits"):
-        parts = {"flat_values": _array(value.flat_values)}
-        parts.update((f"row_splits_{i}", _array(s)) for i, s in enumerate(value.nested_row_splits))
+        parts = {"flat_values": tensor_values(value.flat_values)}
+        parts.update((f"row_splits_{i}", tensor_values(s)) for i, s in enumerate(value.nested_row_splits))
         return parts
     if name in ("SparseTensor", "SparseTensorValue") and all(
             hasattr(value, field) for field in ("indices", "values", "dense_shape")):
-        return {"indices": _array(value.indices), "values": _array(value.values),
-                "dense_shape": _array(value.dense_shape)}
+        return {"indices": tensor_values(value.indices), "values": tensor_values(value.values),
+                "dense_shape": tensor_values(value.dense_shape)}
     return None
 
 

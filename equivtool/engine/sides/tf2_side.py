@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 from equivtool._platform import graph_rewrites as _graph_rewrites
 from equivtool._platform import tf_internals as _tf_internals
-from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, to_numpy
+from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, tensor_values, to_numpy
 from equivtool.engine.sides import CAPABILITIES, Side
 from equivtool.engine import _sparse_squares
 from equivtool.variables.mapping import tf1_value, tf2_value
@@ -167,7 +167,9 @@ class TF2Side(Side):
     def read_variables(self, wanted: Callable[[str], bool] | None = None) -> dict:
         """``{key: value}`` of every variable, or of those whose key ``wanted`` accepts
         (the others are not read)."""
-        return {key: tf1_value(self.renamer, key, v.numpy())
+        # (each read as its tensor's own buffer, read-only: no model-sized copy; a later
+        # update of the variable writes a new buffer while the read is alive)
+        return {key: tf1_value(self.renamer, key, tensor_values(tf.convert_to_tensor(v)))
                 for key, v in ((variable_key(variable_name(v), self.renamer), v) for v in layer_variables(self.layer))
                 if wanted is None or wanted(key)}
 
