@@ -633,3 +633,43 @@ def test_functions_sent_by_value_keep_their_file():
     copied = pickle.loads(send.dumps(local))
     assert copied.__code__.co_filename == __file__
     assert copied(1).__code__.co_filename == __file__
+
+
+def test_memory_is_not_given_back_after_a_process_s_last_job(monkeypatch):
+    """A job after which no job is left for its process (the queue empty when it
+    was handed over) gives no memory back after its last step: nothing there would
+    reuse it, and a large model's collection takes most of a second at the check's
+    end. Every other job still gives it back after each step of its own model."""
+    from types import SimpleNamespace
+
+    from equivtool.engine import workers as _workers
+    given, released = [], []
+    engine = SimpleNamespace(give_back_memory=lambda: given.append(1),
+                             release_pair=lambda give_back=True: released.append(give_back))
+    with monkeypatch.context() as patched:
+        patched.setattr(_workers, "_run_side", lambda engine, step, side, capture: ("ok", {}, 0.0))
+        fresh = [SimpleNamespace(name=f"step{i}", shared=False) for i in range(3)]
+        for final, expected in ((False, 3), (True, 2)):
+            given.clear()
+            _workers._run_job(engine, "tf1", fresh, {}, True, lambda step, outcome: None, final)
+            assert len(given) == expected and released[-1] is not final
+
+    # In a check: the flags each job was run with, here and in the worker.
+    here, sent = [], []
+    run_job, start = _workers._run_job, _workers._Worker.start
+
+    def recorded_run_job(engine, side, steps, inputs, release_after, captured, final=False):
+        here.append(([s.name for s in steps], final))
+        return run_job(engine, side, steps, inputs, release_after, captured, final)
+
+    def recorded_start(self, job, keep, final=False):
+        sent.append(([s.name for s in job.steps], final))
+        return start(self, job, keep, final)
+    monkeypatch.setattr(_workers, "_run_job", recorded_run_job)
+    monkeypatch.setattr(_workers._Worker, "start", recorded_start)
+    report = equivtool.check_equivalence(once_workers_up(slim_net), SlimNetShim, X, workers=2,
+                                         steps=["fixed_weights", "random"])
+    assert report.passed, str(report)
+    flags = [final for _, final in here + sent]
+    assert len(flags) == 6 and 1 <= sum(flags) <= 2, (here, sent)  # the last job of each process at most
+    assert not any(final for _, final in here[:-1]) and not any(final for _, final in sent[:-1]), (here, sent)

@@ -196,16 +196,18 @@ class Engine:
         initial = (lambda: self.tf1_half.side.read_variables()) if prebuilt else None
         return self._half("tf2", lambda: TF2Half(self.options, self.new_layer, initial))
 
-    def release_pair(self) -> None:
+    def release_pair(self, give_back: bool = True) -> None:
         """Close the shared sessions and drop the shared graphs and layer (layers and
         graphs hold reference cycles, hence the collection, once the process has grown
-        enough to be worth one: see :class:`~equivtool._base.memory.StepMemory`)."""
+        enough to be worth one: see :class:`~equivtool._base.memory.StepMemory`; not
+        with ``give_back=False``, when nothing would reuse the memory)."""
         tf1 = self._halves.get("tf1")
         if not isinstance(tf1, (str, type(None), TF2Half)):  # a TF1Half, or the old interpreter's
             tf1.close()
         if self._halves:
             self._halves.clear()
-            self.give_back_memory()  # cycles collected and heap pages handed back, if grown by STEP_GROWTH
+            if give_back:
+                self.give_back_memory()  # cycles collected and heap pages handed back, if grown by STEP_GROWTH
 
     def workdir(self) -> str:
         """A temporary folder for files a step writes (a TF1 checkpoint), removed by :meth:`close`."""

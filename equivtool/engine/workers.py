@@ -121,11 +121,13 @@ class _Worker(_Slot):
         (a large payload waits until the worker reads it)."""
         self.conn.send(("setup", list(sys.path), payload, workdir))
 
-    def start(self, job: _Job, keep: tuple) -> None:
+    def start(self, job: _Job, keep: tuple, final: bool = False) -> None:
         """Run ``job``; ``keep``: ``(step names, bytes)``, the arrays of that size or
-        larger in those steps' captures are kept there (see :mod:`equivtool.engine._kept`)."""
+        larger in those steps' captures are kept there (see :mod:`equivtool.engine._kept`);
+        ``final``: no job is left after it (see :func:`_run_job`)."""
         self.take(job)
-        self.conn.send(("run", job.side, [step.name for step in job.steps], job.inputs, job.release_after, keep))
+        self.conn.send(("run", job.side, [step.name for step in job.steps], job.inputs, job.release_after, keep,
+                        final))
 
     def died(self) -> str:
         try:
@@ -296,7 +298,9 @@ class _Parallel:
                 self._captured(here, step.name, job.side, outcome)
             self._emit()  # this step, and any before it, if the other side is in
 
-        seconds = _run_job(self.engine, job.side, job.steps, job.inputs, job.release_after, captured)
+        with self.lock:
+            final = not self.queue and not self.later
+        seconds = _run_job(self.engine, job.side, job.steps, job.inputs, job.release_after, captured, final)
         with self.lock:
             self._done(here, seconds)
 
@@ -411,7 +415,8 @@ class _Parallel:
             self.queue.remove(job)
             try:
                 target.start(job, ([step.name for step in job.steps  # (a later step's TF1 side travels on)
-                                    if not (job.side == "tf1" and step.name in self.later)], _kept.KEEP_BYTES))
+                                    if not (job.side == "tf1" and step.name in self.later)], _kept.KEEP_BYTES),
+                             final=not self.queue and not self.later)
             except OSError:
                 dead = target.died()
                 for step in job.steps:
@@ -521,16 +526,19 @@ def _run_side(engine: "Engine", step, side: str, tf1_capture) -> tuple:
 
 
 def _run_job(engine: "Engine", side: str, steps: list, inputs: dict, release_after: bool,
-             captured: Callable) -> float:
+             captured: Callable, final: bool = False) -> float:
     """One job's steps, one side each, in this process (a worker's, or the parent's
-    own); ``captured(step, outcome)`` after each. Returns the job's seconds."""
+    own); ``captured(step, outcome)`` after each. Returns the job's seconds. With
+    ``final`` (no job is left for this process to run) memory is not given back
+    after the last step: no step of this process would reuse it (a collection of a
+    large model's cycles takes most of a second)."""
     started = time.perf_counter()
-    for step in steps:
+    for index, step in enumerate(steps):
         captured(step, _run_side(engine, step, side, inputs.get(step.name)))
-        if not step.shared:  # it built its own graph or layer: their memory back before the next job
-            engine.give_back_memory()
+        if not step.shared and not (final and index == len(steps) - 1):
+            engine.give_back_memory()  # it built its own graph or layer: their memory back before the next job
     if release_after:
-        engine.release_pair()
+        engine.release_pair(give_back=not final)
     return time.perf_counter() - started
 
 
@@ -608,7 +616,7 @@ def _serve(conn: Connection) -> "Engine | None":
             outbox.send(("ready",))  # (broken, its jobs come back as that error, as they would have)
         elif kind == "run":
             from equivtool.engine import registry as _steps
-            _, side, names, inputs, release_after, keep = message
+            _, side, names, inputs, release_after, keep, final = message
             steps = [_steps.get_step(name) for name in names]
 
             def send(step, outcome):
@@ -621,7 +629,7 @@ def _serve(conn: Connection) -> "Engine | None":
                     send(step, broken)
                 seconds = 0.0
             else:
-                seconds = _run_job(engine, side, steps, inputs, release_after, send)
+                seconds = _run_job(engine, side, steps, inputs, release_after, send, final)
             outbox.send(("done", seconds))
         elif kind == "exit":
             return engine
