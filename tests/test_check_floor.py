@@ -120,31 +120,34 @@ def test_a_failing_child_stops_the_benchmark_with_its_error():
         check_floor._result(proc, "the check of x")
 
 
-# A stand-in for a side-by-side floor process: ready at once, each job a sleep
-# of the seconds its name ends with, answered with those seconds.
+# A stand-in for a side-by-side floor process: ready at once; a job named
+# "wait" ends only once the file the job named "signal" writes is there.
 _FAKE_SERVER = (
-    "import sys, time\n"
+    "import os, sys, time\n"
+    "flag = sys.argv[1]\n"
     "print('READY', flush=True)\n"
     "for line in sys.stdin:\n"
-    "    seconds = float(line.strip().rsplit('_', 1)[1])\n"
-    "    time.sleep(seconds)\n"
-    "    print(f'DONE {seconds} 0.0', flush=True)\n")
+    "    job = line.strip()\n"
+    "    if job == 'signal':\n"
+    "        open(flag, 'w').close()\n"
+    "    while job == 'wait' and not os.path.exists(flag):\n"
+    "        time.sleep(0.01)\n"
+    "    print('DONE 0.5 0.25', flush=True)\n")
 
 
-def _fake_servers(count: int) -> list:
-    return [subprocess.Popen([sys.executable, "-c", _FAKE_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, bufsize=1) for _ in range(count)]
+def _fake_servers(count: int, flag) -> list:
+    return [subprocess.Popen([sys.executable, "-c", _FAKE_SERVER, str(flag)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+            for _ in range(count)]
 
 
-def test_side_by_side_hands_each_job_in_order_to_whichever_process_is_free():
-    """Jobs go in order, each to the first process free: with jobs of 0.6, 0.1,
-    0.1, 0.1 s the second process takes the three short ones while the first
-    runs the long one, and the run takes about the long one's time, not the sum."""
-    result = check_floor.side_by_side(_fake_servers(2), jobs=("a_0.6", "b_0.1", "c_0.1", "d_0.1"))
-    assert sorted(job for job, _, _ in result["jobs"]) == ["a_0.6", "b_0.1", "c_0.1", "d_0.1"]
-    where = {job: index for job, index, _ in result["jobs"]}
-    assert where["a_0.6"] == 0 and where["b_0.1"] == where["c_0.1"] == where["d_0.1"] == 1
-    assert 0.6 <= result["seconds"] < 0.9
+def test_side_by_side_hands_each_job_in_order_to_whichever_process_is_free(tmp_path):
+    """Jobs go in order, each to the first process free: while the first process
+    runs the first job (which cannot end before the last job has run), the second
+    takes every other one; each job's time and CPU seconds are the process's."""
+    result = check_floor.side_by_side(_fake_servers(2, tmp_path / "flag"), jobs=("wait", "b", "c", "signal"))
+    assert sorted(result["jobs"]) == [("b", 1, 0.5), ("c", 1, 0.5), ("signal", 1, 0.5), ("wait", 0, 0.5)]
+    assert [job for job, _, _ in result["jobs"]][-1] == "wait" and result["cpu"] == 1.0
 
 
 def test_side_by_side_stops_with_the_error_of_a_process_that_ends():
