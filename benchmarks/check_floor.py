@@ -269,21 +269,30 @@ def side_by_side(processes: list, jobs=SIDE_BY_SIDE_JOBS) -> dict:
     ends: ``{"seconds", "cpu", "jobs": [(job, process index, seconds)]}``."""
     import select
 
+    def ended(proc) -> RuntimeError:
+        return RuntimeError(f"a side-by-side floor process ended (exit {proc.wait()}):\n{proc.stderr.read()[-3000:]}")
+
     def answer(proc) -> str:
         line = proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"a side-by-side floor process ended (exit {proc.wait()}):\n{proc.stderr.read()[-3000:]}")
+            raise ended(proc)
         return line.strip()
+
+    def hand(index: int) -> None:
+        running[index] = queue.pop(0)
+        try:
+            processes[index].stdin.write(running[index] + "\n")
+            processes[index].stdin.flush()
+        except BrokenPipeError:  # it ended after saying it was ready
+            raise ended(processes[index]) from None
 
     for proc in processes:
         while answer(proc) != "READY":
             pass
     started, queue, running, done, cpu = time.perf_counter(), list(jobs), {}, [], 0.0
-    for index, proc in enumerate(processes):
+    for index in range(len(processes)):
         if queue:
-            running[index] = queue.pop(0)
-            proc.stdin.write(running[index] + "\n")
-            proc.stdin.flush()
+            hand(index)
     while running:
         ready, _, _ = select.select([processes[i].stdout for i in running], [], [])
         for index in [i for i in list(running) if processes[i].stdout in ready]:
@@ -293,9 +302,7 @@ def side_by_side(processes: list, jobs=SIDE_BY_SIDE_JOBS) -> dict:
             done.append((running.pop(index), index, float(words[1])))
             cpu += float(words[2])
             if queue:
-                running[index] = queue.pop(0)
-                processes[index].stdin.write(running[index] + "\n")
-                processes[index].stdin.flush()
+                hand(index)
     seconds = time.perf_counter() - started
     for proc in processes:
         proc.stdin.close()

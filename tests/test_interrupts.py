@@ -20,6 +20,7 @@ import pytest
 
 import equivtool
 from interrupt_models import Dense, tf1_dense
+from processes import alive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
@@ -37,15 +38,6 @@ from interrupt_models import Dense, tf1_dense
 equivtool.check_equivalence(tf1_dense, Dense, np.ones([2, 3], np.float32), workers=int(sys.argv[1]),
                             steps=sys.argv[2].split(","), checkpoint=True)
 """
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, which a container's pid 1 may never reap, is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _children(pid: int) -> list:
@@ -148,7 +140,7 @@ def test_a_signal_leaves_no_worker_and_no_temporary_folder(how, tmp_path):
         else:
             os.kill(process.pid, signum)
         out, err = _communicate(process, how)
-        gone = _wait_for(lambda: not any(_alive(pid) for pid in workers), STOP_DEADLINE,
+        gone = _wait_for(lambda: not any(alive(pid) for pid in workers), STOP_DEADLINE,
                          f"the workers {sorted(workers)} to end")
         assert gone
         _wait_for(lambda: not _folders(temp), STOP_DEADLINE, f"the temporary folder to go: {_folders(temp)}")
@@ -159,7 +151,7 @@ def test_a_signal_leaves_no_worker_and_no_temporary_folder(how, tmp_path):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
         for pid in workers:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -176,7 +168,7 @@ def test_ctrl_c_on_the_cli_prints_one_line_and_exits_130(tmp_path):
         told = "\n".join(line for line in err.splitlines() if not line.startswith("launcher: "))
         assert told.strip() == "interrupted", err[-3000:]  # nothing from the worker, no traceback
         assert "Traceback" not in out
-        _wait_for(lambda: not any(_alive(pid) for pid in workers), STOP_DEADLINE, "the workers to end")
+        _wait_for(lambda: not any(alive(pid) for pid in workers), STOP_DEADLINE, "the workers to end")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

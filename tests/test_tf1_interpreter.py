@@ -27,6 +27,7 @@ import pytest
 
 import equivtool
 from equivtool import cli
+from processes import alive, gone_within
 import equivtool.cli.doctor  # noqa: F401  (patched below)
 from equivtool._platform import tf1_python
 from equivtool.exported import _old_python, _record
@@ -361,13 +362,13 @@ def test_sigterm_while_the_old_side_runs_stops_it_and_removes_the_folder(small_t
         code = child.wait(timeout=120)
         assert code == -signal.SIGTERM, (stderr + child.stderr.read().decode(errors="replace"))[-2000:]
         assert os.listdir(root) == []
-        assert not _alive(recorder_pid)
+        assert gone_within(recorder_pid, 30)  # (killed: it ends a moment later)
     finally:
         if child.poll() is None:
             child.kill()
         child.wait()
         child.stderr.close()
-        if recorder_pid is not None and _alive(recorder_pid):  # the fault this test is for: end it
+        if recorder_pid is not None and alive(recorder_pid):  # the fault this test is for: end it
             os.kill(recorder_pid, signal.SIGKILL)
 
 
@@ -389,12 +390,6 @@ def _wait_for_recorder(fifo: str, child) -> tuple:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_old_python_refusals_come_before_any_work(small_tf1, tmp_path, temp_root):
