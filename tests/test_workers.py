@@ -3,6 +3,7 @@ numbers, verdicts and error messages as ``workers=1``."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import subprocess
@@ -46,29 +47,35 @@ def both(tf1_fn, tf2_layer, inputs, **kwargs):
     return one, two
 
 
-_UP = threading.Condition()  # notified when a worker says it is up; _UP_COUNT counts them
-_UP_COUNT = [0]
+_HEARD = threading.Condition()  # notified when a worker's message has been handled
+_COUNTS = collections.Counter()  # the workers' messages handled, by kind ("ready": up; "done": a job ended)
 
 
 @pytest.fixture(autouse=True)
-def _count_workers_up(monkeypatch):
-    """Count the workers that say they are up (from then on they are given jobs)."""
+def _count_workers_messages(monkeypatch):
+    """Count the workers' messages by kind, once this process has handled each."""
     from equivtool.engine import workers as _workers
     receive = _workers._Parallel._receive
+    _COUNTS.clear()
 
     def counted(self, worker, message):
         try:
             return receive(self, worker, message)
         finally:
-            if message is not None and message[0] == "ready":
-                _worker_up()
+            if message is not None:
+                _heard(message[0])
     monkeypatch.setattr(_workers._Parallel, "_receive", counted)
 
 
-def _worker_up() -> None:
-    with _UP:
-        _UP_COUNT[0] += 1
-        _UP.notify_all()
+def _heard(kind: str) -> None:
+    with _HEARD:
+        _COUNTS[kind] += 1
+        _HEARD.notify_all()
+
+
+def _wait_to_hear(kind: str, count: int, what: str) -> None:
+    with _HEARD:
+        assert _HEARD.wait_for(lambda: _COUNTS[kind] >= count, 120), what
 
 
 def _in_a_worker() -> bool:
@@ -79,14 +86,13 @@ def once_workers_up(tf1_fn, count: int = 1):
     """``tf1_fn``, which here (not in a worker) first waits until ``count`` workers
     of the next check are up, so that they are given the jobs this process would
     otherwise have taken itself."""
-    _UP_COUNT[0] = 0
+    _COUNTS.clear()
     return functools.partial(_tf1_once_up, tf1_fn, count)
 
 
 def _tf1_once_up(tf1_fn, count, x, training):
     if not _in_a_worker():
-        with _UP:
-            assert _UP.wait_for(lambda: _UP_COUNT[0] >= count, 120), "the workers did not start"
+        _wait_to_hear("ready", count, "the workers did not start")
     return tf1_fn(x, training)
 
 
@@ -174,7 +180,7 @@ def test_a_defect_in_the_thread_serving_the_workers_ends_the_check(monkeypatch):
     from equivtool.engine import workers as _workers
 
     def planted(self, worker, message):
-        _worker_up()  # (this process's TF1 side waits for the worker's first message)
+        _heard("ready")  # (this process's TF1 side waits for the worker's first message)
         raise RuntimeError("planted: the serving thread broke")
 
     tf1_fn = once_workers_up(slim_net)
@@ -345,7 +351,6 @@ def test_kept_arrays_on_both_sides_give_the_numbers_of_one_process(monkeypatch):
     process builds its TF1 half only once the workers have run every other job."""
     from equivtool.engine import workers as _workers
     _count_matches(monkeypatch)
-    _signal_five_jobs(monkeypatch)
     both_kept, resolve = [], _workers._Parallel._resolve
 
     def watched(self, name):
@@ -361,30 +366,10 @@ def test_kept_arrays_on_both_sides_give_the_numbers_of_one_process(monkeypatch):
     assert _worker_children() == [] and not _serving_threads()
 
 
-_FIVE_DONE = threading.Event()  # set when workers have ended five jobs (see _signal_five_jobs)
-
-
-def _signal_five_jobs(monkeypatch) -> None:
-    """Wrap _Parallel._receive so that _FIVE_DONE is set once workers have ended five jobs."""
-    from equivtool.engine import workers as _workers
-    receive, done = _workers._Parallel._receive, []
-    _FIVE_DONE.clear()
-
-    def counted(self, worker, message):
-        try:
-            return receive(self, worker, message)
-        finally:
-            if message is not None and message[0] == "done":
-                done.append(1)
-                if len(done) == 5:
-                    _FIVE_DONE.set()
-    monkeypatch.setattr(_workers._Parallel, "_receive", counted)
-
-
 def _tf1_last_here(x, training):
     """slim_net; here (not in a worker) it first waits until the workers have ended five jobs."""
     if not _in_a_worker():
-        assert _FIVE_DONE.wait(120), "the workers did not end five jobs"
+        _wait_to_hear("done", 5, "the workers did not end five jobs")
     return slim_net(x, training)
 
 
@@ -396,7 +381,6 @@ def test_no_step_is_lost_when_kept_arrays_come_back_at_once(monkeypatch):
     fault the TF2 arrays match nothing, so each such step needs two fetches."""
     from equivtool.engine import workers as _workers
     _count_matches(monkeypatch)
-    _signal_five_jobs(monkeypatch)
     emit = _workers._Parallel._emit
 
     def slow_emit(self):
