@@ -195,11 +195,19 @@ def tf1_one_graph(tf1_fn, inputs, fast: bool = False) -> float:
     return _tf1_run(tf1_fn, inputs, [(False, False), (True, True)], fast)
 
 
+#: The plan's TF1 graphs, by the check's job that builds them: ``((training, gradients), runs)``
+#: each, a graph of its own (the constant-mode inference graph runs twice: its pass and the
+#: fixed weights' pass).
+TF1_JOBS = {"tf1_pair": (((False, False), 2), ((True, True), 1)),
+            "tf1_nro_inference": (((False, False), 1),),
+            "tf1_nro_training": (((True, False), 1),)}
+
+
 def tf1_plan(tf1_fn, inputs, fast: bool = False, cpu: list | None = None) -> list:
     """The plan's four TF1 jobs, each a graph of its own, timed alone (seconds; CPU
     seconds appended to ``cpu``); the first runs twice (constant mode, fixed weights)."""
     return [_tf1_run(tf1_fn, inputs, [job], fast, cpu, runs)
-            for job, runs in (((False, False), 2), ((True, True), 1), ((False, False), 1), ((True, False), 1))]
+            for graphs in TF1_JOBS.values() for job, runs in graphs]
 
 
 def tf2_layer_jobs(make_layer, inputs, layers: int, cpu: list | None = None) -> list:
@@ -234,13 +242,9 @@ SIDE_BY_SIDE_JOBS = ("tf1_pair", "tf2_pair", "tf1_nro_inference", "tf1_nro_train
 
 def run_job(name: str, tf1_fn, make_layer, inputs) -> None:
     """One of :data:`SIDE_BY_SIDE_JOBS`, bare (TF1 graphs built with the check's shortcut)."""
-    if name == "tf1_pair":
-        _tf1_run(tf1_fn, inputs, [(False, False)], fast=True, runs=2)
-        _tf1_run(tf1_fn, inputs, [(True, True)], fast=True)
-    elif name == "tf1_nro_inference":
-        _tf1_run(tf1_fn, inputs, [(False, False)], fast=True)
-    elif name == "tf1_nro_training":
-        _tf1_run(tf1_fn, inputs, [(True, False)], fast=True)
+    if name in TF1_JOBS:
+        for job, runs in TF1_JOBS[name]:
+            _tf1_run(tf1_fn, inputs, [job], fast=True, runs=runs)
     elif name in ("tf2_pair", "tf2_nro_inference", "tf2_nro_training"):
         import tensorflow as tf
         x = tf.constant(inputs)

@@ -299,10 +299,15 @@ class _Parallel:
             self._emit()  # this step, and any before it, if the other side is in
 
         with self.lock:
-            final = not self.queue and not self.later
+            final = self._none_left()
         seconds = _run_job(self.engine, job.side, job.steps, job.inputs, job.release_after, captured, final)
         with self.lock:
             self._done(here, seconds)
+
+    def _none_left(self) -> bool:
+        """No job is left to hand out, and none can be added (a step whose TF2 side
+        needs its TF1 capture adds one): the job just taken is its process's last."""
+        return not self.queue and not self.later
 
     def _drain(self, workers, timeout: float = 30.0) -> None:
         """Every step is judged: wait for the workers' last "done" (their job times)."""
@@ -416,7 +421,7 @@ class _Parallel:
             try:
                 target.start(job, ([step.name for step in job.steps  # (a later step's TF1 side travels on)
                                     if not (job.side == "tf1" and step.name in self.later)], _kept.KEEP_BYTES),
-                             final=not self.queue and not self.later)
+                             final=self._none_left())
             except OSError:
                 dead = target.died()
                 for step in job.steps:
