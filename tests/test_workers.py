@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -119,6 +120,33 @@ def test_every_step_gives_the_same_numbers_and_verdicts_as_one_process():
     assert _worker_children() == [] and not _serving_threads()
 
 
+def _at_the_barrier(folder: str, count: int = 2) -> None:
+    """In a worker: say so in ``folder`` (a file named by its pid), then wait until
+    ``count`` workers have."""
+    if not _in_a_worker():
+        return
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    end = time.monotonic() + 120
+    while len(os.listdir(folder)) < count:
+        assert time.monotonic() < end, "the other worker never took a job"
+        time.sleep(0.01)  # polling, with a deadline: not a synchronisation by sleep
+
+
+def _tf1_at_the_barrier(folder, x, training):
+    _at_the_barrier(folder)
+    return slim_net(x, training)
+
+
+class _ShimAtTheBarrier(SlimNetShim):
+    def __init__(self, folder, **kwargs):
+        super().__init__(**kwargs)
+        self.folder = folder
+
+    def call(self, inputs, training=None):
+        _at_the_barrier(self.folder)
+        return super().call(inputs, training)
+
+
 def _worker_children() -> list:
     """This process's children that are equivtool worker processes."""
     found = []
@@ -139,8 +167,13 @@ def _serving_threads() -> list:
     return [t for t in threading.enumerate() if t.name == "equivtool-workers"]
 
 
-def test_more_workers_spread_the_jobs_over_more_processes():
-    report = equivtool.check_equivalence(once_workers_up(slim_net, 2), SlimNetShim, X, workers=3,
+def test_more_workers_spread_the_jobs_over_more_processes(tmp_path):
+    """With workers=3 the jobs spread over three processes. This process builds its
+    TF1 half once both workers are up; a worker's first job waits until the other
+    worker has one too (a small model's jobs are quick enough for one worker to take
+    them all before the other is up)."""
+    report = equivtool.check_equivalence(once_workers_up(functools.partial(_tf1_at_the_barrier, str(tmp_path)), 2),
+                                         functools.partial(_ShimAtTheBarrier, str(tmp_path)), X, workers=3,
                                          steps=["fixed_weights", "random"])
     assert report.passed, str(report)
     processes = {job["worker"] for job in report.meta["worker_jobs"]}
