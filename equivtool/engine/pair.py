@@ -82,13 +82,21 @@ class _Half:
 
     @contextlib.contextmanager
     def preserved(self):
-        """The variables as they are now, put back on every exit path; yields them."""
+        """The variables as they are now, put back on every exit path; yields them
+        (as :meth:`_keep` holds them)."""
         self.inference_pass()  # initialised (TF1) or built (TF2)
-        saved = self.side.read_variables()
+        saved = self._keep()
         try:
             yield saved
         finally:
-            self.side.assign_variables(saved)
+            self._put_back(saved)
+
+    def _keep(self):
+        """The variables' values, to put back: ``{key: array}``."""
+        return self.side.read_variables()
+
+    def _put_back(self, saved) -> None:
+        self.side.assign_variables(saved)
 
 
 class TF1Half(_Half):
@@ -273,14 +281,10 @@ class TF2Half(_Half):
             outputs, regularization, _, _ = self.side.forward(self.inputs, training=False)
         return outputs, regularization
 
-    @contextlib.contextmanager
-    def preserved(self):
-        """The variables as they are now, put back on every exit path (kept as
-        tensors: see :func:`~equivtool.engine.sides.tf2_side.snapshot_layer`);
-        yields ``[(variable, value)]``."""
-        self.inference_pass()  # built
-        saved = snapshot_layer(self.layer)
-        try:
-            yield saved
-        finally:
-            restore_snapshot(saved)
+    def _keep(self):
+        """``[(variable, value)]``, kept as tensors: no copy out to NumPy and back in
+        (see :func:`~equivtool.engine.sides.tf2_side.snapshot_layer`)."""
+        return snapshot_layer(self.layer)
+
+    def _put_back(self, saved) -> None:
+        restore_snapshot(saved)

@@ -116,6 +116,11 @@ class _Worker(_Slot):
         self.fetching: set = set()  # (step name, side) whose kept arrays were asked for, not yet come
         self.ready = False  # it has read the options (its imports done): it may be given jobs
 
+    @property
+    def starting(self) -> bool:
+        """Alive and not up yet: it will say "ready" (or its connection will end)."""
+        return not (self.ready or self.dead)
+
     def setup(self, payload: bytes, workdir: str | None) -> None:
         """The options; sent once every worker is starting, so that their imports overlap
         (a large payload waits until the worker reads it)."""
@@ -246,7 +251,7 @@ class _Parallel:
                     self._dispatch(workers)
                     job = self._claim(here)
                     if job is None:
-                        starting = self.queue and any(not (w.ready or w.dead) for w in workers)
+                        starting = self.queue and any(w.starting for w in workers)
                         if starting or any(w.job is not None or w.fetching for w in workers):
                             self._wake()
                             self.lock.wait()
@@ -458,7 +463,7 @@ class _Parallel:
                         return
                     self._dispatch(workers)
                     keeping = set(self.unresolved.values())
-                    busy = [w for w in workers if w.job is not None or w in keeping or not (w.ready or w.dead)]
+                    busy = [w for w in workers if w.job is not None or w in keeping or w.starting]
                 for ready in wait([w.conn for w in busy] + [wake]):
                     if ready is wake:
                         wake.recv(4096)
