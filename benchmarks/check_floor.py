@@ -77,23 +77,27 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# One child's work: "check", "tf1" or "tf1_fast" (the one-graph floor, built as the user's
-# code builds it or with the check's graph-building shortcut), "tf2", or "plan" (the plan's
-# jobs, one after another, each timed, the TF1 jobs both ways). It prints one JSON line.
+# One child's work: "check" (its worker started before this child's imports, as the
+# commands start theirs) or "check_cold" (started inside the check), "tf1" or "tf1_fast"
+# (the one-graph floor, built as the user's code builds it or with the check's
+# graph-building shortcut), "tf2", or "plan" (the plan's jobs, one after another, each
+# timed, the TF1 jobs both ways). It prints one JSON line.
 _CHILD = r"""
 import json, os, sys, time
 sys.path[:0] = [{root!r}, {here!r}]
 import equivtool
+kind, model = sys.argv[1], sys.argv[2]
+if kind == "check":
+    equivtool.start_workers(1)
 import numpy as np
 import tensorflow as tf
 import check_floor
-kind, model = sys.argv[1], sys.argv[2]
 tf1_fn, make_layer, inputs = check_floor.model(model)
 if kind == "serve":
     check_floor.serve_jobs(tf1_fn, make_layer, inputs)
     sys.exit(0)
 started, cpu = time.perf_counter(), check_floor.cpu_seconds()
-if kind == "check":
+if kind in ("check", "check_cold"):
     report = equivtool.check_equivalence(tf1_fn, make_layer, inputs, workers=2)
     result = {{"seconds": time.perf_counter() - started, "verdict": str(report.verdict),
               "cpu": check_floor.cpu_seconds() - cpu}}
@@ -369,11 +373,13 @@ def measure(spec: str) -> dict:
     check's graph-building shortcut) and the plan's jobs, one after another."""
     load = os.getloadavg()[0]
     check = _result(_start("check", spec), f"the check of {spec}")
+    cold = _result(_start("check_cold", spec), f"the check of {spec} with its worker started inside")
     floor, floor_fast = _pass_floor(spec, "tf1"), _pass_floor(spec, "tf1_fast")
     plan = _result(_start("plan", spec), f"the plan's jobs of {spec}")
     together = _side_by_side_floor(spec)
     return {"side_by_side": together["seconds"], "side_by_side_cpu": together["cpu"],
             "model": spec, "check": check["seconds"], "verdict": check["verdict"], "floor": floor,
+            "check_cold": cold["seconds"], "verdict_cold": cold["verdict"], "check_cold_cpu": cold["cpu"],
             "plan_floor": plan_floor(plan["tf1"] + plan["tf2"]), "floor_fast": floor_fast,
             "plan_floor_fast": plan_floor(plan["tf1_fast"] + plan["tf2"]), "tf1_jobs": plan["tf1"],
             "tf1_fast_jobs": plan["tf1_fast"], "tf2_jobs": plan["tf2"], "load": (load, os.getloadavg()[0]),
@@ -382,10 +388,10 @@ def measure(spec: str) -> dict:
 
 HEADER = ("| model | check s | pass floor s | check / pass floor | plan floor s | check / plan floor | "
           "fast-build pass floor s | check / it | fast-build plan floor s | check / it | "
-          "side-by-side plan floor s | check / it (goal <= 1.3x) | "
+          "side-by-side plan floor s | check / it (goal <= 1.3x) | check, worker started inside s | it / floor | "
           "TF1 jobs s | fast-build TF1 jobs s | TF2 jobs s | check CPU s / fast-build jobs' CPU s | "
           "check CPU s / side-by-side CPU s | load 1 min before/after | verdict |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def row(r: dict) -> str:
@@ -394,12 +400,13 @@ def row(r: dict) -> str:
     return (f"| {r['model']} | {r['check']:.1f} | {r['floor']:.1f} | {ratio(r['floor'])} | "
             f"{r['plan_floor']:.1f} | {ratio(r['plan_floor'])} | {r['floor_fast']:.1f} | {ratio(r['floor_fast'])} | "
             f"{r['plan_floor_fast']:.1f} | {ratio(r['plan_floor_fast'])} | "
-            f"{r['side_by_side']:.1f} | {ratio(r['side_by_side'])} | {jobs(r['tf1_jobs'])} | "
+            f"{r['side_by_side']:.1f} | {ratio(r['side_by_side'])} | "
+            f"{r['check_cold']:.1f} | {r['check_cold'] / r['side_by_side']:.2f}x | {jobs(r['tf1_jobs'])} | "
             f"{jobs(r['tf1_fast_jobs'])} | {jobs(r['tf2_jobs'])} | "
             f"{r['check_cpu']:.1f} / {r['plan_cpu_fast']:.1f} ({r['check_cpu'] / r['plan_cpu_fast']:.2f}x) | "
             f"{r['check_cpu']:.1f} / {r['side_by_side_cpu']:.1f} ({r['check_cpu'] / r['side_by_side_cpu']:.2f}x) | "
             f"{r['load'][0]:.2f}/{r['load'][1]:.2f} | "
-            f"{r['verdict']} |")
+            f"{r['verdict']}{'' if r['verdict_cold'] == r['verdict'] else ' (started inside: ' + r['verdict_cold'] + ')'} |")
 
 
 def main(argv=None) -> int:

@@ -45,6 +45,7 @@ _EXPORTS = {
     "EquivalenceReport": "report",
     # the engine
     "check_equivalence": "equivalence",
+    "start_workers": "engine.workers",
     "UnmatchedToleranceKeys": "equivalence",
     "slim_shim": "slim",
     "STEPS": "engine.registry",

@@ -103,14 +103,25 @@ def test_a_row_states_the_check_over_each_floor():
                            "tf2_jobs": [1.0, 1.0, 1.0],
                            "load": (1.0, 1.5), "verdict": "Verdict: EQUIVALENT (8 passed)",
                            "check_cpu": 45.0, "plan_cpu_fast": 30.0, "side_by_side": 24.0,
-                           "side_by_side_cpu": 40.0})
+                           "side_by_side_cpu": 40.0, "check_cold": 36.0, "check_cold_cpu": 48.0,
+                           "verdict_cold": "Verdict: EQUIVALENT (8 passed)"})
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:12] == ["net", "30.0", "10.0", "3.00x", "20.0", "1.50x", "15.0", "2.00x", "25.0", "1.20x",
-                          "24.0", "1.25x"]
-    assert cells[12] == "1.0 + 2.0 + 3.0 + 4.0" and cells[13] == "1.0 + 1.0 + 1.0 + 1.0"
-    assert cells[15] == "45.0 / 30.0 (1.50x)" and cells[16] == "45.0 / 40.0 (1.12x)"
+    assert cells[:14] == ["net", "30.0", "10.0", "3.00x", "20.0", "1.50x", "15.0", "2.00x", "25.0", "1.20x",
+                          "24.0", "1.25x", "36.0", "1.50x"]
+    assert cells[14] == "1.0 + 2.0 + 3.0 + 4.0" and cells[15] == "1.0 + 1.0 + 1.0 + 1.0"
+    assert cells[17] == "45.0 / 30.0 (1.50x)" and cells[18] == "45.0 / 40.0 (1.12x)"
     assert cells[-1] == "Verdict: EQUIVALENT (8 passed)"
     assert len(cells) == check_floor.HEADER.splitlines()[0].count("|") - 1
+
+
+def test_a_row_says_when_the_two_checks_verdicts_differ():
+    fields = {"model": "net", "check": 30.0, "floor": 10.0, "plan_floor": 20.0, "floor_fast": 15.0,
+              "plan_floor_fast": 25.0, "tf1_jobs": [1.0], "tf1_fast_jobs": [1.0], "tf2_jobs": [1.0],
+              "load": (1.0, 1.5), "verdict": "Verdict: EQUIVALENT (8 passed)", "check_cpu": 45.0,
+              "plan_cpu_fast": 30.0, "side_by_side": 24.0, "side_by_side_cpu": 40.0, "check_cold": 36.0,
+              "check_cold_cpu": 48.0, "verdict_cold": "Verdict: NOT EQUIVALENT: gradients"}
+    cells = [c.strip() for c in check_floor.row(fields).strip("|").split("|")]
+    assert cells[-1] == "Verdict: EQUIVALENT (8 passed) (started inside: Verdict: NOT EQUIVALENT: gradients)"
 
 
 def test_a_failing_child_stops_the_benchmark_with_its_error():

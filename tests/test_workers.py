@@ -6,16 +6,21 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import equivtool
+import processes
 import sparse_models
 from small_models import INPUT_SHAPE, SlimNetShim, slim_net
 
@@ -690,3 +695,121 @@ def test_memory_is_not_given_back_after_a_process_s_last_job(monkeypatch):
     flags = [final for _, final in here + sent]
     assert len(flags) == 6 and 1 <= sum(flags) <= 2, (here, sent)  # the last job of each process at most
     assert not any(final for _, final in here[:-1]) and not any(final for _, final in sent[:-1]), (here, sent)
+
+
+# -- workers started ahead of a check (equivtool.start_workers) ---------------
+
+def test_a_check_takes_the_workers_started_ahead_and_gives_the_same_numbers():
+    """A worker started ahead is the one the check gives its jobs to, and the
+    report is the one-process report; the check starts no other worker."""
+    from equivtool.engine import workers as _workers
+    equivtool.start_workers(1)
+    ahead = [worker.pid for worker in _workers._spares]
+    one, two = both(slim_net, SlimNetShim, X, steps=["variables_once", "fixed_weights", "random"])
+    assert one.passed and summary(one) == summary(two), str(two)
+    assert {job["worker"] for job in two.meta["worker_jobs"]} == {os.getpid(), *ahead}
+    assert _workers._spares == [] and _worker_children() == []
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_worker_started_in_another_environment_is_not_taken(monkeypatch, planted):
+    """A variable that configures equivtool, TensorFlow or Python set after the
+    worker started: the check starts a fresh worker and stops the one started
+    ahead. Planted fault: every worker started ahead taken."""
+    from equivtool.engine import workers as _workers
+    if planted:
+        monkeypatch.setattr(_workers, "_started_alike", lambda started, now: True)
+    equivtool.start_workers(1)
+    ahead = _workers._spares[0].pid
+    monkeypatch.setenv("EQUIVTOOL_SOMETHING_NEW", "1")
+    _, two = both(slim_net, SlimNetShim, X, steps=["fixed_weights"])
+    assert two.passed, str(two)
+    assert (ahead in {job["worker"] for job in two.meta["worker_jobs"]}) == planted
+    assert processes.gone_within(ahead, 30) and _workers._spares == []
+
+
+_ENV = st.dictionaries(st.sampled_from(["HOME", "LANG", "TF_X", "OMP_NUM_THREADS", "PYTHONPATH", "TERM", "SHLVL"]),
+                       st.sampled_from(["0", "1", "a"]), max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ENV, _ENV)
+def test_a_worker_counts_as_started_alike_exactly_when_nothing_it_runs_with_changed(started, now):
+    """Started alike: every inherited variable unchanged and no configuring one
+    (TF_*, OMP_*, PYTHON*, ...) added; interpreter and folder the same."""
+    from equivtool.engine.workers import _CONFIGURING, _started_alike
+    changed = any(now.get(key) != value for key, value in started.items())
+    configured = any(key.startswith(_CONFIGURING) for key in now.keys() - started.keys())
+    assert _started_alike(("py", "/d", started), ("py", "/d", now)) == (not changed and not configured)
+    assert not _started_alike(("py", "/d", started), ("py", "/e", dict(started)))
+    assert not _started_alike(("py", "/d", started), ("py3", "/d", dict(started)))
+
+
+@pytest.mark.parametrize("how", ["exit", "SIGTERM", "SIGKILL"])
+def test_workers_started_ahead_end_with_this_interpreter(how):
+    """Never taken by a check, they are stopped at exit, and end by themselves
+    when this interpreter is killed."""
+    script = ("import os, sys, time, equivtool\n"
+              "from equivtool.engine import workers\n"
+              "equivtool.start_workers(2)\n"
+              "equivtool.start_workers(2)  # topped up: still two\n"
+              "print(' '.join(str(w.pid) for w in workers._spares), flush=True)\n"
+              "sys.stdin.readline()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        pids = [int(pid) for pid in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(processes.alive(pid) for pid in pids)
+        if how == "exit":
+            proc.stdin.close()
+        else:
+            proc.send_signal(getattr(signal, how))
+        proc.wait(timeout=60)
+        assert all(processes.gone_within(pid, 30) for pid in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "2", None])
+def test_a_bad_count_of_workers_to_start_is_refused(bad):
+    from equivtool.engine import workers as _workers
+    with pytest.raises(ValueError, match=r"^count: expected a whole number >= 0, got "):
+        equivtool.start_workers(bad)
+    assert _workers._spares == []
+
+
+def _queue_order(slot, queue, tf1_on):
+    from equivtool.engine import workers as _workers
+    parallel = types.SimpleNamespace(queue=queue, tf1_on=tf1_on)
+    return _workers._Parallel._in_turn(parallel, slot)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["tf1", "tf2"]), st.integers(0, 5), st.booleans()), max_size=8),
+       st.dictionaries(st.integers(0, 5), st.sampled_from(["here", "worker"])))
+def test_a_process_takes_last_the_tf2_sides_whose_tf1_side_it_ran(jobs, ran):
+    """The queue as a process takes from it: a fresh step's TF2 side whose TF1
+    side that process ran comes after the rest; otherwise the queue's order.
+    (Both sides on one worker, one side's arrays all cross to be judged.)"""
+    from equivtool.engine import workers as _workers
+    slots = {"here": object(), "worker": object()}
+    queue = [_workers._Job(side, [types.SimpleNamespace(name=f"s{n}")], on_pair_worker=pair)
+             for side, n, pair in jobs]
+    tf1_on = {f"s{n}": slots[where] for n, where in ran.items()}
+    for where, slot in slots.items():
+        mine = [job for job in queue if job.side == "tf2" and not job.on_pair_worker
+                and ran.get(int(job.steps[0].name[1:])) == where]
+        assert _queue_order(slot, list(queue), tf1_on) == [job for job in queue if job not in mine] + mine
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_worker_that_ran_a_steps_tf1_side_leaves_its_tf2_side_to_another(planted):
+    from equivtool.engine import workers as _workers
+    here, worker = object(), object()
+    step = lambda name: [types.SimpleNamespace(name=name)]  # noqa: E731
+    inference, training = _workers._Job("tf2", step("inference")), _workers._Job("tf2", step("training"))
+    tf1_on = {"inference": here, "training": worker}
+    order = (lambda slot, queue, on: list(queue)) if planted else _queue_order
+    assert (order(here, [inference, training], tf1_on)[0] is training) != planted
+    assert order(worker, [inference, training], tf1_on)[0] is inference

@@ -13,7 +13,6 @@ from equivtool.cli.common import (MAX_SEED, EXIT_DIFFERENT, EXIT_OK, UsageError,
 
 
 def run(args) -> int:
-    from equivtool import check_equivalence
     from equivtool.cli.progress import print_progress, write_reports
     from equivtool.engine.registry import MODES, STEPS
 
@@ -49,6 +48,11 @@ def run(args) -> int:
             raise UsageError(str(exc)) from None
         if set(tolerance) == {"*"}:
             tolerance = tolerance["*"]
+    if args.workers >= 2 and not args.tf1_python:
+        # the workers import TensorFlow while this process does and loads the targets
+        from equivtool.engine.workers import start_workers
+        start_workers(args.workers - 1)
+    from equivtool import check_equivalence
     with importable_cwd():
         # --tf1-python: MODULE:TF1_FN is imported in that interpreter, not here
         tf1_fn = args.tf1_fn if args.tf1_python else load_target(args.tf1_fn, "TF1_FN")

@@ -99,13 +99,21 @@ def _parent_death_signal(signum: int) -> bool:
         return False
 
 
-def _leave(workdir: str | None, orphaned: bool, code: int) -> None:
+_owned = {"workdir": None}  # this worker's parent's temporary folder, removed by an orphan
+
+
+def own_workdir(workdir: str) -> None:
+    """The parent's temporary folder, told to a worker started before its check had one."""
+    _owned["workdir"] = workdir
+
+
+def _leave(orphaned: bool, code: int) -> None:
     """End this worker now, silently; an orphan removes the parent's temporary
     folder first (the parent, killed, cannot)."""
     import os
     import shutil
-    if orphaned and workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
+    if orphaned and _owned["workdir"]:
+        shutil.rmtree(_owned["workdir"], ignore_errors=True)
     os._exit(code)
 
 
@@ -125,6 +133,7 @@ def watch_parent(conn_fd: int, parent_pid: int, workdir: str | None) -> None:
     import os
     import select
 
+    _owned["workdir"] = workdir
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake_out, wake_in = os.pipe()
     os.set_blocking(wake_in, False)
@@ -132,7 +141,7 @@ def watch_parent(conn_fd: int, parent_pid: int, workdir: str | None) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     _parent_death_signal(signal.SIGTERM)
     if os.getppid() != parent_pid:  # the parent died before the line above
-        _leave(workdir, True, 1)
+        _leave(True, 1)
 
     hang_up = getattr(select, "POLLRDHUP", 0)  # POLLHUP and POLLERR are always reported
 
@@ -152,12 +161,12 @@ def watch_parent(conn_fd: int, parent_pid: int, workdir: str | None) -> None:
                     poller.unregister(conn_fd)
                     continue
                 if fd == conn_fd:  # the parent's end closed: the parent is gone
-                    _leave(workdir, True, 1)
+                    _leave(True, 1)
                 if os.read(wake_out, 1) == bytes([signal.SIGTERM]):
                     # The parent-death signal comes as soon as the thread that started this
                     # process exits, while the rest of the parent may still be going
                     # (getppid() still names it): an orphan is told by the closed socket.
                     orphaned = os.getppid() != parent_pid or parent_gone(_ORPHAN_WAIT_MS)
-                    _leave(workdir, orphaned, 128 + signal.SIGTERM)
+                    _leave(orphaned, 128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="equivtool-parent-watch", daemon=True).start()

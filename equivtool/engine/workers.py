@@ -101,6 +101,7 @@ class _Here(_Slot):
 class _Worker(_Slot):
     def __init__(self, workdir: str | None = None):
         super().__init__()
+        self.started_in = _environment()  # a spare is taken only by a check run where it was started
         parent, child = socket.socketpair()
         env = dict(os.environ, **{_FD_ENV: str(child.fileno()), _PARENT_ENV: str(os.getpid()),
                                   _WORKDIR_ENV: workdir or ""})
@@ -210,6 +211,7 @@ class _Parallel:
         self.pair_worker: _Slot | None = None
         self.emitted = 0              # the steps judged and recorded so far, in run order (see _emit)
         self.unresolved: dict = {}    # (step name, side) -> the worker keeping some of its capture's arrays
+        self.tf1_on: dict = {}        # step name -> the slot its TF1 side was given to
         self.jobs: list = []          # what each finished job ran, where, when it was handed over, how long
         self.began = time.monotonic()
         self.lock = threading.Condition()  # guards the queue, the captures and the slots
@@ -224,7 +226,7 @@ class _Parallel:
         payload = check_sendable(engine.options)
         here = _Here()
         workdir = engine.workdir() if self.later else None  # where the TF1 side writes what the TF2 side loads
-        workers = [_Worker(workdir) for _ in range(self.count - 1)]
+        workers = _take_workers(self.count - 1, workdir)
         wake_out, self._wake_in = socket.socketpair()
         self._wake_in.setblocking(False)  # a full buffer already means "look again"
         server = threading.Thread(target=self._serve_workers, args=(workers, wake_out),
@@ -288,9 +290,10 @@ class _Parallel:
 
     def _claim(self, here: _Here) -> "_Job | None":
         """The next job this process may run (under the lock), taken off the queue."""
-        for job in self.queue:
+        for job in self._in_turn(here):
             if (self.pair_worker is here) if job.on_pair_worker else not here.reserved:
                 self.queue.remove(job)
+                self._placed(here, job)
                 if job.on_pair_worker:
                     here.reserved = False
                 here.take(job)
@@ -404,34 +407,52 @@ class _Parallel:
 
     def _dispatch(self, workers) -> None:
         """Give free workers the jobs they may run (a job for the pair's TF2 half
-        waits for the slot holding it)."""
-        for job in list(self.queue):
-            if job.on_pair_worker:
-                target = self.pair_worker
-                if not isinstance(target, _Worker) or target.job is not None:
-                    continue
-                if target.dead:
-                    self.queue.remove(job)
-                    for step in job.steps:
-                        self.captures[(step.name, job.side)] = _died(target.dead)
-                    self.lock.notify_all()
-                    continue
-                target.reserved = False
-            else:
-                target = next((w for w in workers if w.ready and w.job is None and not w.dead and not w.reserved),
-                              None)
-                if target is None:
-                    continue
-            self.queue.remove(job)
-            try:
-                target.start(job, ([step.name for step in job.steps  # (a later step's TF1 side travels on)
-                                    if not (job.side == "tf1" and step.name in self.later)], _kept.KEEP_BYTES),
-                             final=self._none_left())
-            except OSError:
-                dead = target.died()
+        waits for the slot holding it; see :meth:`_in_turn` for the others' order)."""
+        for job in [job for job in self.queue if job.on_pair_worker]:
+            target = self.pair_worker
+            if not isinstance(target, _Worker) or target.job is not None:
+                continue
+            if target.dead:
+                self.queue.remove(job)
                 for step in job.steps:
-                    self.captures[(step.name, job.side)] = _died(dead)
+                    self.captures[(step.name, job.side)] = _died(target.dead)
                 self.lock.notify_all()
+                continue
+            target.reserved = False
+            self._start(target, job)
+        for worker in workers:
+            if worker.ready and worker.job is None and not worker.dead and not worker.reserved:
+                job = next((job for job in self._in_turn(worker) if not job.on_pair_worker), None)
+                if job is None:
+                    break
+                self._start(worker, job)
+
+    def _start(self, worker: _Worker, job: _Job) -> None:
+        self.queue.remove(job)
+        self._placed(worker, job)
+        try:
+            worker.start(job, ([step.name for step in job.steps  # (a later step's TF1 side travels on)
+                                if not (job.side == "tf1" and step.name in self.later)], _kept.KEEP_BYTES),
+                         final=self._none_left())
+        except OSError:
+            dead = worker.died()
+            for step in job.steps:
+                self.captures[(step.name, job.side)] = _died(dead)
+            self.lock.notify_all()
+
+    def _placed(self, slot: _Slot, job: _Job) -> None:
+        if job.side == "tf1":
+            self.tf1_on.update((step.name, slot) for step in job.steps)
+
+    def _in_turn(self, slot: _Slot) -> list:
+        """The queue in the order ``slot`` takes from it: as queued, but a fresh
+        step's TF2 side after those whose TF1 side ran on another process. Two
+        sides on two processes, the worker's arrays are matched by digest to the
+        other side's and stay where they are; both on one worker, every array
+        of one side crosses (IRv2's or alexnet_v2's training step: hundreds of
+        MB, half a second at the end of a check)."""
+        return sorted(self.queue, key=lambda job: job.side == "tf2" and not job.on_pair_worker
+                      and any(self.tf1_on.get(step.name) is slot for step in job.steps))
 
     def _captured(self, slot: _Slot, name: str, side: str, outcome: tuple) -> None:
         self.captures[(name, side)] = outcome
@@ -523,6 +544,77 @@ def run_parallel(engine: "Engine", workers: int) -> list:
 
 
 # --------------------------------------------------------------------------
+# Workers started ahead of a check
+# --------------------------------------------------------------------------
+
+_spares: list = []  # started by start_workers, not yet taken by a check
+
+
+def _environment() -> tuple:
+    """What a worker inherits from this process when it starts."""
+    return sys.executable, os.getcwd(), dict(os.environ)
+
+
+# Variables that configure what a worker runs: one set after a worker started is
+# a reason to start a fresh one. (Importing TensorFlow sets others, e.g.
+# TF2_BEHAVIOR and TPU_ML_PLATFORM, in this process and in the worker alike.)
+_CONFIGURING = ("TF_", "XLA_", "CUDA_", "OMP_", "KMP_", "KERAS_", "PYTHON", "EQUIVTOOL_", "LD_", "MALLOC_")
+
+
+def _started_alike(started: tuple, now: tuple) -> bool:
+    """A worker started in ``started`` (see :func:`_environment`) runs as one started ``now`` would:
+    the same interpreter and folder, every variable it inherited unchanged, and
+    none that configures TensorFlow, Python or equivtool set since."""
+    (python, cwd, env), (python_now, cwd_now, env_now) = started, now
+    return (python == python_now and cwd == cwd_now and all(env_now.get(k) == v for k, v in env.items())
+            and not any(k.startswith(_CONFIGURING) for k in env_now.keys() - env.keys()))
+
+
+def start_workers(count: int) -> None:
+    """Have ``count`` worker processes starting now, for the next check run with ``workers >= 2``.
+
+    A worker's start (an interpreter importing TensorFlow: 2 to 3 CPU seconds)
+    is otherwise paid inside the check, on cores its first steps need; started
+    before the caller's own imports and model building, it overlaps them. The
+    ``equivtool check`` and ``equivtool demo`` commands call this first thing
+    with their ``--workers`` less one. A check takes these workers (as many as
+    it needs) only when this process's interpreter, working folder and
+    environment variables are still those they were started with (a variable
+    set since is fine unless it configures TensorFlow, Python or equivtool:
+    ``TF_*``, ``OMP_*``, ``PYTHON*``, ...), and starts fresh ones otherwise; a
+    worker taken runs one check and ends with it, as any worker. Those never taken are stopped when this interpreter exits (and end
+    by themselves if it is killed). Calling it again tops the count up."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"count: expected a whole number >= 0, got {count!r}")
+    if not _spares:
+        import atexit
+        atexit.register(_stop_spares)
+    _spares[:] = [worker for worker in _spares if worker.process.poll() is None]
+    while len(_spares) < count:
+        _spares.append(_Worker())
+
+
+def _stop_spares() -> None:
+    while _spares:
+        _spares.pop().stop(force=True)
+
+
+def _take_workers(count: int, workdir: str | None) -> list:
+    """``count`` workers for a check: started-ahead ones first (those started in
+    another environment, or dead, are stopped), fresh ones for the rest."""
+    taken, here = [], _environment()
+    for worker in list(_spares):
+        if len(taken) == count:
+            break
+        _spares.remove(worker)
+        if worker.process.poll() is None and _started_alike(worker.started_in, here):
+            taken.append(worker)
+        else:
+            worker.stop(force=True)
+    return taken + [_Worker(workdir) for _ in range(count - len(taken))]
+
+
+# --------------------------------------------------------------------------
 # The worker
 # --------------------------------------------------------------------------
 
@@ -595,6 +687,8 @@ def _read(conn: Connection, outbox: _Outbox, inbox: queue.Queue) -> None:
             if message[0] in ("fetch", "drop"):
                 outbox.answer(message)
             else:
+                if message[0] == "setup" and message[3]:  # a started-ahead worker learns its check's folder
+                    _signals.own_workdir(message[3])
                 inbox.put(message)
     except (EOFError, OSError):
         pass
@@ -607,6 +701,12 @@ def _serve(conn: Connection) -> "Engine | None":
     engine, broken = None, None   # broken: the outcome of every side when the options could not be read
     outbox, inbox = _Outbox(conn), queue.Queue()
     threading.Thread(target=_read, args=(conn, outbox, inbox), name="equivtool-parent", daemon=True).start()
+    # TensorFlow and the engine at once, with this process's own path (equivtool's
+    # folder first): a worker started ahead of its check is then up when the check
+    # comes; the parent's path, for the user's modules, comes with the options.
+    importlib.import_module("equivtool")  # the environment fix, before TensorFlow
+    from equivtool._base.errors import full_traceback, one_line
+    from equivtool.engine.run import Engine
     while True:
         message = inbox.get()
         if message is None:  # the parent is gone
@@ -615,9 +715,6 @@ def _serve(conn: Connection) -> "Engine | None":
         if kind == "setup":
             _, path, payload, workdir = message
             sys.path[:0] = [entry for entry in path if entry not in sys.path]
-            importlib.import_module("equivtool")  # the environment fix, before TensorFlow
-            from equivtool._base.errors import full_traceback, one_line
-            from equivtool.engine.run import Engine
             try:
                 engine = Engine(_send.loads(payload), workdir=workdir)
             except Exception as exc:  # e.g. a function whose module this process cannot import

@@ -19,7 +19,6 @@ import equivtool  # noqa: F401  (must come before tensorflow)
 import numpy as np
 
 from equivtool.cli.progress import print_progress, write_reports
-from .keras_shim import make_shim, tf1_forward
 
 MIN_IMAGE_SIZE = 107
 DEFAULT_STEPS = equivtool.DEFAULT_STEPS  # the library's default selection (equivtool.engine.registry)
@@ -63,6 +62,8 @@ def run(image_size=299, batch_size=1, num_classes=1000, steps=DEFAULT_STEPS,
                              ("num_classes", num_classes, 2)):
         if not isinstance(value, int) or value < low:
             raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+    from .keras_shim import make_shim, tf1_forward  # TensorFlow: after main() has started the workers
+
     images = np.random.RandomState(0).uniform(-1, 1, (batch_size, image_size, image_size, 3)).astype(np.float32)
     kwargs = model_kwargs()
     return equivtool.check_equivalence(
@@ -75,6 +76,8 @@ def run(image_size=299, batch_size=1, num_classes=1000, steps=DEFAULT_STEPS,
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.workers >= 2:  # they import TensorFlow while this process does and builds the model
+        equivtool.start_workers(args.workers - 1)
     steps = tuple(s for s in args.steps.split(",") if s)
     modes = tuple(m for m in args.modes.split(",") if m)
     print(f"Inception-ResNet-v2 equivalence: {args.image_size}x{args.image_size}, batch "
