@@ -121,3 +121,87 @@ def test_nothing_to_match_leaves_every_array_to_be_asked_for():
 def test_arrays_without_numbers_travel_whole(value):
     stripped, kept = _kept.keep({"x": value}, 0)
     assert kept == {} and stripped["x"] is value
+
+
+# -- kept arrays moved to disk (a worker's next job would otherwise hold them) --
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(arrays(), min_size=1, max_size=6), st.data())
+def test_arrays_moved_to_disk_read_back_as_they_were(values, data):
+    """Any arrays, any subset read back in any order: the same bytes, shape and dtype."""
+    on_disk = _kept.OnDisk(dict(enumerate(values)))
+    with on_disk:
+        wanted = data.draw(st.lists(st.sampled_from(range(len(values))), unique=True))
+        back = on_disk.read(wanted)
+    assert sorted(back) == sorted(wanted)
+    assert all(same(back[index], values[index]) for index in wanted)
+
+
+def test_a_file_cut_short_is_an_error_not_other_numbers():
+    """Planted fault: the file loses its last bytes; reading that array raises."""
+    values = {0: np.arange(1000, dtype=np.float32), 1: np.ones((7, 9), np.float64)}
+    with _kept.OnDisk(values) as on_disk:
+        on_disk.file.truncate(on_disk.where[1][0] + 8)
+        assert same(on_disk.read([0])[0], values[0])
+        with pytest.raises(EOFError, match="kept array 1: 496 bytes missing"):
+            on_disk.read([1])
+
+
+def test_arrays_on_disk_leave_no_file_behind(tmp_path, monkeypatch):
+    """The file has no name: nothing in the temporary folder while it is open, and
+    its descriptor is gone once closed."""
+    import os
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    on_disk = _kept.OnDisk({0: np.zeros(1 << 16, np.float32)})
+    fd = on_disk.file.fileno()
+    assert os.listdir(tmp_path) == [] and os.fstat(fd).st_size == 1 << 18
+    on_disk.close()
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def _outbox():
+    import socket
+    from multiprocessing.connection import Connection
+
+    from equivtool.engine import workers
+    here, there = socket.socketpair()
+    return workers._Outbox(Connection(here.detach())), Connection(there.detach())
+
+
+def test_a_worker_moves_to_disk_only_what_it_is_told_and_only_past_the_threshold():
+    from equivtool.engine import send
+    outbox, parent = _outbox()
+    values = {0: np.arange(4096, dtype=np.float32), 1: np.full((3, 5), 2.5)}
+    outbox.kept = {("a", "tf2"): dict(values), ("b", "tf2"): {0: np.zeros(10)}}
+    outbox.spill([("a", "tf2")], min_bytes=1 << 20)  # 16 KB kept: below it, left in memory
+    assert all(isinstance(arrays, dict) for arrays in outbox.kept.values())
+    outbox.spill([("a", "tf2"), ("gone", "tf1")], min_bytes=0)
+    assert isinstance(outbox.kept[("a", "tf2")], _kept.OnDisk) and isinstance(outbox.kept[("b", "tf2")], dict)
+    on_disk = outbox.kept[("a", "tf2")]
+    outbox.answer(("fetch", "a", "tf2", [1, 0]))
+    kind, name, side, back = send.receive(parent)
+    assert (kind, name, side) == ("arrays", "a", "tf2") and sorted(back) == [0, 1]
+    assert all(same(back[index], values[index]) for index in values)
+    assert on_disk.file.closed and ("a", "tf2") not in outbox.kept
+    outbox.spill([("b", "tf2")], min_bytes=0)
+    dropped = outbox.kept[("b", "tf2")]
+    outbox.answer(("drop", "b", "tf2"))
+    assert dropped.file.closed and outbox.kept == {}
+    outbox.conn.close()
+    parent.close()
+
+
+def test_a_disk_that_refuses_leaves_the_arrays_in_memory(monkeypatch):
+    def full(arrays):
+        raise OSError(28, "No space left on device")
+    outbox, parent = _outbox()
+    kept = {0: np.arange(4096, dtype=np.float32)}
+    outbox.kept = {("a", "tf2"): kept}
+    monkeypatch.setattr(_kept, "OnDisk", full)
+    outbox.spill([("a", "tf2")], min_bytes=0)
+    assert outbox.kept == {("a", "tf2"): kept}
+    outbox.conn.close()
+    parent.close()

@@ -404,6 +404,38 @@ def test_kept_arrays_on_both_sides_give_the_numbers_of_one_process(monkeypatch):
     assert _worker_children() == [] and not _serving_threads()
 
 
+def test_kept_arrays_moved_to_disk_give_the_numbers_of_one_process(monkeypatch):
+    """A worker that runs on while this process's TF1 half is not in moves what it
+    keeps to disk first; matched or read back (a few training values differ in
+    their last bits; with a planted fault, the TF2 outputs differ: more), the
+    report is the one-process report, leaf for leaf."""
+    from equivtool.engine import _kept
+    from equivtool.engine import workers as _workers
+    found = _count_matches(monkeypatch)
+    monkeypatch.setattr(_kept, "SPILL_BYTES", 0)
+    told, start = [], _workers._Worker.start
+
+    def watched(self, job, keep, final=False, spill=((), 0)):
+        told.extend(spill[0])
+        return start(self, job, keep, final, spill)
+    monkeypatch.setattr(_workers._Worker, "start", watched)
+    missing = {}
+    for planted in (False, True):
+        layer = functools.partial(SlimNetShim, bn_epsilon=1.1e-3) if planted else SlimNetShim
+        steps = ["fixed_weights", "random"]
+        one = equivtool.check_equivalence(slim_net, layer, X, workers=1, steps=steps)
+        with _HEARD:
+            _COUNTS.clear()  # (_tf1_last_here counts this check's jobs)
+        three = equivtool.check_equivalence(_tf1_last_here, layer, X, workers=3, steps=steps)
+        assert three.passed != planted and summary(one) == summary(three), str(three)
+        assert ("fixed_weights", "tf2") in told, told  # the pair's TF2 half, kept while the workers ran on
+        missing[planted] = sum(count for _, count in found)
+        told.clear()
+        found.clear()
+    assert 0 < missing[False] < missing[True], missing
+    assert _worker_children() == [] and not _serving_threads()
+
+
 def _tf1_last_here(x, training):
     """slim_net; here (not in a worker) it first waits until the workers have ended five jobs."""
     if not _in_a_worker():
@@ -684,9 +716,9 @@ def test_memory_is_not_given_back_after_a_process_s_last_job(monkeypatch):
         here.append(([s.name for s in steps], final))
         return run_job(engine, side, steps, inputs, release_after, captured, final)
 
-    def recorded_start(self, job, keep, final=False):
+    def recorded_start(self, job, keep, final=False, **kwargs):
         sent.append(([s.name for s in job.steps], final))
-        return start(self, job, keep, final)
+        return start(self, job, keep, final, **kwargs)
     monkeypatch.setattr(_workers, "_run_job", recorded_run_job)
     monkeypatch.setattr(_workers._Worker, "start", recorded_start)
     report = equivtool.check_equivalence(once_workers_up(slim_net), SlimNetShim, X, workers=2,

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import tempfile
 
 import numpy as np
 
 from equivtool._base.tree import flatten_tensors, pack_like
 
 #: Arrays this large or larger travel as a digest first (the parent tells its workers).
-KEEP_BYTES = 1 << 20
+KEEP_BYTES = 1 << 16
+#: A worker moves its kept arrays to disk before its next job when they come to this much.
+SPILL_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,3 +101,51 @@ def match(capture, other) -> tuple:
 def fill(capture, arrays: dict):
     """``capture`` with each Kept replaced by ``arrays[its index]``."""
     return _walk(capture, lambda value: arrays[value.index] if isinstance(value, Kept) else value)
+
+
+class OnDisk:
+    """Kept arrays moved to a temporary file, read back by index when asked for.
+
+    The file has no name (``tempfile.TemporaryFile``: ``O_TMPFILE`` on Linux, or
+    unlinked at once): its space is freed when it is closed or this process
+    ends, however it ends. Its pages are the kernel's page cache, written back
+    and dropped under memory pressure, not this process's memory (on a tmpfs
+    temporary folder they stay memory: point ``TMPDIR`` at a disk)."""
+
+    def __init__(self, arrays: dict):
+        self.where: dict = {}  # index -> (offset, shape, dtype)
+        self.file = tempfile.TemporaryFile(prefix="equivtool-kept-")
+        try:
+            for index, array in arrays.items():
+                data = np.ascontiguousarray(array)  # (1-d for a 0-d array: its shape is the array's)
+                self.where[index] = (self.file.tell(), array.shape, array.dtype)
+                self.file.write(data.reshape(-1).view(np.uint8).data)
+            self.file.flush()
+        except BaseException:
+            self.file.close()
+            raise
+
+    def read(self, indices) -> dict:
+        """``{index: array}``: fresh arrays with the bytes written."""
+        arrays = {}
+        for index in indices:
+            offset, shape, dtype = self.where[index]
+            array = np.empty(shape, dtype)
+            view, got = array.reshape(-1).view(np.uint8), 0
+            self.file.seek(offset)
+            while got < view.nbytes:
+                count = self.file.readinto(view[got:])
+                if not count:
+                    raise EOFError(f"kept array {index}: {view.nbytes - got} bytes missing from its file")
+                got += count
+            arrays[index] = array
+        return arrays
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -127,13 +127,15 @@ class _Worker(_Slot):
         (a large payload waits until the worker reads it)."""
         self.conn.send(("setup", list(sys.path), payload, workdir))
 
-    def start(self, job: _Job, keep: tuple, final: bool = False) -> None:
+    def start(self, job: _Job, keep: tuple, final: bool = False, spill: tuple = ((), 0)) -> None:
         """Run ``job``; ``keep``: ``(step names, bytes)``, the arrays of that size or
         larger in those steps' captures are kept there (see :mod:`equivtool.engine._kept`);
-        ``final``: no job is left after it (see :func:`_run_job`)."""
+        ``final``: no job is left after it (see :func:`_run_job`); ``spill``:
+        ``((step name, side) ..., bytes)``, captures whose kept arrays are moved to
+        disk first when they come to that many bytes or more (see :meth:`_Outbox.spill`)."""
         self.take(job)
         self.conn.send(("run", job.side, [step.name for step in job.steps], job.inputs, job.release_after, keep,
-                        final))
+                        final, spill))
 
     def died(self) -> str:
         try:
@@ -166,6 +168,7 @@ class _Worker(_Slot):
 
 #: What a side's capture is replaced by once its step is judged (its arrays freed).
 _JUDGED = ("judged",)
+_OTHER = {"tf1": "tf2", "tf2": "tf1"}
 
 
 def _died(message: str) -> tuple:
@@ -431,9 +434,12 @@ class _Parallel:
         self.queue.remove(job)
         self._placed(worker, job)
         try:
+            # Kept arrays whose other side is not in yet would be held through this job.
+            waiting = [key for key, keeper in self.unresolved.items()
+                       if keeper is worker and (key[0], _OTHER[key[1]]) not in self.captures]
             worker.start(job, ([step.name for step in job.steps  # (a later step's TF1 side travels on)
                                 if not (job.side == "tf1" and step.name in self.later)], _kept.KEEP_BYTES),
-                         final=self._none_left())
+                         final=self._none_left(), spill=(waiting, _kept.SPILL_BYTES))
         except OSError:
             dead = worker.died()
             for step in job.steps:
@@ -673,8 +679,38 @@ class _Outbox:
         """The parent's ``("fetch", name, side, indices)`` or ``("drop", name, side)``."""
         with self.lock:
             arrays = self.kept.pop((message[1], message[2]), {})
+        if isinstance(arrays, _kept.OnDisk):
+            on_disk, arrays = arrays, {}
+            with on_disk:
+                if message[0] == "fetch":
+                    arrays = on_disk.read(message[3])
         if message[0] == "fetch":
             self.send(("arrays", message[1], message[2], {index: arrays[index] for index in message[3]}))
+
+    def spill(self, keys, min_bytes: int) -> None:
+        """Move the arrays kept for ``keys`` (``(step name, side)``: captures whose
+        other side is not in yet) to a temporary file, when they come to
+        ``min_bytes`` or more: this process would otherwise hold them through its
+        next job (a training step's variables and gradients: 450 MB for
+        Inception-ResNet-v2 at 299 px, while the next job builds a graph). A kept
+        array is mostly matched by digest and never read again; one asked for is
+        read back. The file has no name (see :class:`equivtool.engine._kept.OnDisk`):
+        nothing is left on disk however this process ends. Where the disk
+        refuses (full, read-only), the arrays stay in memory."""
+        with self.lock:
+            held = [(key, self.kept[key]) for key in keys if isinstance(self.kept.get(key), dict)]
+        if not held or sum(array.nbytes for _, arrays in held for array in arrays.values()) < min_bytes:
+            return
+        for key, arrays in held:
+            try:
+                on_disk = _kept.OnDisk(arrays)
+            except OSError:  # a full or read-only disk: they stay in memory, as before
+                return
+            with self.lock:
+                if self.kept.get(key) is arrays:  # (else asked for or let go meanwhile)
+                    self.kept[key], on_disk = on_disk, None
+            if on_disk is not None:
+                on_disk.close()
 
 
 def _read(conn: Connection, outbox: _Outbox, inbox: queue.Queue) -> None:
@@ -723,7 +759,8 @@ def _serve(conn: Connection) -> "Engine | None":
             outbox.send(("ready",))  # (broken, its jobs come back as that error, as they would have)
         elif kind == "run":
             from equivtool.engine import registry as _steps
-            _, side, names, inputs, release_after, keep, final = message
+            _, side, names, inputs, release_after, keep, final, spill = message
+            outbox.spill(*spill)
             steps = [_steps.get_step(name) for name in names]
 
             def send(step, outcome):
