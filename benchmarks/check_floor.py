@@ -397,6 +397,7 @@ HEADER = ("| model | check s | pass floor s | check / pass floor | plan floor s 
 def row(r: dict) -> str:
     jobs = lambda xs: " + ".join(f"{x:.1f}" for x in xs)  # noqa: E731
     ratio = lambda floor: f"{r['check'] / floor:.2f}x"  # noqa: E731
+    cold = "" if r["verdict_cold"] == r["verdict"] else f" (started inside: {r['verdict_cold']})"
     return (f"| {r['model']} | {r['check']:.1f} | {r['floor']:.1f} | {ratio(r['floor'])} | "
             f"{r['plan_floor']:.1f} | {ratio(r['plan_floor'])} | {r['floor_fast']:.1f} | {ratio(r['floor_fast'])} | "
             f"{r['plan_floor_fast']:.1f} | {ratio(r['plan_floor_fast'])} | "
@@ -406,7 +407,7 @@ def row(r: dict) -> str:
             f"{r['check_cpu']:.1f} / {r['plan_cpu_fast']:.1f} ({r['check_cpu'] / r['plan_cpu_fast']:.2f}x) | "
             f"{r['check_cpu']:.1f} / {r['side_by_side_cpu']:.1f} ({r['check_cpu'] / r['side_by_side_cpu']:.2f}x) | "
             f"{r['load'][0]:.2f}/{r['load'][1]:.2f} | "
-            f"{r['verdict']}{'' if r['verdict_cold'] == r['verdict'] else ' (started inside: ' + r['verdict_cold'] + ')'} |")
+            f"{r['verdict']}{cold} |")
 
 
 def main(argv=None) -> int:

@@ -32,8 +32,14 @@ STOP_DEADLINE = 30     # everything is gone after the signal (the model sleeps 1
 PARENT = f"""
 import sys
 sys.path[:0] = [{TESTS!r}, {ROOT!r}]
+import os
 import numpy as np
 import equivtool
+if os.environ.get("EQUIVTOOL_TEST_AHEAD"):  # the worker started ahead: it learns the folder with the options
+    from equivtool.engine import workers
+    equivtool.start_workers(int(sys.argv[1]) - 1)
+    with open(os.environ["EQUIVTOOL_TEST_AHEAD"], "w") as f:
+        f.write(" ".join(str(worker.pid) for worker in workers._spares))
 from interrupt_models import Dense, tf1_dense
 equivtool.check_equivalence(tf1_dense, Dense, np.ones([2, 3], np.float32), workers=int(sys.argv[1]),
                             steps=sys.argv[2].split(","), checkpoint=True)
@@ -124,17 +130,22 @@ def _folders(temp) -> list:
 
 
 @pytest.mark.parametrize("how", ["SIGINT to the parent", "SIGTERM to the parent", "SIGKILL to the parent",
-                                 "SIGTERM to the group", "SIGTERM to a one-process check"])
+                                 "SIGKILL to the parent, its worker started ahead", "SIGTERM to the group",
+                                 "SIGTERM to a one-process check"])
 def test_a_signal_leaves_no_worker_and_no_temporary_folder(how, tmp_path):
     if how.endswith("one-process check"):  # it pauses in a num_random_ops build, after the checkpoint step
         count, steps, env = 1, "fixed_weights,checkpoint,random", {"EQUIVTOOL_TEST_PAUSE_WITH_FOLDER": "1"}
     else:  # the parent pauses in the pair's TF1 half, the worker in its TF2 half
         count, steps, env = 2, "fixed_weights,checkpoint", {}
+        if how.endswith("ahead"):
+            env["EQUIVTOOL_TEST_AHEAD"] = str(tmp_path / "ahead")
     process, workers, temp = _start([sys.executable, "-c", PARENT, str(count), steps], tmp_path, count, **env)
     assert len(workers) == count - 1
     try:
         assert _folders(temp), "the checkpoint folder should exist while the run is under way"
         signum = getattr(signal, how.split()[0])
+        if how.endswith("ahead"):  # the check's worker is the one started ahead
+            assert workers == {int(pid) for pid in (tmp_path / "ahead").read_text().split()}
         if how.endswith("group"):
             os.killpg(process.pid, signum)
         else:

@@ -588,8 +588,9 @@ def start_workers(count: int) -> None:
     environment variables are still those they were started with (a variable
     set since is fine unless it configures TensorFlow, Python or equivtool:
     ``TF_*``, ``OMP_*``, ``PYTHON*``, ...), and starts fresh ones otherwise; a
-    worker taken runs one check and ends with it, as any worker. Those never taken are stopped when this interpreter exits (and end
-    by themselves if it is killed). Calling it again tops the count up."""
+    worker taken runs one check and ends with it, as any worker. Those never
+    taken are stopped when this interpreter exits (and end by themselves if it
+    is killed). Calling it again tops the count up."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"count: expected a whole number >= 0, got {count!r}")
     if not _spares:

