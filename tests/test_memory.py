@@ -159,3 +159,72 @@ def test_the_resident_size_is_read_here():
     block = np.ones(64 << 20, np.uint8)  # 64 MiB, touched
     assert memory.resident_bytes() - before >= 48 << 20
     del block
+
+
+# -- collections leave out the objects there were before the check ------------
+
+class _Node:
+    pass
+
+
+def _naive_skip():
+    """Planted fault: freeze and unfreeze whatever was frozen before."""
+    import contextlib
+    import gc
+
+    @contextlib.contextmanager
+    def skip():
+        gc.freeze()
+        try:
+            yield
+        finally:
+            gc.unfreeze()
+    return skip()
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_objects_frozen_by_the_user_stay_frozen(planted):
+    import gc
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        with (_naive_skip() if planted else memory.collections_skip_older_objects()):
+            inside = gc.get_freeze_count()
+        assert (inside == before == gc.get_freeze_count()) != planted
+    finally:
+        gc.unfreeze()
+
+
+def test_within_older_objects_are_frozen_and_cycles_made_inside_are_collected():
+    import gc
+    import weakref
+    assert gc.get_freeze_count() == 0
+    with memory.collections_skip_older_objects():
+        assert gc.get_freeze_count() > 0
+        node = _Node()
+        node.self = node
+        gone = weakref.ref(node)
+        del node
+        gc.collect()
+        assert gone() is None
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_check_leaves_the_collector_as_it_found_it_whatever_the_exit():
+    import gc
+    assert gc.get_freeze_count() == 0
+    seen = []
+
+    def tf1_fn(x, training):
+        seen.append(gc.get_freeze_count())
+        return slim_net(x, training)
+    report = equivtool.check_equivalence(tf1_fn, SlimNetShim, np.ones(INPUT_SHAPE, np.float32),
+                                         steps=["fixed_weights"])
+    assert report.passed and seen and all(count > 0 for count in seen)
+    assert gc.get_freeze_count() == 0
+
+    def raises(x, training):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        equivtool.check_equivalence(raises, SlimNetShim, np.ones(INPUT_SHAPE, np.float32), steps=["fixed_weights"])
+    assert gc.get_freeze_count() == 0

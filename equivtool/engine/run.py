@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import tensorflow as tf
 
 from equivtool._base.errors import full_traceback, one_line, unfiltered_tracebacks
-from equivtool._base.memory import StepMemory
+from equivtool._base.memory import StepMemory, collections_skip_older_objects
 from equivtool.variables.mapping import fresh_layer_numbering
 from equivtool.comparison import Comparison, compare
 from equivtool.coverage import output_levels
@@ -338,7 +338,7 @@ class Engine:
         when given, runs the steps with their sides in worker processes and
         returns the jobs it ran. SIGTERM stops it as Ctrl-C does: the ``finally`` runs
         (see :mod:`equivtool.engine.signals`)."""
-        with _signals.sigterm_unwinds():
+        with _signals.sigterm_unwinds(), collections_skip_older_objects():
             return self._run(parallel)
 
     def _run(self, parallel) -> list[StepResult]:

@@ -757,6 +757,8 @@ def _serve(conn: Connection) -> "Engine | None":
             except Exception as exc:  # e.g. a function whose module this process cannot import
                 broken = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
                           full_traceback(exc), 0.0)
+            import gc
+            gc.freeze()  # what there is now is never garbage: collections walk only what the jobs make
             outbox.send(("ready",))  # (broken, its jobs come back as that error, as they would have)
         elif kind == "run":
             from equivtool.engine import registry as _steps
