@@ -34,7 +34,9 @@ a socket pair.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import gc
 import importlib
 import os
 import queue
@@ -593,14 +595,12 @@ def start_workers(count: int) -> None:
     is killed). Calling it again tops the count up."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"count: expected a whole number >= 0, got {count!r}")
-    if not _spares:
-        import atexit
-        atexit.register(_stop_spares)
     _spares[:] = [worker for worker in _spares if worker.process.poll() is None]
     while len(_spares) < count:
         _spares.append(_Worker())
 
 
+@atexit.register
 def _stop_spares() -> None:
     while _spares:
         _spares.pop().stop(force=True)
@@ -757,7 +757,6 @@ def _serve(conn: Connection) -> "Engine | None":
             except Exception as exc:  # e.g. a function whose module this process cannot import
                 broken = ("error", f"{one_line(exc)} (unpickling the check's arguments in a worker process)",
                           full_traceback(exc), 0.0)
-            import gc
             gc.freeze()  # what there is now is never garbage: collections walk only what the jobs make
             outbox.send(("ready",))  # (broken, its jobs come back as that error, as they would have)
         elif kind == "run":
