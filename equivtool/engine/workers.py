@@ -692,7 +692,7 @@ class _Outbox:
         """Move the arrays kept for ``keys`` (``(step name, side)``: captures whose
         other side is not in yet) to a temporary file, when they come to
         ``min_bytes`` or more: this process would otherwise hold them through its
-        next job (a training step's variables and gradients: 450 MB for
+        next job (a training step's variables and gradients, with outputs: 387 MB for
         Inception-ResNet-v2 at 299 px, while the next job builds a graph). A kept
         array is mostly matched by digest and never read again; one asked for is
         read back. The file has no name (see :class:`equivtool.engine._kept.OnDisk`):
