@@ -44,12 +44,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <type_traits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -474,25 +479,6 @@ class ScopedFlushDenormals {
   unsigned int saved_ = 0;
 };
 
-// Shards rows over the intra-op pool. cost: rough cycles per row.
-// The (total, cost_per_unit, fn) overload is adaptive sharding, as
-// SchedulingParams::Adaptive is; it exists in every TensorFlow from 2.16 to
-// 2.21, where Adaptive() first appears in 2.20's headers.
-// fn(b) per row, or fn(b, last) with last = whether b ends its shard (the
-// row functions prefetch row b + 1 while they work on row b, not past a
-// shard: the next shard's rows belong to another thread).
-template <typename Fn>
-void ForEachRow(OpKernelContext* ctx, int64_t rows, int64_t cost, Fn fn) {
-  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  pool->ParallelFor(rows, cost, [&fn](int64_t begin, int64_t end) {
-    ScopedFlushDenormals flush;
-    for (int64_t b = begin; b < end; ++b) {
-      if constexpr (std::is_invocable_v<Fn&, int64_t, bool>) fn(b, b + 1 == end);
-      else fn(b);
-    }
-  });
-}
-
 // Prefetch of the row after one of x (and of its output row out), none after
 // a shard's last row, and none for rows so long that the next one would push
 // the current one out of a core's L2 before its second pass reads it.
@@ -593,9 +579,21 @@ struct CpuPath {
     const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
     return l2 > 0 ? int64_t(l2) : int64_t(2) << 20;
   }
-  static std::atomic<int64_t>& Rows(int which) {  // 0: streamed fused rows, 1: F16C rows
-    static std::atomic<int64_t> rows[2];
+  // 0: streamed fused rows, 1: F16C rows, 2: rows a helper thread computed
+  // (ForEachRow: any row function, not the caller's rows)
+  static std::atomic<int64_t>& Rows(int which) {
+    static std::atomic<int64_t> rows[3];
     return rows[which];
+  }
+  // Tests only: > 0 runs every ForEachRow with exactly this many threads
+  // (the caller and Threads() - 1 helpers queued on the pool, however many
+  // threads it has and however little the work), so that a test can compare
+  // thread counts in one process: TensorFlow's CPU device keeps the pool its
+  // first session or eager context made (the global pool), whatever a later
+  // session's intra_op_parallelism_threads says.
+  static std::atomic<int>& Threads() {
+    static std::atomic<int> n{0};
+    return n;
   }
   // Tests only: fill the step's [B, C] outputs with 0xFF bytes (a NaN no
   // arithmetic here produces) before the rows are written, so that an element
@@ -609,6 +607,109 @@ struct CpuPath {
     if (Poison().load(std::memory_order_relaxed)) memset(static_cast<void*>(data), 0xFF, n * sizeof(V));
   }
 };
+
+// Shards rows over the intra-op pool. cost: rough cycles per row (work of
+// less than kParallelMinCycles in all runs inline, and no more threads work
+// than about one per kParallelMinCycles). fn(b) per row, or fn(b, last) with
+// last = whether b ends its block (the row functions prefetch row b + 1 while
+// they work on row b, not past a block: the next block may be another
+// thread's).
+//
+// Rows are handed out in blocks from a shared counter to the calling thread
+// and to num_threads - 1 helpers scheduled on the pool, not split in fixed
+// halves as ParallelFor splits them: a helper that wakes late (tens of
+// microseconds on a virtual machine) takes fewer rows instead of holding the
+// caller at a barrier, and no more threads work than the pool has. Blocks
+// are guided: each takes a share of the rows still left (long runs of
+// consecutive rows first, whose next row the row functions prefetch), down
+// to about kBlockCycles of work at the end, where the threads finish within
+// a small block of each other. The caller waits only for rows that were
+// taken, never for a helper that has not started (one that starts after the
+// last block finds none and touches nothing but the shared state it
+// co-owns). Each row's result depends on the row alone, so which thread
+// computes it changes no bit.
+constexpr int64_t kParallelMinCycles = 100000;  // less work than this runs inline
+constexpr int64_t kBlockCycles = 200000;        // about the smallest block's work
+
+struct RowBlocks {
+  RowBlocks(int64_t rows, int64_t threads, int64_t min_block)
+      : rows(rows), threads(threads), min_block(min_block) {}
+  const int64_t rows, threads, min_block;
+  std::atomic<int64_t> next{0};  // first row not yet taken
+  std::atomic<int64_t> done{0};  // rows done
+  std::atomic<int64_t> started{0};  // helpers that have begun
+  std::mutex mu;
+  std::condition_variable all_done;
+
+  // Takes the next block, [begin, end); false when no row is left.
+  bool Take(int64_t* begin, int64_t* end) {
+    int64_t first = next.load(std::memory_order_relaxed);
+    int64_t size;
+    do {
+      if (first >= rows) return false;
+      size = threads == 1 ? rows - first
+                          : std::min(rows - first, std::max(min_block, (rows - first) / (2 * threads)));
+    } while (!next.compare_exchange_weak(first, first + size, std::memory_order_relaxed));
+    *begin = first;
+    *end = first + size;
+    return true;
+  }
+
+  // Takes blocks and runs fn on their rows until none is left.
+  template <typename Fn> void Run(Fn& fn, bool helper) {
+    ScopedFlushDenormals flush;
+    int64_t begin, end;
+    while (Take(&begin, &end)) {
+      for (int64_t b = begin; b < end; ++b) {
+        if constexpr (std::is_invocable_v<Fn&, int64_t, bool>) fn(b, b + 1 == end);
+        else fn(b);
+      }
+      if (helper) CpuPath::Rows(2).fetch_add(end - begin, std::memory_order_relaxed);
+      if (done.fetch_add(end - begin, std::memory_order_acq_rel) + (end - begin) == rows) {
+        std::lock_guard<std::mutex> lock(mu);
+        all_done.notify_all();
+      }
+    }
+  }
+
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    all_done.wait(lock, [this] { return done.load(std::memory_order_acquire) == rows; });
+  }
+};
+
+template <typename Fn>
+void ForEachRow(OpKernelContext* ctx, int64_t rows, int64_t cost, Fn fn) {
+  const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  const int forced = CpuPath::Threads().load(std::memory_order_relaxed);
+  const int64_t threads =
+      forced > 0 ? std::min<int64_t>(forced, rows)
+                 : std::min<int64_t>({int64_t(workers->num_threads), rows,
+                                      1 + rows * cost / kParallelMinCycles});
+  const int64_t min_block =
+      forced > 0 ? 1 : std::max<int64_t>(1, kBlockCycles / std::max<int64_t>(cost, 1));
+  auto shared = std::make_shared<RowBlocks>(rows, std::max<int64_t>(threads, 1), min_block);
+  for (int64_t t = 1; t < threads; ++t)
+    workers->workers->Schedule([shared, &fn] {
+      shared->started.fetch_add(1, std::memory_order_release);
+      // a helper that finds no block left never calls fn: fn (the caller's)
+      // may be gone by then, the shared state is not
+      if (shared->next.load(std::memory_order_relaxed) < shared->rows) shared->Run(fn, true);
+    });
+  // With a forced count (tests), the caller takes its first block only once
+  // every helper runs and one of them has taken a block (at most 1 s, and not
+  // when the caller is itself one of the pool's threads): then the threads
+  // really compete for blocks, and a test can count on helpers having rows.
+  if (forced > 0 && threads > 1 && workers->workers->CurrentThreadId() < 0) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while ((shared->started.load(std::memory_order_acquire) < threads - 1 ||
+            shared->next.load(std::memory_order_relaxed) == 0) &&
+           std::chrono::steady_clock::now() < give_up)
+      std::this_thread::yield();
+  }
+  shared->Run(fn, false);
+  if (threads > 1) shared->Wait();
+}
 
 // Per-thread scratch row of the streaming fused forward (at most
 // kScratchBytes, kept between calls: no allocation per step).
@@ -1456,13 +1557,15 @@ __attribute__((visibility("default"))) int equivtool_xent_enable_gpu() {
 // The CPU training step's path (see CpuPath): avx512 = 0 or 1 turns the
 // AVX-512 rows off or on (on only where the CPU has them), -1 leaves it;
 // stream_min_bytes >= 0 sets the backprop size from which the fused forward
-// streams, -1 leaves it; poison = 0 or 1 (tests), -1 leaves it. Writes the
+// streams, -1 leaves it; poison = 0 or 1 (tests), -1 leaves it; threads >= 0
+// sets CpuPath::Threads (0: the pool's; tests), -1 leaves it. Writes the
 // settings in force before the call, the CPU's support, and the rows each
-// variant wrote so far into out[0..5]: avx512, stream_min_bytes, supported,
-// streamed rows, F16C rows, poison.
+// variant wrote so far into out[0..7]: avx512, stream_min_bytes, supported,
+// streamed rows, F16C rows, poison, threads, rows helper threads computed.
 __attribute__((visibility("default"))) void equivtool_xent_cpu_path(int avx512,
                                                                     int64_t stream_min_bytes,
-                                                                    int poison, int64_t* out) {
+                                                                    int poison, int threads,
+                                                                    int64_t* out) {
   using ::tensorflow::CpuPath;
   if (out != nullptr) {
     out[0] = CpuPath::Avx512().load() ? 1 : 0;
@@ -1471,8 +1574,11 @@ __attribute__((visibility("default"))) void equivtool_xent_cpu_path(int avx512,
     out[3] = CpuPath::Rows(0).load();
     out[4] = CpuPath::Rows(1).load();
     out[5] = CpuPath::Poison().load() ? 1 : 0;
+    out[6] = CpuPath::Threads().load();
+    out[7] = CpuPath::Rows(2).load();
   }
   if (poison >= 0) CpuPath::Poison().store(poison != 0);
+  if (threads >= 0) CpuPath::Threads().store(threads);
   if (avx512 >= 0) CpuPath::Avx512().store(avx512 != 0 && ::tensorflow::CpuHasAvx512());
   if (stream_min_bytes >= 0) CpuPath::StreamMinBytes().store(stream_min_bytes);
 }

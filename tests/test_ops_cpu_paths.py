@@ -201,16 +201,33 @@ def test_streamed_rows_are_bitwise_equal_across_threads_and_batch_splits(dtype):
 # ---------------------------------------------------------------------------
 # The switch itself.
 
+def test_helper_rows_count_only_rows_other_threads_computed():
+    # the counter the thread-count tests rely on: none on one thread, and on
+    # a forced three, some rows (helpers may take them all: the caller waits
+    # until one has a block)
+    x, y, _ = _case(tf.float32, (96, 1000), seed=4)
+    lib = load_library()
+    counts = {}
+    for threads in (1, 3):
+        with cpu_path(threads=threads):
+            before = path_state().helper_rows
+            lib.equivtool_sparse_xent(logits=x, labels=y, Tacc=tf.float32)[0].numpy()
+            counts[threads] = path_state().helper_rows - before
+    assert counts[1] == 0 and 0 < counts[3] <= 96, counts
+
+
 def test_cpu_path_restores_the_settings_after_an_exception():
     start = path_state()
     with pytest.raises(RuntimeError, match="inside"):
-        with cpu_path(avx512=not start.avx512, stream_min_bytes=123, poison=True) as inside:
-            assert (inside.avx512, inside.stream_min_bytes, inside.poison) == (
-                not start.avx512, 123, True)
+        with cpu_path(avx512=not start.avx512, stream_min_bytes=123, poison=True,
+                      threads=3) as inside:
+            assert (inside.avx512, inside.stream_min_bytes, inside.poison, inside.threads) == (
+                not start.avx512, 123, True, 3)
             raise RuntimeError("inside")
     end = path_state()
-    assert (end.avx512, end.stream_min_bytes, end.poison) == (
-        start.avx512, start.stream_min_bytes, start.poison)
+    assert (end.avx512, end.stream_min_bytes, end.poison, end.threads) == (
+        start.avx512, start.stream_min_bytes, start.poison, start.threads) == (
+        start.avx512, start.stream_min_bytes, start.poison, 0)
 
 
 def test_cpu_path_nests_and_restores_in_order():
@@ -225,7 +242,8 @@ def test_cpu_path_nests_and_restores_in_order():
 @pytest.mark.parametrize("kwargs, error", [
     (dict(avx512=1), TypeError), (dict(poison="yes"), TypeError),
     (dict(stream_min_bytes=-1), ValueError), (dict(stream_min_bytes=1.5), ValueError),
-    (dict(stream_min_bytes=True), ValueError)])
+    (dict(stream_min_bytes=True), ValueError), (dict(threads=-1), ValueError),
+    (dict(threads=257), ValueError), (dict(threads=2.0), ValueError)])
 def test_cpu_path_checks_its_arguments_before_changing_anything(kwargs, error):
     start = path_state()
     with pytest.raises(error, match=next(iter(kwargs))):

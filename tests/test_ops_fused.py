@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from equivtool import ops
 from equivtool.ops import xent
+from equivtool.ops._cpu_path import cpu_path, path_state
 from equivtool.ops._load import load_library
 
 FLOATS = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
@@ -236,17 +237,32 @@ def test_fused_path_checks_labels_like_the_loss_only_path():
 # ---------------------------------------------------------------------------
 # Determinism of the fused kernels: thread counts and batch splits.
 
+def run_on_threads(graph, fetches, feed, threads):
+    """``sess.run(fetches, feed)`` with every sharded loop of the op run by
+    exactly ``threads`` threads (``cpu_path(threads=...)``), and the rows that
+    threads other than the op's caller computed meanwhile. A session's
+    ``intra_op_parallelism_threads`` would not do it: TensorFlow's CPU device
+    keeps the global pool its first session or eager context made. The inputs
+    are fed, not constants, which Grappler would fold before the run. On more
+    than one thread, helpers must have computed rows (the library lets a
+    helper take the first block when the count is forced); on one, none."""
+    rows = next(iter(feed.values())).shape[0]
+    with tf.compat.v1.Session(graph=graph) as sess, cpu_path(threads=threads):
+        before = path_state().helper_rows
+        out = sess.run(fetches, feed)
+        helped = path_state().helper_rows - before
+    assert (helped > 0) == (threads > 1 and rows > 1), (threads, rows, helped)
+    return out
+
+
 def _fused_session(x, y, g, threads):
     graph = tf.Graph()
     with graph.as_default():
+        xp, yp, gp = (tf.compat.v1.placeholder(tf.as_dtype(a.dtype), a.shape) for a in (x, y, g))
         lib = load_library()
-        loss, backprop = lib.equivtool_sparse_xent_fused(logits=x, labels=y, Tacc=tf.float32)
-        grad = lib.equivtool_sparse_xent_scale(backprop=backprop, grad_loss=g, logits=x, labels=y)
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                      inter_op_parallelism_threads=1,
-                                      use_per_session_threads=True)
-    with tf.compat.v1.Session(graph=graph, config=config) as sess:
-        return sess.run([loss, grad])
+        loss, backprop = lib.equivtool_sparse_xent_fused(logits=xp, labels=yp, Tacc=tf.float32)
+        grad = lib.equivtool_sparse_xent_scale(backprop=backprop, grad_loss=gp, logits=xp, labels=yp)
+    return run_on_threads(graph, [loss, grad], {xp: x, yp: y, gp: g}, threads)
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16], ids=lambda d: d.name)

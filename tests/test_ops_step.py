@@ -13,6 +13,8 @@ import equivtool  # noqa: F401  (must precede TensorFlow)
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import tensorflow as tf
 import tf_keras
 
@@ -20,7 +22,7 @@ from equivtool import ops
 from equivtool.ops import xent
 from equivtool.ops._cpu_path import cpu_path, path_state, step_calls
 from equivtool.ops._load import load_library
-from tests.test_ops_fused import FLOATS, _case, _differing, _separate
+from tests.test_ops_fused import FLOATS, _case, _differing, _separate, run_on_threads
 
 # row lengths not a multiple of the 16 lanes (a skipped tail would show), one
 # class, and a row longer than the 1 MiB prefetch limit for float32
@@ -187,22 +189,19 @@ def test_the_gradient_op_rejects_a_buffer_of_the_wrong_shape_for_its_guess():
 def _step_session(x, y, threads):
     graph = tf.Graph()
     with graph.as_default():
-        xp = tf.constant(x)
-        loss = tf.reduce_mean(ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=xp))
+        xp = tf.compat.v1.placeholder(tf.as_dtype(x.dtype), x.shape)
+        yp = tf.compat.v1.placeholder(tf.as_dtype(y.dtype), y.shape)
+        loss = tf.reduce_mean(ops.sparse_softmax_cross_entropy_with_logits(labels=yp, logits=xp))
         assert xent.SPARSE_STEP_OP not in [o.type for o in graph.get_operations()]
         lib = load_library()
         acc = xent._acc_dtype(xp.dtype)
         per_row, buf, guess, site, shift, log_norm = lib.equivtool_sparse_xent_step(
-            logits=xp, labels=y, Tacc=acc)
+            logits=xp, labels=yp, Tacc=acc)
         g = tf.fill([x.shape[0]], tf.cast(1.0, xp.dtype) / tf.cast(x.shape[0], xp.dtype))
         grad = lib.equivtool_sparse_xent_step_grad(
-            dlogits_guess=buf, guess=guess, site=site, grad_loss=g, logits=xp, labels=y,
+            dlogits_guess=buf, guess=guess, site=site, grad_loss=g, logits=xp, labels=yp,
             shift=shift, log_norm=log_norm)
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                      inter_op_parallelism_threads=1,
-                                      use_per_session_threads=True)
-    with tf.compat.v1.Session(graph=graph, config=config) as sess:
-        return sess.run([per_row, grad, loss])
+    return run_on_threads(graph, [per_row, grad, loss], {xp: x, yp: y}, threads)
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16], ids=lambda d: d.name)
@@ -231,6 +230,23 @@ def test_step_rows_are_bitwise_equal_across_threads_batch_splits_and_row_variant
         _, part = _separate(tf.constant(x[a:b]), tf.constant(y[a:b]),
                             tf.fill([b - a], tf.cast(1.0, dtype) / tf.cast(b - a, dtype)))
         assert _differing(grad, part) == 0
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.integers(1, 300), classes=st.sampled_from([37, 1000, 4100]),
+       threads=st.integers(2, 6), seed=st.integers(0, 2**16))
+def test_every_row_is_written_once_whatever_blocks_the_threads_take(rows, classes, threads, seed):
+    # ForEachRow hands rows out in guided blocks to the caller and helpers that
+    # may start late or never; with the outputs poisoned, a row no thread took
+    # would show as NaN bytes, and one computed differently as other bits,
+    # against the run on one thread (one block, no helper)
+    x, y, _ = (t.numpy() for t in _case(tf.float32, (rows, classes), seed=seed))
+    with cpu_path(poison=True):
+        one = _step_session(x, y, 1)
+        many = _step_session(x, y, threads)
+    assert np.isfinite(one[1]).all() and np.isfinite(one[0]).all()
+    assert _differing(many[1], one[1]) == 0
+    np.testing.assert_array_equal(many[0].view(np.uint32), one[0].view(np.uint32))
 
 
 def test_the_comparison_sees_a_gradient_handed_on_for_another_upstream_gradient():

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from equivtool import ops
 from equivtool.ops import xent
+from tests.test_ops_fused import run_on_threads
 
 FLOATS = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 LABELS = [tf.int32, tf.int64]
@@ -456,12 +457,8 @@ def _session_results(dtype, label_dtype, dense, x, y, g, threads):
         fn = ops.softmax_cross_entropy_with_logits if dense else ops.sparse_softmax_cross_entropy_with_logits
         loss = fn(labels=yp, logits=xp)
         (grad,) = tf.compat.v1.gradients(loss, [xp], grad_ys=gp)
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                      inter_op_parallelism_threads=1,
-                                      use_per_session_threads=True)
-    with tf.compat.v1.Session(graph=graph, config=config) as sess:
-        feed = {xp: x, yp: y, gp: g}
-        return [sess.run([loss, grad], feed) for _ in range(2)]
+    feed = {xp: x, yp: y, gp: g}
+    return [run_on_threads(graph, [loss, grad], feed, threads) for _ in range(2)]
 
 
 def _as_bits(a):

@@ -32,13 +32,18 @@ class CpuPathState:
     backprop size from which the fused forward streams, and the rows each
     variant has written in this process (``streamed_rows``: rows written
     with streaming stores, by the fused forward and by the scale op of 16-bit
-    logits; ``f16c_rows``: float16 rows of either op)."""
+    logits; ``f16c_rows``: float16 rows of either op); ``threads`` the
+    thread count forced on every sharded loop (0: the pool's own), and
+    ``helper_rows`` the rows that threads other than the op's caller
+    computed, which tells a test that a loop really ran on several threads."""
     avx512: bool
     stream_min_bytes: int
     supported: bool
     streamed_rows: int
     f16c_rows: int
     poison: bool = False
+    threads: int = 0
+    helper_rows: int = 0
 
     def __str__(self) -> str:
         if not self.supported:
@@ -49,21 +54,22 @@ class CpuPathState:
                 f"{self.stream_min_bytes / 2**20:g} MiB or more")
 
 
-def _call(avx512: int, stream_min_bytes: int, poison: int) -> CpuPathState:
+def _call(avx512: int, stream_min_bytes: int, poison: int, threads: int = -1) -> CpuPathState:
     global _entry
     if _entry is None:
         from equivtool.ops._load import library_path, load_library
 
         load_library()  # checked and loaded by TensorFlow first
         fn = ctypes.CDLL(library_path()).equivtool_xent_cpu_path
-        fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+        fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+                       ctypes.POINTER(ctypes.c_int64)]
         fn.restype = None
         _entry = fn
-    out = (ctypes.c_int64 * 6)()
-    _entry(avx512, stream_min_bytes, poison, out)
+    out = (ctypes.c_int64 * 8)()
+    _entry(avx512, stream_min_bytes, poison, threads, out)
     return CpuPathState(avx512=bool(out[0]), stream_min_bytes=int(out[1]),
                         supported=bool(out[2]), streamed_rows=int(out[3]), f16c_rows=int(out[4]),
-                        poison=bool(out[5]))
+                        poison=bool(out[5]), threads=int(out[6]), helper_rows=int(out[7]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,12 +105,14 @@ def path_state() -> CpuPathState:
 
 @contextlib.contextmanager
 def cpu_path(avx512: bool | None = None, stream_min_bytes: int | None = None,
-             poison: bool | None = None) -> Iterator[CpuPathState]:
+             poison: bool | None = None, threads: int | None = None) -> Iterator[CpuPathState]:
     """Run the block with the AVX-512 rows on or off (``avx512``; on only
     where the CPU has them), with streaming from ``stream_min_bytes`` of
-    backprop on (0: always) and with the step's outputs poisoned or not
-    (``poison``); ``None`` leaves a setting as it is. Yields the state in force
-    inside the block; the previous settings come back on exit, also after an
+    backprop on (0: always), with the step's outputs poisoned or not
+    (``poison``) and with every sharded loop run by exactly ``threads``
+    threads (0: as many as the intra-op pool has, for work big enough);
+    ``None`` leaves a setting as it is. Yields the state in force inside the
+    block; the previous settings come back on exit, also after an
     exception."""
     for name, value in (("avx512", avx512), ("poison", poison)):
         if value is not None and not isinstance(value, bool):
@@ -114,12 +122,18 @@ def cpu_path(avx512: bool | None = None, stream_min_bytes: int | None = None,
                                          or stream_min_bytes < 0):
         raise ValueError(f"cpu_path: stream_min_bytes must be an int >= 0 or None, "
                          f"got {stream_min_bytes!r}.")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 0 <= threads <= 256):
+        raise ValueError(f"cpu_path: threads must be an int from 0 to 256 or None, "
+                         f"got {threads!r}.")
     with _lock:
         before = _call(-1 if avx512 is None else int(avx512),
                        -1 if stream_min_bytes is None else stream_min_bytes,
-                       -1 if poison is None else int(poison))
+                       -1 if poison is None else int(poison),
+                       -1 if threads is None else threads)
     try:
         yield path_state()
     finally:
         with _lock:
-            _call(int(before.avx512), before.stream_min_bytes, int(before.poison))
+            _call(int(before.avx512), before.stream_min_bytes, int(before.poison),
+                  before.threads)
