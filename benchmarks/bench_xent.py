@@ -23,7 +23,10 @@ one bfloat16 shape, timed as a training step uses them:
 - the timings of a row are interleaved (TF, ours, copy, exp, TF, ours, ...)
   so that a change in the machine's load hits all of them alike.
 
-Each timing is the median over repeats. Peak resident memory of one
+Each timing is the median over repeats, and over ``--rounds`` (3) children
+per thread count run in turn (1, 2, 1, 2, 1, 2 threads), so that load which
+comes and goes during the run does not fall on one thread count only; the
+summary shows each round's 1 -> 2 thread scaling beside the ratio of medians. Peak resident memory of one
 loss-only evaluation at [1024, 32000] is measured in fresh subprocesses
 (growth of the process's high-water mark).
 
@@ -53,8 +56,10 @@ import os
 import platform
 import re
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -123,7 +128,64 @@ def _time_shape(tf, ops, shape, dtype_name, repeats):
     fns["exp"] = tf.function(lambda: tf.exp(x))
     row = {"shape": f"[{shape[0]}, {shape[1]}]", "dtype": dtype_name}
     row.update(_interleaved_medians(fns, repeats))
+    row.update(_kernel_medians(tf, {"ours_step": fns["ours_step"], "exp": fns["exp"]}, repeats))
     return row
+
+
+#: which kernels a function's time is read from in the profiler's trace: the
+#: op types of equivtool's step (its fused forward and the gradient op that
+#: hands the forward's buffer on), and TensorFlow's Exp
+KERNELS = {"ours_step": lambda op: op.startswith("Equivtool"), "exp": lambda op: op == "Exp"}
+
+
+def _kernel_medians(tf, fns: dict, calls: int) -> dict:
+    """``kernel_<name>``: median ms per call of the kernels of each function
+    (see KERNELS), from TensorFlow's profiler trace of ``calls`` interleaved
+    calls: the ops alone, without the ~0.2 to 0.6 ms per call that TensorFlow
+    spends around them (Python's tf.function call, the function runtime, the
+    executor), which is the same for every thread count. {} where the trace
+    cannot be read (TensorFlow without its profiler protobufs)."""
+    try:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    except ImportError:
+        return {}
+    logdir = tempfile.mkdtemp(prefix="bench-xent-trace-")
+    try:
+        tf.profiler.experimental.start(logdir)
+        try:
+            for _ in range(calls):
+                for fn in fns.values():
+                    fn()
+        finally:
+            tf.profiler.experimental.stop()
+        paths = [os.path.join(d, f) for d, _, files in os.walk(logdir) for f in files
+                 if f.endswith(".xplane.pb")]
+        space = xplane_pb2.XSpace()
+        with open(paths[0], "rb") as f:
+            space.ParseFromString(f.read())
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    return {f"kernel_{name}": ms for name, ms in _trace_kernel_ms(space, fns, calls).items()}
+
+
+def _trace_kernel_ms(space, names, calls: int) -> dict:
+    """Per function name: the sum over its kernels' op types of the median
+    duration (ms) of that op type's events in the trace. Each op type must
+    appear once per call: a trace that lost events, or a kernel that runs
+    more than once per call, gives no figure rather than a wrong one."""
+    durations: dict = {}
+    for plane in space.planes:
+        names_by_id = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                op = names_by_id.get(event.metadata_id, "").rsplit(":", 1)[-1]
+                durations.setdefault(op, []).append(event.duration_ps / 1e9)
+    out = {}
+    for name in names:
+        kinds = [op for op in durations if KERNELS[name](op)]
+        if kinds and all(len(durations[op]) == calls for op in kinds):
+            out[name] = float(sum(np.median(durations[op]) for op in kinds))
+    return out
 
 
 _TIMING_CHILD = r"""
@@ -154,6 +216,29 @@ def time_rows(threads: int, repeats: int) -> list:
     for row in rows:
         row["threads"] = threads
     return rows
+
+
+def combine_rounds(rounds: list) -> list:
+    """One row per (threads, shape, dtype) from several rounds of
+    :func:`time_rows` (each round runs every thread count, one after the
+    other): each timing is the median over the rounds, and ``round_ours_step``
+    keeps the step's time of every round, so that the scaling of each round
+    (its 1-thread and 2-thread children ran next to each other in time) can be
+    shown beside the ratio of the medians. Load that comes and goes during a
+    run then hits both thread counts alike instead of whichever ran last."""
+    by_key: dict = {}
+    for rows in rounds:
+        for row in rows:
+            by_key.setdefault((row["threads"], row["shape"], row["dtype"]), []).append(row)
+    combined = []
+    for group in by_key.values():
+        row = dict(group[0])
+        for name, value in group[0].items():
+            if isinstance(value, float):
+                row[name] = float(np.median([r[name] for r in group]))
+        row["round_ours_step"] = [r["ours_step"] for r in group]
+        combined.append(row)
+    return combined
 
 
 _MEMORY_CHILD = r"""
@@ -271,6 +356,18 @@ def floor_summary(rows) -> list:
             scale = _ratio(r["ours_step"], two["ours_step"])
             text += (f", 1->2 threads {scale:.2f}x "
                      f"({'met' if scale >= SCALING_TARGET else 'missed'} >= {SCALING_TARGET:g}x)")
+            one_rounds, two_rounds = r.get("round_ours_step", []), two.get("round_ours_step", [])
+            if len(one_rounds) > 1 and len(one_rounds) == len(two_rounds):
+                text += " (rounds: " + ", ".join(
+                    f"{_ratio(a, b):.2f}x" for a, b in zip(one_rounds, two_rounds)) + ")"
+            if "kernel_ours_step" in r and "kernel_ours_step" in two:
+                kernels = _ratio(r["kernel_ours_step"], two["kernel_ours_step"])
+                text += (f"; its kernels alone {kernels:.2f}x "
+                         f"({'met' if kernels >= SCALING_TARGET else 'missed'} >= "
+                         f"{SCALING_TARGET:g}x")
+                if "kernel_exp" in r and "kernel_exp" in two:
+                    text += f"; Exp's kernel {_ratio(r['kernel_exp'], two['kernel_exp']):.2f}x"
+                text += ")"
         out.append(text)
     return out
 
@@ -361,6 +458,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="children per thread count, run in turn (1, 2, 1, 2, ...); "
+                             "each timing is the median over the rounds")
     parser.add_argument("--threads", default=None,
                         help="comma-separated intra-op thread counts (default: 1 and all cores)")
     parser.add_argument("--json", action="store_true", help="also print the raw numbers")
@@ -369,8 +469,12 @@ def main(argv=None) -> int:
                else sorted({1, os.cpu_count() or 1}))
     if any(t < 1 for t in threads):
         parser.error(f"--threads must be positive integers, got {args.threads!r}")
+    if args.rounds < 1 or args.repeats < 1:
+        parser.error(f"--rounds and --repeats must be at least 1, got {args.rounds} and "
+                     f"{args.repeats}")
     machine = _machine()
-    rows = [row for n in threads for row in time_rows(n, args.repeats)]
+    rows = combine_rounds([[row for n in threads for row in time_rows(n, args.repeats)]
+                           for _ in range(args.rounds)])
     memory = {who: _peak_growth_bytes(who) for who in ("tf", "ours")}
     text = render(rows, memory, machine, os.getloadavg())
     print(text)

@@ -4,6 +4,8 @@ target, and say "missed" when a ratio is over (or under) its target."""
 
 import equivtool  # noqa: F401  (must precede TensorFlow)
 
+import pytest
+
 from benchmarks import bench_xent
 
 
@@ -64,3 +66,56 @@ def test_render_reads_this_librarys_machine_description():
     memory = {"tf": 3 * 2**20, "ours": 2**20}
     text = bench_xent.render([row], memory, machine, (0.1, 0.2, 0.3))
     assert f"GPU kernels: {machine['op']['gpu_kernels']}" in text and "| 1 | [8192, 1000] | float32 |" in text
+
+
+def test_rounds_combine_into_medians_and_each_rounds_scaling_is_shown():
+    rounds = [[_row(1, "float32", 14.0, 10.0), _row(2, "float32", 7.0, 5.0)],
+              [_row(1, "float32", 16.0, 10.0), _row(2, "float32", 10.0, 6.0)],
+              [_row(1, "float32", 15.0, 11.0), _row(2, "float32", 8.0, 5.0)]]
+    one, two = bench_xent.combine_rounds(rounds)
+    assert (one["ours_step"], one["exp"], two["ours_step"], two["exp"]) == (15.0, 10.0, 8.0, 5.0)
+    assert one["round_ours_step"] == [14.0, 16.0, 15.0]
+    (text,) = bench_xent.floor_summary([one, two])
+    # the ratio of the medians decides; each round's own ratio is shown beside it
+    assert "1->2 threads 1.88x (met >= 1.8x) (rounds: 2.00x, 1.60x, 1.88x)" in text
+
+
+def test_a_single_round_shows_no_rounds():
+    one, two = bench_xent.combine_rounds([[_row(1, "float32", 14.0, 10.0),
+                                           _row(2, "float32", 8.0, 5.0)]])
+    (text,) = bench_xent.floor_summary([one, two])
+    assert "1->2 threads 1.75x (missed >= 1.8x)" in text and "rounds" not in text
+
+
+def test_kernel_scaling_is_shown_beside_the_whole_steps():
+    one = dict(_row(1, "float32", 6.5, 4.7), kernel_ours_step=5.9, kernel_exp=4.2)
+    two = dict(_row(2, "float32", 3.7, 2.7), kernel_ours_step=3.1, kernel_exp=2.3)
+    (text,) = bench_xent.floor_summary([one, two])
+    assert ("1->2 threads 1.76x (missed >= 1.8x); its kernels alone 1.90x (met >= 1.8x; "
+            "Exp's kernel 1.83x)") in text
+
+
+def _space(events):
+    """An XSpace holding one line of (name, duration in ms) events."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add()
+    line = plane.lines.add()
+    for i, (name, ms) in enumerate(events):
+        plane.event_metadata[i + 1].name = name
+        line.events.add(metadata_id=i + 1, duration_ps=int(ms * 1e9))
+    return space
+
+
+def test_trace_kernels_sum_each_op_types_median_and_need_one_event_per_call():
+    step = [("xent/EquivtoolSparseXentStep:EquivtoolSparseXentStep", ms) for ms in (5.0, 6.0, 9.0)]
+    grad = [("EquivtoolSparseXentStepGrad:EquivtoolSparseXentStepGrad", 0.01)] * 3
+    exp = [("Exp:Exp", ms) for ms in (4.0, 4.5, 4.2)]
+    other = [("ExecutorState::Process", 50.0)] * 3
+    got = bench_xent._trace_kernel_ms(_space(step + grad + exp + other), ["ours_step", "exp"], 3)
+    assert got == pytest.approx({"ours_step": 6.01, "exp": 4.2})
+    # an event missing (or one too many) for a call: no figure, not a wrong one
+    got = bench_xent._trace_kernel_ms(_space(step[:2] + grad + exp), ["ours_step", "exp"], 3)
+    assert set(got) == {"exp"}
+    assert bench_xent._trace_kernel_ms(_space(other), ["ours_step", "exp"], 3) == {}
