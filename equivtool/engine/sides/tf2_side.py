@@ -18,8 +18,8 @@ from equivtool._base.tree import dense_gradient, flatten_tensors, pack_like, ten
 from equivtool.engine.sides import CAPABILITIES, Side
 from equivtool.engine import _sparse_squares
 from equivtool.variables.mapping import tf1_value, tf2_value
-from equivtool.engine.sides.tf1_side import default_loss, variable_key
-from equivtool.variables.flavour import layer_variables, variable_name
+from equivtool.engine.sides.tf1_side import FEED_ALIGNMENT, default_loss, variable_key
+from equivtool.variables.flavour import layer_variables, variable_dtype, variable_name
 
 # --------------------------------------------------------------------------
 # TF2 side
@@ -174,10 +174,16 @@ class TF2Side(Side):
                 if wanted is None or wanted(key)}
 
     def assign_variables(self, values_by_key: Mapping[str, np.ndarray]) -> None:
+        """Each variable whose key is in ``values_by_key`` set to its value. A
+        mapping whose ``fresh_arrays`` is true (the fixed values: each array
+        made on access, for this assignment alone) hands its arrays to
+        TensorFlow without a copy where it can (:func:`_shared`)."""
+        fresh = getattr(values_by_key, "fresh_arrays", False)
         for variable in layer_variables(self.layer):
             key = variable_key(variable_name(variable), self.renamer)
             if key in values_by_key:
-                variable.assign(tf2_value(self.renamer, key, values_by_key[key]))
+                value = tf2_value(self.renamer, key, values_by_key[key])
+                variable.assign(_shared(value, variable) if fresh else value)
 
     def make_optimizer(self, factory: Callable):
         """``factory()`` (under the strategy's scope), with its slot variables
@@ -209,6 +215,31 @@ class TF2Side(Side):
         and optimizer already hold must be matched in the file."""
         status = tf.train.Checkpoint(model=self.layer, optimizer=optimizer).restore(path)
         status.assert_existing_objects_matched()
+
+
+def _shared(value, variable):
+    """``value`` as a tensor on the array's own memory (imported by DLPack) where
+    TensorFlow can use that memory as it is: a writable, C-contiguous NumPy array
+    of the variable's dtype whose data starts on ``FEED_ALIGNMENT`` (Eigen's
+    alignment; the fixed values are made so); else ``value`` itself.
+
+    ``variable.assign(array)`` copies an array twice (``convert_to_eager_tensor``
+    copies every NumPy array it is given, then the assignment copies that):
+    0.23 s of alexnet_v2's 58 million values per TF2 layer. With the array's
+    memory, the variable takes it as its buffer; a write to the variable
+    (an optimizer step, ``assign_add``) then goes to a buffer of its own, as
+    TensorFlow never writes in place into memory a tensor does not own
+    (``tests/test_fixed_values.py`` checks that the array stays as made). Only
+    for arrays no one else holds or changes: the variable reads the memory
+    until its first write."""
+    if (isinstance(value, np.ndarray) and value.size and value.flags.c_contiguous
+            and value.flags.writeable and value.ctypes.data % FEED_ALIGNMENT == 0
+            and value.dtype == variable_dtype(variable).as_numpy_dtype):
+        try:
+            return tf.experimental.dlpack.from_dlpack(value.__dlpack__())
+        except (AttributeError, BufferError, TypeError, ValueError, tf.errors.InvalidArgumentError):
+            pass  # a NumPy or dtype without DLPack export: the copying path
+    return value
 
 
 def strategy_scope(strategy):

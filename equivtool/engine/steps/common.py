@@ -232,6 +232,10 @@ class FixedValues(collections.abc.Mapping):
     """Each variable's fixed value, computed when the side asks for it (a side
     assigning a chunk at a time holds one chunk, not a second copy of the model)."""
 
+    #: every value is a new array, made on access for the side that asked and
+    #: held by no one else: a TF2 side may hand it to TensorFlow uncopied
+    fresh_arrays = True
+
     def __init__(self, keys, variables, prefix: str, renamer=None):
         # A declared transform (rename=VariableMapping): the value in the TF1
         # variable's shape; the side's assign_variables transforms it.
