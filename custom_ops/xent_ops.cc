@@ -35,11 +35,12 @@
 // once. shift and log_norm (see xent_row.h) are in Tacc: float for half,
 // bfloat16 and float logits, double for double logits.
 //
-// CPU: rows are sharded over the intra-op thread pool; every row is reduced
-// by xent_row.h in an order fixed by C alone, with denormals flushed in every
-// shard, so results are bitwise independent of the thread count and the
-// partition. Labels outside [0, C) are an InvalidArgument error on the CPU;
-// the GPU kernels write NaN for such rows instead, as TensorFlow's do.
+// CPU: rows are handed out in blocks to the intra-op pool's threads
+// (ForEachRow); every row is reduced by xent_row.h in an order fixed by C
+// alone, with denormals flushed on every thread, so results are bitwise
+// independent of the thread count and the partition. Labels outside [0, C)
+// are an InvalidArgument error on the CPU; the GPU kernels write NaN for such
+// rows instead, as TensorFlow's do.
 
 #include <string.h>
 #include <unistd.h>
@@ -480,7 +481,7 @@ class ScopedFlushDenormals {
 };
 
 // Prefetch of the row after one of x (and of its output row out), none after
-// a shard's last row, and none for rows so long that the next one would push
+// a block's last row, and none for rows so long that the next one would push
 // the current one out of a core's L2 before its second pass reads it.
 constexpr int64_t kPrefetchBytes = 1 << 20;
 
@@ -804,8 +805,9 @@ template <typename S> struct StepRows {
     RowFns<S>::Scale(bp, C, g, dx);
   }
 
-  // After a shard's last row: fence its streaming stores (before the pool
-  // reports the shard done) and count the rows of each AVX-512 variant.
+  // After a block's last row (ForEachRow's last = true): fence its streaming
+  // stores (before the block is counted done, which the caller waits for)
+  // and count the rows of each AVX-512 variant.
   void EndShard(bool last, int64_t* rows, bool fused) const {
     if (!avx512) return;
     ++*rows;
