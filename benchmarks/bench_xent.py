@@ -23,7 +23,7 @@ one bfloat16 shape, timed as a training step uses them:
 - the timings of a row are interleaved (TF, ours, copy, exp, TF, ours, ...)
   so that a change in the machine's load hits all of them alike.
 
-Each timing is the median over repeats, and over ``--rounds`` (3) children
+Each timing is the median over repeats, and over ``--rounds`` (5) children
 per thread count run in turn (1, 2, 1, 2, 1, 2 threads), so that load which
 comes and goes during the run does not fall on one thread count only; the
 summary shows each round's 1 -> 2 thread scaling beside the ratio of medians. Peak resident memory of one
@@ -458,7 +458,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=5,
                         help="children per thread count, run in turn (1, 2, 1, 2, ...); "
                              "each timing is the median over the rounds")
     parser.add_argument("--threads", default=None,
