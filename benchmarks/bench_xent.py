@@ -24,11 +24,11 @@ one bfloat16 shape, timed as a training step uses them:
   so that a change in the machine's load hits all of them alike.
 
 Each timing is the median over repeats, and over ``--rounds`` (5) children
-per thread count run in turn (1, 2, 1, 2, 1, 2 threads), so that load which
+per thread count run in turn (1, 2, 1, 2, ... threads), so that load which
 comes and goes during the run does not fall on one thread count only; the
-summary shows each round's 1 -> 2 thread scaling beside the ratio of medians. Peak resident memory of one
-loss-only evaluation at [1024, 32000] is measured in fresh subprocesses
-(growth of the process's high-water mark).
+summary shows each round's 1 -> 2 thread scaling beside the ratio of medians.
+Peak resident memory of one loss-only evaluation at [1024, 32000] is measured
+in fresh subprocesses (growth of the process's high-water mark).
 
     .venv/bin/python benchmarks/bench_xent.py            # print the table
     .venv/bin/python benchmarks/bench_xent.py --write    # and update RESULTS.md
@@ -169,6 +169,8 @@ def _kernel_medians(tf, fns: dict, calls: int) -> dict:
             tf.profiler.experimental.stop()
         paths = [os.path.join(d, f) for d, _, files in os.walk(logdir) for f in files
                  if f.endswith(".xplane.pb")]
+        if not paths:  # the profiler wrote no trace: no figure
+            return {}
         space = xplane_pb2.XSpace()
         with open(paths[0], "rb") as f:
             space.ParseFromString(f.read())
