@@ -245,8 +245,8 @@ def combine_rounds(rounds: list) -> list:
     for group in by_key.values():
         row = dict(group[0])
         for name, value in group[0].items():
-            if isinstance(value, float):
-                row[name] = float(np.median([r[name] for r in group]))
+            if isinstance(value, float):  # (a round without a kernel figure adds none)
+                row[name] = float(np.median([r[name] for r in group if name in r]))
         row["round_ours_step"] = [r["ours_step"] for r in group]
         combined.append(row)
     return combined

@@ -114,7 +114,7 @@ def test_fixed_values_reach_a_tf2_layer_uncopied_and_stay_as_made(flavour, monke
                 for key, v in zip(side.keys(), variables)}
     for key, value in side.read_variables().items():
         np.testing.assert_array_equal(value.view(np.uint32), expected[key].view(np.uint32))
-    # writes to the variables (in place, and an optimizer's) leave the arrays as made
+    # writes to the variables (in place: assign_add) leave the arrays as made
     for v in variables:
         v.assign_add(tf.ones(v.shape))
     for array in handed:

@@ -239,8 +239,8 @@ def test_fused_path_checks_labels_like_the_loss_only_path():
 
 def run_on_threads(graph, fetches, feed, threads):
     """``sess.run(fetches, feed)`` with every sharded loop of the op run by
-    exactly ``threads`` threads (``cpu_path(threads=...)``), and the rows that
-    threads other than the op's caller computed meanwhile. A session's
+    exactly ``threads`` threads (``cpu_path(threads=...)``), checking the rows
+    that threads other than the op's caller computed meanwhile. A session's
     ``intra_op_parallelism_threads`` would not do it: TensorFlow's CPU device
     keeps the global pool its first session or eager context made. The inputs
     are fed, not constants, which Grappler would fold before the run. On more
