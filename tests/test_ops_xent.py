@@ -5,6 +5,7 @@ import functools
 import os
 import subprocess
 import sys
+import textwrap
 
 import equivtool  # noqa: F401  (must precede TensorFlow)
 
@@ -582,3 +583,49 @@ def test_dense_axis_is_checked_and_named(axis, error, match):
     with pytest.raises(error, match=match):
         ops.softmax_cross_entropy_with_logits(labels=x, logits=x, axis=axis)
     assert ops.softmax_cross_entropy_with_logits(labels=x, logits=x, axis=np.int64(0)).shape == (3,)
+
+
+def test_first_call_inside_a_tf_function_warns_nothing(tmp_path):
+    # A fresh process, whose first call of each route is inside a tf.function
+    # (the op library loads then): AutoGraph converts a caller's code, and it
+    # converted ours too, warning "AutoGraph could not transform <function
+    # isfile>" as the library loaded. The caller is a file: AutoGraph leaves
+    # code it has no source for (python -c) alone.
+    code = textwrap.dedent("""
+        import equivtool
+        import tensorflow as tf
+        from equivtool import ops
+        from equivtool.ops.swap import deterministic_xent
+        x = tf.constant([[1.0, 2.0, 3.0], [0.5, 0.0, -1.0]])
+        y = tf.constant([2, 0])
+
+        @tf.function
+        def losses():
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                sparse = ops.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x)
+                dense = ops.softmax_cross_entropy_with_logits(labels=tf.one_hot(y, 3), logits=x)
+                total = tf.reduce_sum(sparse + dense)
+            return sparse, dense, tape.gradient(total, x)
+
+        @tf.function
+        def swapped():
+            return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x)
+
+        sparse, dense, grad = losses()  # the library loads in this trace
+        with deterministic_xent():
+            routed = swapped()
+        ref = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x)
+        for loss in (sparse, dense, routed):
+            tf.debugging.assert_near(loss, ref)
+        tf.debugging.assert_near(grad, 2 * (tf.nn.softmax(x) - tf.one_hot(y, 3)))
+        assert "Equivtool" in str(swapped.get_concrete_function().graph.as_graph_def())
+        print("checked")
+        """)
+    script = tmp_path / "first_call.py"
+    script.write_text(code)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "checked", done.stderr[-3000:]
+    assert "AutoGraph" not in done.stderr, done.stderr[-3000:]

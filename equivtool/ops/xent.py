@@ -198,6 +198,12 @@ def _flatten(t: tf.Tensor, classes) -> tf.Tensor:
 # ---------------------------------------------------------------------------
 # Sparse labels.
 
+# The public functions below are plain op calls with Python branches on static
+# shapes and dtypes only: AutoGraph, which converts a caller's code inside a
+# tf.function, is kept out of them (as it is out of tf.nn's own). Converted,
+# every trace would re-convert them, and the first call in a process, which
+# loads the library, warned "AutoGraph could not transform <function isfile>".
+@tf.autograph.experimental.do_not_convert
 def sparse_softmax_cross_entropy_with_logits(labels=None, logits=None, name=None):
     """Per-example ``logsumexp(logits) - logits[label]``, deterministic.
 
@@ -365,6 +371,7 @@ def _broadcast_labels(labels: tf.Tensor, logits: tf.Tensor, fn: str) -> tf.Tenso
     return tf.broadcast_to(labels, tf.shape(logits))
 
 
+@tf.autograph.experimental.do_not_convert  # as sparse_softmax_cross_entropy_with_logits
 def softmax_cross_entropy_with_logits(labels=None, logits=None, axis=-1, name=None, *,
                                       exact_gradient: bool = False):
     """Per-example ``sum(labels * (logsumexp(logits) - logits))``, deterministic.
