@@ -631,6 +631,15 @@ struct CpuPath {
 // computes it changes no bit.
 constexpr int64_t kParallelMinCycles = 100000;  // less work than this runs inline
 constexpr int64_t kBlockCycles = 200000;        // about the smallest block's work
+constexpr int64_t kWaitSpinMicros = 100;        // how long the caller spins before it sleeps
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 struct RowBlocks {
   RowBlocks(int64_t rows, int64_t threads, int64_t min_block)
@@ -673,7 +682,16 @@ struct RowBlocks {
     }
   }
 
+  // The caller, out of blocks, waits for the helpers' last ones: spinning
+  // first for up to about a block's work (a sleeping caller took 25 to 45 us
+  // to wake on this project's virtual machines, 1% of a 3 ms step), then
+  // asleep until the last block is counted.
   void Wait() {
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kWaitSpinMicros);
+    for (int i = 1; done.load(std::memory_order_acquire) != rows; ++i) {
+      CpuRelax();
+      if (i % 64 == 0 && std::chrono::steady_clock::now() >= spin_until) break;
+    }
     std::unique_lock<std::mutex> lock(mu);
     all_done.wait(lock, [this] { return done.load(std::memory_order_acquire) == rows; });
   }
