@@ -128,3 +128,47 @@ def test_a_round_without_kernel_figures_leaves_the_others_to_decide():
               [dict(_row(1, "float32", 15.0, 11.0), kernel_ours_step=7.0)]]
     (one,) = bench_xent.combine_rounds(rounds)
     assert one["ours_step"] == 15.0 and one["kernel_ours_step"] == 6.0
+
+
+def test_graph_loop_scaling_is_shown_per_step_against_the_target():
+    one = dict(_row(1, "float32", 6.5, 4.7), ours_loop=5.9, exp_loop=4.4)
+    two = dict(_row(2, "float32", 3.7, 2.7), ours_loop=3.2, exp_loop=2.4)
+    (text,) = bench_xent.floor_summary([one, two])
+    assert ("10 steps per call in a graph loop 5.90 -> 3.20 ms a step, 1.84x (met >= 1.8x; "
+            "exp's 1.83x)") in text
+    # the planted fault: a loop that scales less says so
+    two["ours_loop"] = 3.4
+    (text,) = bench_xent.floor_summary([one, two])
+    assert "1.74x (missed >= 1.8x" in text
+    # rows from a run without the loop timings say nothing about them
+    (text,) = bench_xent.floor_summary([_row(1, "float32", 6.5, 4.7), _row(2, "float32", 3.7, 2.7)])
+    assert "graph loop" not in text
+
+
+def test_loop_timings_are_per_step():
+    got = bench_xent._per_step({"ours_loop": 60.0, "cpu_ours_loop": 50.0, "exp_loop": 40.0,
+                                "ours_step": 6.5, "cpu_ours_step": 6.0})
+    n = bench_xent.LOOP_STEPS
+    assert got == {"ours_loop": 60.0 / n, "cpu_ours_loop": 50.0 / n, "exp_loop": 40.0 / n,
+                   "ours_step": 6.5, "cpu_ours_step": 6.0}
+
+
+def test_the_graph_loop_runs_every_step_with_the_fused_gradient():
+    # each of the loop's steps runs the op's gradient (the forward's buffer
+    # handed on, as in the Python-called step), not one step for all
+    import numpy as np
+    import tensorflow as tf
+
+    from equivtool import ops
+    from equivtool.ops._cpu_path import step_calls
+
+    x = tf.constant(np.random.default_rng(0).standard_normal((16, 5)), tf.float32)
+    y = tf.constant([1, 2, 3, 4] * 4)
+    _, step, steps = bench_xent._functions(tf, ops.sparse_softmax_cross_entropy_with_logits, x, y)
+    want = step()
+    before = step_calls().handed_on
+    loss, grad = steps()
+    assert step_calls().handed_on - before == bench_xent.LOOP_STEPS
+    assert loss.numpy() == want[0].numpy() and np.array_equal(grad.numpy(), want[1].numpy())
+    exp = bench_xent._exp_steps(tf, x)()
+    assert np.array_equal(exp.numpy(), tf.exp(x).numpy())
