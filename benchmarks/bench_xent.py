@@ -388,6 +388,22 @@ def _cpu_text(machine) -> str:
             f"amx: {amx})")
 
 
+def _scaling_text(one: dict, two: dict, key: str, label: str, ref_key: str, ref_label: str,
+                  per_step: bool = False) -> str:
+    """"; <label> <1->2 thread ratio of key> (met/missed >= target; <ref_label>
+    <the reference's ratio>)", or "" when either row lacks key (a run that did
+    not measure it)."""
+    if key not in one or key not in two:
+        return ""
+    scale = _ratio(one[key], two[key])
+    times = f" {one[key]:.2f} -> {two[key]:.2f} ms a step," if per_step else ""
+    text = (f"; {label}{times} {scale:.2f}x "
+            f"({'met' if scale >= SCALING_TARGET else 'missed'} >= {SCALING_TARGET:g}x")
+    if ref_key in one and ref_key in two:
+        text += f"; {ref_label} {_ratio(one[ref_key], two[ref_key]):.2f}x"
+    return text + ")"
+
+
 def floor_summary(rows) -> list:
     """Per shape and dtype: step / exp on one thread against its target, and
     the step's speed-up from one to two threads against SCALING_TARGET."""
@@ -411,23 +427,11 @@ def floor_summary(rows) -> list:
             if len(one_rounds) > 1 and len(one_rounds) == len(two_rounds):
                 text += " (rounds: " + ", ".join(
                     f"{_ratio(a, b):.2f}x" for a, b in zip(one_rounds, two_rounds)) + ")"
-            if "kernel_ours_step" in r and "kernel_ours_step" in two:
-                kernels = _ratio(r["kernel_ours_step"], two["kernel_ours_step"])
-                text += (f"; its kernels alone {kernels:.2f}x "
-                         f"({'met' if kernels >= SCALING_TARGET else 'missed'} >= "
-                         f"{SCALING_TARGET:g}x")
-                if "kernel_exp" in r and "kernel_exp" in two:
-                    text += f"; Exp's kernel {_ratio(r['kernel_exp'], two['kernel_exp']):.2f}x"
-                text += ")"
-            if "ours_loop" in r and "ours_loop" in two:
-                looped = _ratio(r["ours_loop"], two["ours_loop"])
-                text += (f"; {LOOP_STEPS} steps per call in a graph loop {r['ours_loop']:.2f} -> "
-                         f"{two['ours_loop']:.2f} ms a step, {looped:.2f}x "
-                         f"({'met' if looped >= SCALING_TARGET else 'missed'} >= "
-                         f"{SCALING_TARGET:g}x")
-                if "exp_loop" in r and "exp_loop" in two:
-                    text += f"; exp's {_ratio(r['exp_loop'], two['exp_loop']):.2f}x"
-                text += ")"
+            text += _scaling_text(r, two, "kernel_ours_step", "its kernels alone",
+                                  "kernel_exp", "Exp's kernel")
+            text += _scaling_text(r, two, "ours_loop",
+                                  f"{LOOP_STEPS} steps per call in a graph loop", "exp_loop",
+                                  "exp's", per_step=True)
         out.append(text)
     return out
 
