@@ -683,9 +683,10 @@ struct RowBlocks {
   }
 
   // The caller, out of blocks, waits for the helpers' last ones: spinning
-  // first for up to about a block's work (a sleeping caller took 25 to 45 us
-  // to wake on this project's virtual machines, 1% of a 3 ms step), then
-  // asleep until the last block is counted.
+  // first for up to about a block's work, then asleep until the last block
+  // is counted. (Asleep at once, it woke 25 to 45 us after the last block in
+  // about half the calls on this project's virtual machines: 18 us a call on
+  // average, 0.6% of a 3 ms step; spinning, 1.3 us.)
   void Wait() {
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kWaitSpinMicros);
     for (int i = 1; done.load(std::memory_order_acquire) != rows; ++i) {
