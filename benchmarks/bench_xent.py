@@ -130,23 +130,22 @@ def _functions(tf, xent, x, y):
     def train_step():
         return one_step()
 
-    @tf.function
-    def train_steps():
-        _, loss, grad = tf.while_loop(
-            lambda i, loss, grad: i < LOOP_STEPS, lambda i, loss, grad: (i + 1, *one_step()),
-            (tf.constant(0), tf.zeros([], x.dtype), tf.zeros_like(x)))
-        return loss, grad
-
+    train_steps = tf.function(
+        lambda: _graph_loop(tf, one_step, tf.zeros([], x.dtype), tf.zeros_like(x)))
     return loss_only, train_step, train_steps
 
 
 def _exp_steps(tf, x):
     """LOOP_STEPS of ``tf.exp`` over x in one function, as ``train_steps``."""
-    @tf.function
-    def exp_steps():
-        return tf.while_loop(lambda i, e: i < LOOP_STEPS, lambda i, e: (i + 1, tf.exp(x)),
-                             (tf.constant(0), tf.zeros_like(x)))[1]
-    return exp_steps
+    return tf.function(lambda: _graph_loop(tf, lambda: (tf.exp(x),), tf.zeros_like(x))[0])
+
+
+def _graph_loop(tf, body, *init):
+    """``body()``'s results after LOOP_STEPS turns of a ``tf.while_loop`` whose
+    loop variables they are (``init``: their values before the first turn), so
+    that every turn's results are computed and written."""
+    return tuple(tf.while_loop(lambda i, *_: i < LOOP_STEPS, lambda i, *_: (i + 1, *body()),
+                               (tf.constant(0), *init))[1:])
 
 
 def _time_shape(tf, ops, shape, dtype_name, repeats):
