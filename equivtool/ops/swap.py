@@ -65,24 +65,26 @@ from equivtool.ops import xent
 from equivtool.ops._load import load_library
 
 
-@tf.autograph.experimental.do_not_convert  # TF's own tf.nn is not converted either
+# The routes, like the functions they call and tf.nn's own, are kept out of
+# AutoGraph (see xent.sparse_softmax_cross_entropy_with_logits).
+@tf.autograph.experimental.do_not_convert
 def _sparse(labels=None, logits=None, name=None):
     return xent.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits, name=name)
 
 
-@tf.autograph.experimental.do_not_convert  # TF's own tf.nn is not converted either
+@tf.autograph.experimental.do_not_convert
 def _dense_v2(labels, logits, axis=-1, name=None):
     return xent.softmax_cross_entropy_with_logits(labels=labels, logits=logits, axis=axis,
                                                   name=name)
 
 
-@tf.autograph.experimental.do_not_convert  # TF's own tf.nn is not converted either
+@tf.autograph.experimental.do_not_convert
 def _dense_v2_helper(labels, logits, axis=None, name=None, dim=None):
     axis = dim if axis is None and dim is not None else axis
     return _dense_v2(labels, logits, axis=-1 if axis is None else axis, name=name)
 
 
-@tf.autograph.experimental.do_not_convert  # TF's own tf.nn is not converted either
+@tf.autograph.experimental.do_not_convert
 def _dense_v1(labels=None, logits=None, dim=-1, name=None, axis=None):
     # TF's v1 op keeps gradients out of the labels.
     xent._require_args("softmax_cross_entropy_with_logits", labels, logits)
